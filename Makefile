@@ -1,0 +1,37 @@
+# One entry point per job. `make test` is what CI runs (.ci/run).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: test venv check unit e2e demo bench control-plane clean
+
+## test: set up the venv, lint, type-check, check import layers, run unit and e2e tests
+test: venv
+	hack/test.sh
+
+venv:
+	hack/venv.sh
+
+## check: ruff, mypy --strict, import layers, generated-code freshness (no tests)
+check: venv
+	hack/check.sh
+
+unit: venv
+	$(PY) -m pytest test/unit -q
+
+e2e: venv control-plane
+	$(PY) -m pytest test/e2e -q
+
+control-plane:
+	hack/build-control-plane.sh
+
+## demo: local control plane + 4 fake-GPU nodes, a 2-pod ComputeDomain workload, teardown
+demo: venv control-plane
+	$(PY) hack/demo.py
+
+bench: venv
+	$(PY) hack/bench/informer_ingest.py
+	$(PY) hack/bench/workqueue_throughput.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

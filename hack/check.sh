@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Static gates: formatting, lint, strict typing, import layers, generated code up to date.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${VENV:-.venv}/bin/python
+echo "==> ruff format --check"; "$PY" -m ruff format --check --quiet pkg cmd hack test
+echo "==> ruff check";          "$PY" -m ruff check --quiet pkg cmd hack test
+echo "==> mypy --strict"
+# Separate runs: test folders and cmd/ entry points are script roots, not one package tree.
+"$PY" -m mypy --no-error-summary pkg cmd/*/*.py
+for d in hack test/unit test/e2e; do
+  files=$(find "$d" -name '*.py' -not -path '*/gen/*' | sort)
+  [[ -z "$files" ]] || "$PY" -m mypy --no-error-summary $files
+done
+echo "==> import layers";       "$(dirname "$PY")/lint-imports" --no-cache
+if [[ -x hack/gen-proto.sh ]]; then echo "==> generated gRPC stubs current"; hack/gen-proto.sh --check; fi
+echo "==> generated CRDs current"; "$PY" hack/gen-crds.py --check

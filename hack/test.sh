@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The README's test command (`make test`): static gates, unit tests, then the e2e suite
+# against a real Kubernetes control plane built from Go modules (cached outside the repo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${VENV:-.venv}/bin/python
+start=$(date +%s)
+hack/check.sh
+echo "==> unit tests"
+"$PY" -m pytest test/unit -q -p no:cacheprovider
+if [[ "${SKIP_E2E:-}" != "1" ]]; then
+  echo "==> control plane binaries"
+  hack/build-control-plane.sh
+  echo "==> e2e tests"
+  "$PY" -m pytest test/e2e -q -p no:cacheprovider
+fi
+echo "==> make test finished in $(( $(date +%s) - start ))s"

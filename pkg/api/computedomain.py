@@ -1,0 +1,128 @@
+"""Typed, validated views of ComputeDomain and ComputeDomainClique objects held as raw JSON.
+
+Caches hold raw dicts (see pkg.informers); components call :func:`parse_compute_domain` at the
+edge to get a frozen, validated view. Validation covers what the CRD schema cannot express, and
+every error names the field so it can be surfaced verbatim in an Event or condition.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pkg.api import constants as c
+
+JSON = dict[str, Any]
+
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+
+
+class InvalidComputeDomainError(ValueError):
+    """A ComputeDomain that cannot be reconciled; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ComputeDomain:
+    """The fields of a ComputeDomain the driver acts on."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    num_nodes: int
+    resource_claim_template_name: str
+    allocation_mode: str
+    deleting: bool
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    """One IMEX daemon: a ``status.nodes[]`` item or a clique's ``daemons[]`` item."""
+
+    name: str
+    ip_address: str
+    clique_id: str
+    index: int
+    status: str
+
+    def to_status_node(self) -> JSON:
+        return {
+            "name": self.name,
+            "ipAddress": self.ip_address,
+            "cliqueID": self.clique_id,
+            "index": self.index,
+            "status": self.status,
+        }
+
+    @classmethod
+    def from_clique_daemon(cls, item: JSON) -> NodeEntry:
+        return cls(
+            name=str(item.get("nodeName", "")),
+            ip_address=str(item.get("ipAddress", "")),
+            clique_id=str(item.get("cliqueID", "")),
+            index=int(item.get("index", -1)),
+            status=str(item.get("status") or c.STATUS_NOT_READY),
+        )
+
+
+def validate_name(value: str, *, field: str) -> None:
+    if not value:
+        raise InvalidComputeDomainError(f"{field}: Required value")
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+        raise InvalidComputeDomainError(
+            f'{field}: Invalid value "{value}": must be a lowercase RFC 1123 subdomain '
+            "(lowercase alphanumerics, '-' or '.', at most 253 characters)"
+        )
+
+
+def parse_compute_domain(obj: JSON) -> ComputeDomain:
+    """Validate ``obj`` and return its view, or raise :class:`InvalidComputeDomainError`."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise InvalidComputeDomainError("spec: Required value")
+    channel = spec.get("channel")
+    if not isinstance(channel, dict):
+        raise InvalidComputeDomainError("spec.channel: Required value")
+    rct = channel.get("resourceClaimTemplate")
+    rct_name = rct.get("name") if isinstance(rct, dict) else None
+    if not isinstance(rct_name, str):
+        raise InvalidComputeDomainError("spec.channel.resourceClaimTemplate.name: Required value")
+    validate_name(rct_name, field="spec.channel.resourceClaimTemplate.name")
+    mode = channel.get("allocationMode") or c.ALLOCATION_MODE_SINGLE
+    if mode not in (c.ALLOCATION_MODE_SINGLE, c.ALLOCATION_MODE_ALL):
+        raise InvalidComputeDomainError(
+            f'spec.channel.allocationMode: Unsupported value "{mode}": '
+            'supported values: "All", "Single"'
+        )
+    num_nodes = spec.get("numNodes", 0)
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 0:
+        raise InvalidComputeDomainError(
+            f"spec.numNodes: Invalid value {num_nodes!r}: must be an integer >= 0"
+        )
+    return ComputeDomain(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        generation=int(meta.get("generation", 0)),
+        num_nodes=num_nodes,
+        resource_claim_template_name=rct_name,
+        allocation_mode=mode,
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def clique_daemons(clique: JSON) -> list[NodeEntry]:
+    """The ``daemons[]`` of a ComputeDomainClique, skipping malformed items."""
+    out = []
+    for item in clique.get("daemons") or []:
+        if isinstance(item, dict) and item.get("nodeName"):
+            out.append(NodeEntry.from_clique_daemon(item))
+    return out

@@ -1,0 +1,60 @@
+"""Names shared by every component: API group, driver, labels, finalizer, device classes.
+
+These strings are part of the upstream contract (NVIDIA's Go driver): manifests, node labels and
+CDI IDs written by either implementation must be understood by the other, so none of them may
+change.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GROUP: Final = "resource.nvidia.com"
+VERSION: Final = "v1beta1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+
+DRIVER_NAME: Final = "compute-domain.nvidia.com"
+CDI_VENDOR: Final = f"k8s.{DRIVER_NAME}"
+
+COMPUTE_DOMAIN_KIND: Final = "ComputeDomain"
+COMPUTE_DOMAIN_CLIQUE_KIND: Final = "ComputeDomainClique"
+CHANNEL_CONFIG_KIND: Final = "ComputeDomainChannelConfig"
+DAEMON_CONFIG_KIND: Final = "ComputeDomainDaemonConfig"
+
+# Upstream uses one string as node label, object label and finalizer.
+COMPUTE_DOMAIN_LABEL: Final = "resource.nvidia.com/computeDomain"
+FINALIZER: Final = COMPUTE_DOMAIN_LABEL
+CLIQUE_ID_LABEL: Final = "resource.nvidia.com/computeDomain.cliqueID"
+TARGET_LABEL: Final = "resource.nvidia.com/computeDomainTarget"
+TARGET_DAEMON: Final = "Daemon"
+TARGET_WORKLOAD: Final = "Workload"
+# Node label users put in podAffinity topologyKey (GFD's name, so existing manifests work).
+GPU_CLIQUE_NODE_LABEL: Final = "nvidia.com/gpu.clique"
+
+CHANNEL_DEVICE_CLASS: Final = "compute-domain-default-channel.nvidia.com"
+DAEMON_DEVICE_CLASS: Final = "compute-domain-daemon.nvidia.com"
+CHANNEL_REQUEST_NAME: Final = "channel"
+DAEMON_REQUEST_NAME: Final = "daemon"
+CHANNEL_DEVICE_NAME: Final = "channel-0"
+DAEMON_DEVICE_NAME: Final = "daemon-0"
+DAEMON_CLAIM_NAME: Final = "compute-domain-daemon"
+DAEMON_CONTAINER_NAME: Final = "compute-domain-daemon"
+
+STATUS_READY: Final = "Ready"
+STATUS_NOT_READY: Final = "NotReady"
+ALLOCATION_MODE_SINGLE: Final = "Single"
+ALLOCATION_MODE_ALL: Final = "All"
+
+DEFAULT_MAX_NODES_PER_IMEX_DOMAIN: Final = 18
+IMEX_CHANNEL_COUNT: Final = 2048
+DEFAULT_DRIVER_NAMESPACE: Final = "nvidia-dra-driver"
+
+
+def daemon_object_name(cd_uid: str) -> str:
+    """Name of the per-CD DaemonSet and daemon ResourceClaimTemplate (driver namespace)."""
+    return f"computedomain-daemon-{cd_uid}"
+
+
+def clique_object_name(cd_uid: str, clique_id: str) -> str:
+    """Name of the ComputeDomainClique of one CD on one NVLink clique (driver namespace)."""
+    return f"{cd_uid}.{clique_id}"

@@ -1,0 +1,271 @@
+"""CustomResourceDefinitions of ``resource.nvidia.com/v1beta1``: the single source of truth.
+
+``config/crd/*.yaml`` is generated from :func:`custom_resource_definitions` by
+``hack/gen-crds.py`` and checked for drift in ``hack/check.sh``. The schemas accept every manifest
+the upstream CRDs accept (same fields, enums, defaults and minimums, spec immutability by CEL) and
+add what upstream lacks: the short name ``cd``, printer columns and ``status.conditions``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pkg.api import constants as c
+
+JSON = dict[str, Any]
+
+_STATUS_ENUM: JSON = {
+    "type": "string",
+    "enum": [c.STATUS_READY, c.STATUS_NOT_READY],
+}
+
+
+def _node_entry_schema(*, name_field: str, description: str) -> JSON:
+    return {
+        "type": "object",
+        "description": description,
+        "required": [name_field, "ipAddress", "cliqueID"],
+        "properties": {
+            name_field: {"type": "string", "description": "Kubernetes node name."},
+            "ipAddress": {
+                "type": "string",
+                "description": "Pod IP of the IMEX daemon on that node.",
+            },
+            "cliqueID": {
+                "type": "string",
+                "description": (
+                    "NVLink clique of the node, <clusterUUID>.<cliqueId>; empty on nodes "
+                    "without a multi-node NVLink fabric."
+                ),
+            },
+            "index": {
+                "type": "integer",
+                "description": (
+                    "Stable slot of the daemon in its clique's IMEX node list "
+                    "(unique per cliqueID; -1 for nodes without a clique)."
+                ),
+            },
+            "status": {
+                **_STATUS_ENUM,
+                "default": c.STATUS_NOT_READY,
+                "description": "Readiness of the IMEX daemon on that node.",
+            },
+        },
+    }
+
+
+_CONDITION_SCHEMA: JSON = {
+    "type": "object",
+    "description": "Standard Kubernetes condition (metav1.Condition).",
+    "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+    "properties": {
+        "type": {"type": "string", "maxLength": 316},
+        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+        "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+        "lastTransitionTime": {"type": "string", "format": "date-time"},
+        "reason": {"type": "string", "maxLength": 1024},
+        "message": {"type": "string", "maxLength": 32768},
+    },
+}
+
+
+def _compute_domain_schema() -> JSON:
+    spec: JSON = {
+        "type": "object",
+        "description": "Desired state; immutable after creation.",
+        "required": ["channel"],
+        "x-kubernetes-validations": [
+            {"rule": "self == oldSelf", "message": "A computeDomain.spec is immutable"}
+        ],
+        "properties": {
+            "numNodes": {
+                "type": "integer",
+                "minimum": 0,
+                "default": 0,
+                "description": (
+                    "Deprecated. Minimum number of nodes that must be Ready before the "
+                    "ComputeDomain reports Ready; 0 means no minimum beyond at least one node."
+                ),
+            },
+            "channel": {
+                "type": "object",
+                "description": "The IMEX channel workloads receive.",
+                "required": ["resourceClaimTemplate"],
+                "properties": {
+                    "resourceClaimTemplate": {
+                        "type": "object",
+                        "description": (
+                            "The ResourceClaimTemplate the driver creates in this namespace "
+                            "for the workload's pods to reference."
+                        ),
+                        "required": ["name"],
+                        "properties": {
+                            "name": {
+                                "type": "string",
+                                "description": "Name of the ResourceClaimTemplate.",
+                            }
+                        },
+                    },
+                    "allocationMode": {
+                        "type": "string",
+                        "enum": [c.ALLOCATION_MODE_ALL, c.ALLOCATION_MODE_SINGLE],
+                        "default": c.ALLOCATION_MODE_SINGLE,
+                        "description": (
+                            "Single injects one IMEX channel; All injects all 2048 channels."
+                        ),
+                    },
+                },
+            },
+        },
+    }
+    status: JSON = {
+        "type": "object",
+        "description": "Observed state, written by the controller.",
+        "required": ["status"],
+        "properties": {
+            "status": {
+                **_STATUS_ENUM,
+                "default": c.STATUS_NOT_READY,
+                "description": "Ready once every member node's IMEX daemon is Ready.",
+            },
+            "nodes": {
+                "type": "array",
+                "description": "One entry per node running an IMEX daemon of this domain.",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["name"],
+                "items": _node_entry_schema(
+                    name_field="name", description="An IMEX daemon of this domain."
+                ),
+            },
+            "readyNodes": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Number of entries in nodes whose status is Ready.",
+            },
+            "nodeCount": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Number of entries in nodes.",
+            },
+            "conditions": {
+                "type": "array",
+                "description": "Ready condition with reason and observedGeneration.",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+                "items": _CONDITION_SCHEMA,
+            },
+        },
+    }
+    return {
+        "type": "object",
+        "description": (
+            "ComputeDomain forms a multi-node NVLink (IMEX) domain around the pods that "
+            "reference its ResourceClaimTemplate."
+        ),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+
+
+def _clique_schema() -> JSON:
+    return {
+        "type": "object",
+        "description": (
+            "ComputeDomainClique records the IMEX daemons of one ComputeDomain on one NVLink "
+            "clique; written by the daemons, read by the controller and kubelet plugin."
+        ),
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "daemons": {
+                "type": "array",
+                "description": "One entry per daemon, keyed by node name.",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["nodeName"],
+                "items": _node_entry_schema(
+                    name_field="nodeName", description="An IMEX daemon in this clique."
+                ),
+            },
+        },
+    }
+
+
+def _crd(
+    *,
+    kind: str,
+    plural: str,
+    schema: JSON,
+    short_names: list[str],
+    status: bool,
+    columns: list[JSON],
+) -> JSON:
+    version: JSON = {
+        "name": c.VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+    }
+    if status:
+        version["subresources"] = {"status": {}}
+    if columns:
+        version["additionalPrinterColumns"] = columns
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{c.GROUP}"},
+        "spec": {
+            "group": c.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short_names,
+                "categories": ["nvidia"],
+            },
+            "versions": [version],
+        },
+    }
+
+
+def custom_resource_definitions() -> list[JSON]:
+    """Both CRDs, ready to apply."""
+    cd_columns: list[JSON] = [
+        {"name": "Status", "type": "string", "jsonPath": ".status.status"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
+        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodeCount"},
+        {"name": "Min-Nodes", "type": "integer", "jsonPath": ".spec.numNodes", "priority": 1},
+        {
+            "name": "Reason",
+            "type": "string",
+            "jsonPath": ".status.conditions[?(@.type=='Ready')].reason",
+            "priority": 1,
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return [
+        _crd(
+            kind=c.COMPUTE_DOMAIN_KIND,
+            plural="computedomains",
+            schema=_compute_domain_schema(),
+            short_names=["cd"],
+            status=True,
+            columns=cd_columns,
+        ),
+        _crd(
+            kind=c.COMPUTE_DOMAIN_CLIQUE_KIND,
+            plural="computedomaincliques",
+            schema=_clique_schema(),
+            short_names=["cdclique"],
+            status=False,
+            columns=[{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}],
+        ),
+    ]
