@@ -1,4 +1,4 @@
-"""The local Kubernetes control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager.
+"""The local control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager.
 
 Owns the flags each component runs with, the start order and health waits
 (etcd ``/health`` -> apiserver ``/readyz`` -> scheduler and controller-manager ``/healthz``), the
@@ -19,6 +19,7 @@ Layout of ``workdir``::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import shutil
 import signal
@@ -153,10 +154,8 @@ class Cluster:
         workdir.mkdir(parents=True, exist_ok=True)
         stale = workdir / STATE_FILE
         if stale.exists():
-            try:
+            with contextlib.suppress(ClusterError, OSError, ValueError, KeyError):
                 cls.attach(workdir).stop()
-            except (ClusterError, OSError, ValueError, KeyError):
-                pass
         for sub in ("pki", "kubeconfigs", "etcd", "certs", "logs", STATE_FILE):
             p = workdir / sub
             if p.is_dir():
@@ -179,15 +178,16 @@ class Cluster:
                     ("system:serviceaccounts", f"system:serviceaccounts:{driver_namespace}"),
                 )
             )
-        names = list(node_names) if node_names is not None else [
-            f"node-{i}" for i in range(1, node_count + 1)
-        ]
+        names = (
+            list(node_names)
+            if node_names is not None
+            else [f"node-{i}" for i in range(1, node_count + 1)]
+        )
         for n in names:
             add(token_identity(n, f"system:node:{n}", ("system:nodes",)))
         tokens = write_tokens_csv(workdir / "pki" / "tokens.csv", list(identities.values()))
 
-        p = free_ports(5)
-        ports = Ports(p[0], p[1], p[2], p[3], p[4])
+        ports = Ports(*free_ports(5))
         cluster = cls(
             workdir=workdir,
             bin_dir=bin_dir,
@@ -291,7 +291,9 @@ class Cluster:
                 timeout,
             )
             apiserver = spawn("kube-apiserver", apiserver_argv)
-            wait_until("kube-apiserver /readyz", cluster.apiserver_ready, [etcd, apiserver], timeout)
+            wait_until(
+                "kube-apiserver /readyz", cluster.apiserver_ready, [etcd, apiserver], timeout
+            )
             sched = spawn("kube-scheduler", scheduler_argv)
             kcm = spawn("kube-controller-manager", kcm_argv)
             for proc, port in ((sched, ports.scheduler), (kcm, ports.controller_manager)):
@@ -389,8 +391,10 @@ class Cluster:
         for i in self._identities.values():
             if i.user == name:
                 return i
-        raise KeyError(f"no identity {name!r} (node identities must exist before start "
-                       f"or be added with add_node_identity)")
+        raise KeyError(
+            f"no identity {name!r} (node identities must exist before start "
+            f"or be added with add_node_identity)"
+        )
 
     def token(self, identity: str) -> str:
         tok = self.identity(identity).token
@@ -432,10 +436,16 @@ class Cluster:
 
     def describe(self) -> str:
         """Human-readable summary (used by the CLI)."""
-        rows = [f"server:      {self.server}", f"ca:          {self.ca_file}",
-                f"kubeconfig:  {self.kubeconfig('admin')}", f"logs:        {self.log_dir}"]
-        rows += [f"{n:<24} pid {p.pid:<8} {'running' if p.alive() else 'STOPPED'}"
-                 for n, p in self.procs.items()]
+        rows = [
+            f"server:      {self.server}",
+            f"ca:          {self.ca_file}",
+            f"kubeconfig:  {self.kubeconfig('admin')}",
+            f"logs:        {self.log_dir}",
+        ]
+        rows += [
+            f"{n:<24} pid {p.pid:<8} {'running' if p.alive() else 'STOPPED'}"
+            for n, p in self.procs.items()
+        ]
         return "\n".join(rows)
 
 

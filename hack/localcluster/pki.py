@@ -180,6 +180,7 @@ def write_tokens_csv(path: Path, identities: list[Identity]) -> Path:
 
 def write_kubeconfig(path: Path, server: str, ca_pem: bytes, ident: Identity) -> Path:
     """Write a self-contained kubeconfig (CA and credentials embedded) for ``ident``."""
+
     def b64(data: bytes) -> str:
         return base64.b64encode(data).decode()
 

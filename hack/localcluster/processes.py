@@ -86,13 +86,13 @@ class Proc:
         with log_file.open("ab") as log:
             log.write(f"=== {time.strftime('%H:%M:%S')} starting: {' '.join(argv)}\n".encode())
             log.flush()
-            popen = subprocess.Popen(  # noqa: PLW1509  (preexec_fn: prctl only, no locks)
+            popen = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=_die_with_parent if die_with_parent else None,  # noqa: PLW1509
                 env=env,
             )
         return cls(name=name, argv=list(argv), pid=popen.pid, log_file=log_file, popen=popen)
@@ -135,7 +135,9 @@ class Proc:
         pid = d["pid"]
         assert isinstance(argv, list)
         assert isinstance(pid, int)
-        return cls(name=str(d["name"]), argv=[str(a) for a in argv], pid=pid, log_file=Path(str(d["log"])))
+        return cls(
+            name=str(d["name"]), argv=[str(a) for a in argv], pid=pid, log_file=Path(str(d["log"]))
+        )
 
 
 def tail(path: Path, lines: int) -> str:
@@ -167,11 +169,11 @@ def http_ok(
         if insecure:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
-    req = urllib.request.Request(url)  # noqa: S310  (loopback URLs we built)
+    req = urllib.request.Request(url)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:  # noqa: S310
+        with urllib.request.urlopen(req, timeout=timeout, context=ctx) as resp:
             body: bytes = resp.read()
             return resp.status == 200 and (check is None or check(body))
     except (urllib.error.URLError, OSError, ValueError):

@@ -126,3 +126,82 @@ def clique_daemons(clique: JSON) -> list[NodeEntry]:
         if isinstance(item, dict) and item.get("nodeName"):
             out.append(NodeEntry.from_clique_daemon(item))
     return out
+
+
+# -- status helpers (pure) ----------------------------------------------------------------------
+
+CONDITION_READY = "Ready"
+
+
+def required_nodes(num_nodes: int) -> int:
+    """Nodes needed before a domain can be Ready: ``numNodes``, but never fewer than one.
+
+    Upstream reports a domain with ``numNodes: 0`` and no nodes as Ready; a domain that has
+    no IMEX daemon anywhere cannot serve a workload, so at least one member is required.
+    """
+    return max(num_nodes, 1)
+
+
+def global_status(nodes: list[NodeEntry], *, num_nodes: int) -> str:
+    """``Ready`` iff enough nodes joined and every one of them is Ready."""
+    if len(nodes) < required_nodes(num_nodes):
+        return c.STATUS_NOT_READY
+    if any(node.status != c.STATUS_READY for node in nodes):
+        return c.STATUS_NOT_READY
+    return c.STATUS_READY
+
+
+def find_condition(conditions: list[JSON], type_: str) -> JSON | None:
+    for cond in conditions:
+        if isinstance(cond, dict) and cond.get("type") == type_:
+            return cond
+    return None
+
+
+def set_condition(
+    conditions: list[JSON],
+    *,
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    observed_generation: int,
+    now: str,
+) -> list[JSON]:
+    """A copy of ``conditions`` with ``type_`` set (``metav1.Condition`` semantics).
+
+    ``lastTransitionTime`` only moves when the status flips, so it tells how long the domain
+    has been in its current state, not when the message last changed.
+    """
+    value = "True" if status else "False"
+    old = find_condition(conditions, type_)
+    transition = now if old is None or old.get("status") != value else old["lastTransitionTime"]
+    new: JSON = {
+        "type": type_,
+        "status": value,
+        "observedGeneration": observed_generation,
+        "lastTransitionTime": transition,
+        "reason": reason,
+        # The CRD caps messages at 32 KiB; a long node list must not make the write invalid.
+        "message": message if len(message) <= 32000 else message[:31997] + "...",
+    }
+    out = [cond for cond in conditions if cond is not old]
+    out.append(new)
+    return sorted(out, key=lambda cond: str(cond.get("type")))
+
+
+def status_nodes(status: JSON | None) -> list[NodeEntry]:
+    """The ``status.nodes[]`` of a ComputeDomain as entries, skipping malformed items."""
+    out = []
+    for item in (status or {}).get("nodes") or []:
+        if isinstance(item, dict) and item.get("name"):
+            out.append(
+                NodeEntry(
+                    name=str(item["name"]),
+                    ip_address=str(item.get("ipAddress", "")),
+                    clique_id=str(item.get("cliqueID", "")),
+                    index=int(item.get("index", -1)),
+                    status=str(item.get("status") or c.STATUS_NOT_READY),
+                )
+            )
+    return out

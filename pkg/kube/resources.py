@@ -24,8 +24,8 @@ __all__ = [
     "RESOURCE_CLAIMS",
     "RESOURCE_CLAIM_TEMPLATES",
     "RESOURCE_SLICES",
-    "Resource",
     "WELL_KNOWN",
+    "Resource",
 ]
 
 

@@ -1,0 +1,121 @@
+"""compute-domain-kubelet-plugin: the ComputeDomain DRA kubelet plugin of one node.
+
+Parses upstream's flags/env into a `PluginConfig`, discovers devices (NVML or fake GPUs), builds
+`pkg.kubeletplugin.driver.KubeletPlugin` and runs it until SIGTERM/SIGINT, then unlinks its
+sockets and exits 0. Start-up failures (bad device state, missing /proc/devices entry) exit 1
+with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+try:
+    import pkg  # noqa: F401
+except ImportError:  # run as a script from a checkout: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pkg.kube.client import RestClient
+from pkg.kube.config import load_api_client
+from pkg.kubeletplugin.discovery import DeviceDiscovery, DiscoveryError
+from pkg.kubeletplugin.discovery.base import check_driver_version
+from pkg.kubeletplugin.discovery.fake import FakeDiscovery, load_fake_config
+from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery, load_pynvml
+from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
+from pkg.kubeletplugin.procdevices import ProcDevicesError
+
+log = logging.getLogger("compute-domain-kubelet-plugin")
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--node-name", default=_env("NODE_NAME"))
+    p.add_argument("--namespace", default=_env("NAMESPACE", "default"))
+    p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"))
+    registrar = _env("KUBELET_REGISTRAR_DIRECTORY_PATH", "/var/lib/kubelet/plugins_registry")
+    p.add_argument("--kubelet-registrar-directory-path", default=registrar)
+    plugins = _env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins")
+    p.add_argument("--kubelet-plugins-directory-path", default=plugins)
+    p.add_argument("--healthcheck-port", type=int, default=int(_env("HEALTHCHECK_PORT", "-1")))
+    p.add_argument("--http-endpoint", default=_env("HTTP_ENDPOINT"), help="metrics host:port")
+    p.add_argument("--feature-gates", default=_env("FEATURE_GATES"))
+    p.add_argument("--kubeconfig", default=_env("KUBECONFIG") or None)
+    p.add_argument("--device-discovery", choices=["nvml", "fake"],
+                   default=_env("DEVICE_DISCOVERY", "nvml"))  # fmt: skip
+    p.add_argument("-v", "--v", type=int, default=int(_env("LOG_VERBOSITY", "0")))
+    args = p.parse_args(argv)
+    if not args.node_name:
+        p.error("--node-name (or NODE_NAME) is required")
+    return args
+
+
+def dns_names_enabled(spec: str) -> bool:
+    """State of gate IMEXDaemonsWithDNSNames (default on), via pkg.featuregates."""
+    try:
+        module = importlib.import_module("pkg.featuregates")
+    except ImportError:
+        log.warning("pkg.featuregates unavailable; assuming IMEXDaemonsWithDNSNames=true")
+        return True
+    return bool(module.FeatureGates.parse(spec).enabled("IMEXDaemonsWithDNSNames"))
+
+
+def build_discovery(args: argparse.Namespace) -> DeviceDiscovery:
+    if args.device_discovery == "fake":
+        config = load_fake_config(_env("FAKE_GPU_CONFIG"))
+        return FakeDiscovery(config=config, node_name=args.node_name)
+    return NvmlDiscovery(nvml=load_pynvml())
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.v >= 4 else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    metrics_host, _, metrics_port = args.http_endpoint.rpartition(":")
+    config = PluginConfig(
+        node_name=args.node_name,
+        namespace=args.namespace,
+        cdi_root=Path(args.cdi_root),
+        registrar_dir=Path(args.kubelet_registrar_directory_path),
+        plugins_dir=Path(args.kubelet_plugins_directory_path),
+        proc_devices=Path(_env("ALT_PROC_DEVICES_PATH", "/proc/devices")),
+        healthcheck_port=args.healthcheck_port,
+        metrics_port=int(metrics_port) if metrics_port else -1,
+        metrics_host=metrics_host,
+    )
+    try:
+        devices = build_discovery(args).discover()
+        check_driver_version(devices, dns_names=dns_names_enabled(args.feature_gates))
+        client = RestClient(
+            load_api_client(args.kubeconfig), user_agent="compute-domain-kubelet-plugin"
+        )
+        plugin = KubeletPlugin(config=config, client=client, devices=devices)
+        plugin.start()
+    except (DiscoveryError, ProcDevicesError) as err:
+        log.error("cannot start: %s", err)
+        return 1
+    log.info("started on node %s (clique %r, %d GPUs)", config.node_name, devices.clique_id,
+             len(devices.gpus))  # fmt: skip
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    log.info("shutting down")
+    plugin.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

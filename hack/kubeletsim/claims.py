@@ -1,0 +1,161 @@
+"""The kubelet's DRA manager for one node: which claims a pod uses, and which are prepared.
+
+Owns (1) resolving ``pod.spec.resourceClaims`` to ResourceClaim objects (``resourceClaimName``
+directly; templates through ``pod.status.resourceClaimStatuses``) and checking that each is
+allocated and reserved for the pod, (2) the prepared-claim cache with per-pod reference counts
+(a shared claim is prepared once and unprepared after its last pod on the node is gone) and
+(3) its checkpoint file ``kubelet/dra_manager_state.json``, so tests can look for leaks.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pkg.kube.client import KubeClient
+from pkg.kube.errors import NotFoundError
+from pkg.kube.resources import RESOURCE_CLAIMS
+
+from .registration import ClaimRef, DraPlugin, PreparedDevice
+
+
+class ClaimNotReadyError(RuntimeError):
+    """A claim of the pod does not exist yet or is not allocated/reserved for it (retry)."""
+
+
+@dataclass
+class PodClaim:
+    """One entry of ``pod.spec.resourceClaims`` resolved to its ResourceClaim."""
+
+    pod_claim_name: str
+    claim: dict[str, Any]
+
+    @property
+    def ref(self) -> ClaimRef:
+        m = self.claim["metadata"]
+        return ClaimRef(namespace=m["namespace"], name=m["name"], uid=m["uid"])
+
+    def drivers(self) -> set[str]:
+        alloc = self.claim.get("status", {}).get("allocation") or {}
+        return {r["driver"] for r in (alloc.get("devices") or {}).get("results") or []}
+
+
+def claim_name_for(pod: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """The ResourceClaim name behind one ``pod.spec.resourceClaims`` entry (None: not yet)."""
+    if entry.get("resourceClaimName"):
+        return str(entry["resourceClaimName"])
+    for st in pod.get("status", {}).get("resourceClaimStatuses") or []:
+        if st.get("name") == entry["name"]:
+            name = st.get("resourceClaimName")
+            return str(name) if name else None
+    return None
+
+
+def resolve_pod_claims(client: KubeClient, pod: Mapping[str, Any]) -> list[PodClaim]:
+    """Fetch every claim of the pod; raise ClaimNotReadyError unless all are allocated+reserved."""
+    meta = pod["metadata"]
+    out = []
+    for entry in pod.get("spec", {}).get("resourceClaims") or []:
+        name = claim_name_for(pod, entry)
+        if name is None:
+            raise ClaimNotReadyError(f"claim for pod claim {entry['name']!r} not created yet")
+        try:
+            claim = client.get(RESOURCE_CLAIMS, name, namespace=meta["namespace"])
+        except NotFoundError as e:
+            raise ClaimNotReadyError(f"resourceclaim {name} not found") from e
+        status = claim.get("status") or {}
+        if not status.get("allocation"):
+            raise ClaimNotReadyError(f"resourceclaim {name} is not allocated")
+        reserved = {r.get("uid") for r in status.get("reservedFor") or []}
+        if meta["uid"] not in reserved:
+            raise ClaimNotReadyError(f"resourceclaim {name} is not reserved for pod {meta['name']}")
+        out.append(PodClaim(pod_claim_name=entry["name"], claim=claim))
+    return out
+
+
+@dataclass
+class ClaimInfo:
+    ref: ClaimRef
+    driver: str
+    devices: list[PreparedDevice]
+    pods: set[str] = field(default_factory=set)
+
+
+class DraManager:
+    """Prepared claims of one node with per-pod reference counts (thread-safe)."""
+
+    def __init__(self, state_file: Path) -> None:
+        self._file = state_file
+        self._lock = threading.RLock()
+        self._claims: dict[str, ClaimInfo] = {}
+
+    def prepare(
+        self, plugin: DraPlugin, pod_uid: str, claims: Sequence[PodClaim]
+    ) -> dict[str, list[PreparedDevice]]:
+        """Prepare (once) every claim of the pod handled by ``plugin``; devices by pod claim."""
+        with self._lock:
+            todo = [
+                c for c in claims if plugin.name in c.drivers() and c.ref.uid not in self._claims
+            ]
+        result = plugin.prepare([c.ref for c in todo]) if todo else {}
+        out: dict[str, list[PreparedDevice]] = {}
+        with self._lock:
+            for c in todo:
+                self._claims.setdefault(c.ref.uid, ClaimInfo(c.ref, plugin.name, result[c.ref.uid]))
+            for c in claims:
+                info = self._claims.get(c.ref.uid)
+                if info is not None:
+                    info.pods.add(pod_uid)
+                    out[c.pod_claim_name] = list(info.devices)
+            self._save()
+        return out
+
+    def release(self, pod_uid: str) -> list[ClaimInfo]:
+        """Drop the pod's references; return claims no pod uses any more (to unprepare)."""
+        with self._lock:
+            orphaned = []
+            for info in self._claims.values():
+                info.pods.discard(pod_uid)
+                if not info.pods:
+                    orphaned.append(info)
+            self._save()
+            return orphaned
+
+    def unprepared(self, uid: str) -> None:
+        with self._lock:
+            info = self._claims.get(uid)
+            if info is not None and not info.pods:
+                del self._claims[uid]
+            self._save()
+
+    def prepared(self) -> dict[str, ClaimInfo]:
+        with self._lock:
+            return dict(self._claims)
+
+    def _save(self) -> None:
+        doc = {
+            uid: {
+                "namespace": i.ref.namespace,
+                "name": i.ref.name,
+                "driver": i.driver,
+                "pods": sorted(i.pods),
+                "devices": [
+                    {
+                        "requestNames": list(d.request_names),
+                        "poolName": d.pool_name,
+                        "deviceName": d.device_name,
+                        "cdiDeviceIDs": list(d.cdi_device_ids),
+                    }
+                    for d in i.devices
+                ],
+            }
+            for uid, i in self._claims.items()
+        }
+        self._file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(self._file)

@@ -1,0 +1,341 @@
+"""One pod's life on a simulated node: prepare claims, start containers, probe, terminate.
+
+Owns the per-pod state machine the kubelet runs (``SyncPod`` / ``SyncTerminatingPod``):
+
+1. resolve the pod's ResourceClaims and wait until they are allocated and reserved for it;
+2. ``NodePrepareResources`` through the node's DRA manager; on error post a
+   ``FailedPrepareDynamicResources`` Warning Event and retry with exponential backoff;
+3. per container, resolve the CDI IDs it receives with the real CDI library; an unresolvable ID
+   fails the container start (``CreateContainerError`` + ``Failed`` Event, retried);
+4. containers whose command is in :class:`~kubeletsim.runtime.LocalCommands` run as local
+   processes with the pod's env (downward API + CDI env), mounts handed over as host paths, and
+   their startup/readiness/liveness exec probes; all other containers are marked running and
+   their edits written to ``<node>/containers/<ns>_<pod>_<container>.json``;
+5. on deletion: stop processes (SIGTERM, grace, SIGKILL), unprepare claims no other pod on the
+   node uses, then delete the pod with grace period 0 (the kubelet's final delete).
+
+One thread per pod; the node's pod watch feeds it the latest object through :meth:`update`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pkg.kube.client import KubeClient
+from pkg.kube.errors import ApiError, ConflictError, NotFoundError
+from pkg.kube.events import EventRecorder
+from pkg.kube.resources import PODS
+
+from .cdi import CdiError, CdiResolver, ContainerEdits
+from .claims import ClaimNotReadyError, DraManager, resolve_pod_claims
+from .layout import NodeDirs
+from .localrun import LocalRun
+from .podspec import PodSpecError, cdi_ids_for_container, cdi_mounts, hosts_file_text
+from .podstatus import ContainerState, PodState, same_status
+from .registration import DraPluginError, PluginWatcher, PreparedDevice
+from .runtime import LocalCommands
+
+log = logging.getLogger(__name__)
+
+TICK = 0.25
+MAX_BACKOFF = 10.0
+
+
+@dataclass
+class NodeContext:
+    """Everything a pod worker needs from its node (injected, shared by all pods)."""
+
+    node_name: str
+    node_ip: str
+    client: KubeClient
+    events: EventRecorder
+    dirs: NodeDirs
+    plugins: PluginWatcher
+    dra: DraManager
+    cdi: CdiResolver
+    commands: LocalCommands
+    # The kubeconfig a local container talks to the API with (its ServiceAccount's token).
+    kubeconfig_for: Callable[[dict[str, Any]], Path | None]
+    max_grace: float = 30.0
+
+
+class StartError(RuntimeError):
+    def __init__(self, reason: str, message: str, *, event: str | None) -> None:
+        super().__init__(message)
+        self.reason, self.event = reason, event
+
+
+class PodWorker:
+    def __init__(self, ctx: NodeContext, pod: dict[str, Any]) -> None:
+        self._ctx = ctx
+        self._pod = pod
+        self._gone = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.uid: str = pod["metadata"]["uid"]
+        self.key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        self._state = PodState(node_ip=ctx.node_ip)
+        self._state.containers = [
+            ContainerState(name=c["name"], image=c.get("image", ""))
+            for c in pod["spec"].get("containers", [])
+        ]
+        self._local: dict[str, LocalRun] = {}
+        self._started = False
+        self._terminated = False
+        self._backoff = 0.5
+        self._next_try = 0.0
+        self._last_status: dict[str, Any] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"pod:{self.key}", daemon=True)
+
+    # -- feeding ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def update(self, pod: dict[str, Any]) -> None:
+        self._pod = pod
+        self._wake.set()
+
+    def deleted(self) -> None:
+        self._gone = True
+        self._wake.set()
+
+    def shutdown(self, *, kill: bool = True) -> None:
+        """Stop the worker (node stop): processes are killed, nothing written to the API."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+        for run in self._local.values():
+            run.stop(0.5 if kill else self._ctx.max_grace)
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    # -- loop -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self._step():
+                    return
+            except Exception:
+                log.exception("pod %s: sync failed", self.key)
+                self._delay_retry()
+            self._wake.wait(TICK)
+            self._wake.clear()
+
+    def _step(self) -> bool:
+        """One sync; True when the worker is finished."""
+        pod = self._pod
+        if self._gone:
+            self._terminate(grace=0.5, delete=False)
+            return True
+        if pod["metadata"].get("deletionTimestamp"):
+            grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 30)
+            self._terminate(grace=min(grace, self._ctx.max_grace), delete=True)
+            return True
+        phase = self._state.phase(pod["spec"].get("restartPolicy", "Always"))
+        if phase in ("Succeeded", "Failed"):
+            if not self._terminated:
+                self._terminate(grace=0, delete=False)
+            return False
+        if not self._started:
+            if time.monotonic() >= self._next_try:
+                self._try_start(pod)
+        else:
+            self._supervise(pod)
+        self._post_status()
+        return False
+
+    def _delay_retry(self) -> None:
+        self._next_try = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, MAX_BACKOFF)
+
+    # -- start ------------------------------------------------------------------------------
+
+    def _try_start(self, pod: dict[str, Any]) -> None:
+        try:
+            prepared = self._prepare(pod)
+            self._state.sandbox_ready = True
+            self._create_containers(pod, prepared)
+        except StartError as e:
+            log.info("pod %s: %s: %s", self.key, e.reason, e)
+            if e.event:
+                self._ctx.events.event(pod, "Warning", e.event, str(e))
+            self._delay_retry()
+            return
+        self._started = True
+        self._backoff = 0.5
+
+    def _prepare(self, pod: dict[str, Any]) -> dict[str, list[PreparedDevice]]:
+        if not pod["spec"].get("resourceClaims"):
+            return {}
+        try:
+            claims = resolve_pod_claims(self._ctx.client, pod)
+        except ClaimNotReadyError as e:
+            raise StartError("ClaimNotReadyError", str(e), event=None) from e
+        prepared: dict[str, list[PreparedDevice]] = {}
+        for driver in sorted({d for c in claims for d in c.drivers()}):
+            plugin = self._ctx.plugins.plugin(driver)
+            if plugin is None:
+                msg = f"prepare dynamic resources: DRA driver {driver} is not registered"
+                raise StartError("PrepareFailed", msg, event="FailedPrepareDynamicResources")
+            try:
+                prepared.update(self._ctx.dra.prepare(plugin, self.uid, claims))
+            except DraPluginError as e:
+                msg = f"Failed to prepare dynamic resources: {e}"
+                raise StartError("PrepareFailed", msg, event="FailedPrepareDynamicResources") from e
+        return prepared
+
+    def _create_containers(
+        self, pod: dict[str, Any], prepared: dict[str, list[PreparedDevice]]
+    ) -> None:
+        for spec, state in zip(pod["spec"]["containers"], self._state.containers, strict=True):
+            if state.running_since or state.name in self._local:
+                continue
+            ids = cdi_ids_for_container(pod, spec, prepared)
+            try:
+                edits = self._ctx.cdi.resolve([self._ctx.dirs.cdi], ids)
+            except CdiError as e:
+                msg = f"Error: CDI device injection failed: {e}"
+                state.set_waiting("CreateContainerError", msg)
+                self._post_status()
+                raise StartError("CreateContainerError", msg, event="Failed") from e
+            argv = [*(spec.get("command") or []), *(spec.get("args") or [])]
+            if self._ctx.commands.maps(argv):
+                self._start_local(pod, spec, state, edits, ids)
+            else:
+                self._record(pod, spec, edits, ids)
+                state.set_running(f"kubeletsim://{self.uid}/{state.name}")
+                state.started = state.ready = True
+
+    def _record(
+        self, pod: dict[str, Any], spec: dict[str, Any], edits: ContainerEdits, ids: list[str]
+    ) -> None:
+        meta = pod["metadata"]
+        path = self._ctx.dirs.container_record(meta["namespace"], meta["name"], spec["name"])
+        doc = {
+            "node": self._ctx.node_name,
+            "namespace": meta["namespace"],
+            "pod": meta["name"],
+            "podUID": self.uid,
+            "container": spec["name"],
+            "cdiDevices": ids,
+            **edits.to_json(),
+        }
+        path.write_text(json.dumps(doc, indent=1))
+
+    def _start_local(
+        self,
+        pod: dict[str, Any],
+        spec: dict[str, Any],
+        state: ContainerState,
+        edits: ContainerEdits,
+        ids: list[str],
+    ) -> None:
+        pod_dir = self._ctx.dirs.pod_dir(self.uid)
+        hosts = pod_dir / "etc-hosts"
+        if not hosts.exists():
+            hosts.write_text(hosts_file_text(pod, node_ip=self._ctx.node_ip))
+        self._record(pod, spec, edits, ids)
+        try:
+            kubeconfig = self._ctx.kubeconfig_for(pod)
+        except Exception as e:  # TokenRequest refused, SA missing, ...
+            msg = f'MountVolume.SetUp failed for volume "kube-api-access": {e}'
+            state.set_waiting("ContainerCreating", msg)
+            raise StartError("FailedMount", msg, event="FailedMount") from e
+        try:
+            run = LocalRun.create(
+                ctx_commands=self._ctx.commands,
+                pod=pod,
+                container=spec,
+                edits=edits,
+                mounts=[*cdi_mounts(edits)],
+                hosts_file=hosts,
+                node_ip=self._ctx.node_ip,
+                kubeconfig=kubeconfig,
+                log_file=self._ctx.dirs.logs / f"{pod['metadata']['name']}_{spec['name']}.log",
+                cwd=pod_dir,
+            )
+        except PodSpecError as e:
+            state.set_waiting("CreateContainerConfigError", str(e))
+            raise StartError("CreateContainerConfigError", str(e), event="Failed") from e
+        self._local[state.name] = run
+        run.start(state)
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _supervise(self, pod: dict[str, Any]) -> None:
+        policy = pod["spec"].get("restartPolicy", "Always")
+        for state in self._state.containers:
+            run = self._local.get(state.name)
+            if run is not None:
+                run.tick(state, restart_policy=policy)
+
+    def _post_status(self) -> None:
+        policy = self._pod["spec"].get("restartPolicy", "Always")
+        status = self._state.to_status(policy)
+        if same_status(self._last_status, status):
+            return
+        meta = self._pod["metadata"]
+        try:
+            self._ctx.client.patch(
+                PODS,
+                meta["name"],
+                {"metadata": {"uid": self.uid}, "status": status},
+                namespace=meta["namespace"],
+                patch_type="strategic",
+                subresource="status",
+            )
+            self._last_status = status
+        except (NotFoundError, ConflictError):
+            pass  # pod gone or replaced: the watch will tell
+        except ApiError as e:
+            log.warning("pod %s: status update failed: %s", self.key, e)
+
+    # -- termination ------------------------------------------------------------------------
+
+    def _terminate(self, *, grace: float, delete: bool) -> None:
+        for state in self._state.containers:
+            run = self._local.pop(state.name, None)
+            if run is not None:
+                code = run.stop(grace)
+                state.set_terminated(code if code is not None else 137)
+            elif not state.terminated:
+                state.set_terminated(0)
+        self._terminated = True
+        self._unprepare()
+        for p in self._ctx.dirs.containers.glob(
+            f"{self._pod['metadata']['namespace']}_{self._pod['metadata']['name']}_*.json"
+        ):
+            p.unlink(missing_ok=True)
+        if delete:
+            meta = self._pod["metadata"]
+            with contextlib.suppress(NotFoundError, ConflictError):
+                self._ctx.client.delete(
+                    PODS, meta["name"], namespace=meta["namespace"], uid=self.uid,
+                    grace_period_seconds=0,
+                )  # fmt: skip
+        elif not self._gone:
+            self._post_status()
+
+    def _unprepare(self) -> None:
+        """Unprepare claims only this pod used; failures are retried by node housekeeping."""
+        for info in self._ctx.dra.release(self.uid):
+            plugin = self._ctx.plugins.plugin(info.driver)
+            if plugin is None:
+                continue
+            try:
+                plugin.unprepare([info.ref])
+                self._ctx.dra.unprepared(info.ref.uid)
+            except DraPluginError as e:
+                log.warning("pod %s: unprepare %s: %s", self.key, info.ref.name, e)

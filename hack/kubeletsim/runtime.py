@@ -1,0 +1,168 @@
+"""Running the driver's own containers as local processes: command mapping, start, stop, probes.
+
+Owns the "container runtime" of the stand-in. A :class:`LocalCommands` table maps the image
+command a container would run (``compute-domain-daemon run ...``) onto a local program (``python
+cmd/compute-domain-daemon/compute_domain_daemon.py run ...``); container paths the program must
+see (CDI mounts such as ``/imexd``, the pod's ``/etc/hosts``) are passed as environment variables
+named by ``path_env``. Containers whose command is not in the table are not run: the caller
+records their edits instead. Processes get their own session and log to one file per container.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .podspec import Mount
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class LocalCommands:
+    """Which container commands run locally, and how container paths are handed to them.
+
+    ``programs`` maps a command's basename to the argv prefix that replaces it;
+    ``path_env`` maps a container path to the env var that receives its host path;
+    ``env`` is added to every local container (e.g. to select the IMEX simulator).
+    """
+
+    programs: Mapping[str, Sequence[str]]
+    path_env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def maps(self, argv: Sequence[str]) -> bool:
+        return bool(argv) and os.path.basename(argv[0]) in self.programs
+
+    def translate(self, argv: Sequence[str]) -> list[str]:
+        return [*self.programs[os.path.basename(argv[0])], *argv[1:]]
+
+    def path_vars(self, mounts: Sequence[Mount]) -> dict[str, str]:
+        out = {}
+        for m in mounts:
+            var = self.path_env.get(m.container_path.rstrip("/") or "/")
+            if var:
+                out[var] = m.host_path
+        return out
+
+
+def driver_commands(*, python: str = sys.executable, repo: Path = REPO_ROOT) -> LocalCommands:
+    """The driver's daemon image command, run from this checkout with the IMEX simulator.
+
+    ``/imexd`` and the pod's ``/etc/hosts`` reach the daemon as ``IMEX_CONFIG_DIR`` and
+    ``IMEX_HOSTS_FILE`` (see ``pkg.daemon.options``); ``IMEX_BIN_DIR`` selects the simulated
+    ``nvidia-imex``/``nvidia-imex-ctl`` (``pkg/imex/sim/bin``).
+    """
+    daemon = [python, str(repo / "cmd" / "compute-domain-daemon" / "compute_domain_daemon.py")]
+    return LocalCommands(
+        programs={"compute-domain-daemon": daemon},
+        path_env={"/imexd": "IMEX_CONFIG_DIR", "/etc/hosts": "IMEX_HOSTS_FILE"},
+        env={"IMEX_BIN_DIR": str(repo / "pkg" / "imex" / "sim" / "bin"), "PYTHONUNBUFFERED": "1"},
+    )
+
+
+@dataclass
+class ProcessSpec:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+    log_file: Path
+
+
+class LocalContainer:
+    """One started container process (own session; SIGTERM/SIGKILL go to its group)."""
+
+    def __init__(self, spec: ProcessSpec) -> None:
+        self.spec = spec
+        spec.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with spec.log_file.open("ab") as log:
+            log.write(f"=== {time.strftime('%H:%M:%S')} start: {' '.join(spec.argv)}\n".encode())
+            log.flush()
+            self._popen = subprocess.Popen(
+                spec.argv,
+                env=spec.env,
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.started_at = time.time()
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    def exit_code(self) -> int | None:
+        return self._popen.poll()
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self._popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, sig)
+
+    def stop(self, grace: float) -> int | None:
+        """SIGTERM, wait ``grace`` seconds, SIGKILL; returns the exit code."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self._popen.wait(timeout=max(grace, 0.1))
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            try:
+                return self._popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                return None
+
+    def exec_probe(self, argv: Sequence[str], *, timeout: float) -> tuple[bool, str]:
+        """Run a probe command with the container's env; success = exit 0."""
+        try:
+            done = subprocess.run(
+                list(argv),
+                env=self.spec.env,
+                cwd=self.spec.cwd,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False, f"probe timed out after {timeout}s"
+        except OSError as e:
+            return False, str(e)
+        return done.returncode == 0, (done.stdout + done.stderr).strip()
+
+
+@dataclass
+class Probe:
+    """An exec probe with the kubelet's timing fields (seconds)."""
+
+    argv: list[str]
+    period: float = 10.0
+    initial_delay: float = 0.0
+    timeout: float = 1.0
+    failure_threshold: int = 3
+    success_threshold: int = 1
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, object] | None, argv: list[str]) -> Probe:
+        s = dict(spec or {})
+
+        def num(key: str, default: float) -> float:
+            v = s.get(key)
+            return float(v) if isinstance(v, int | float) else default
+
+        return cls(
+            argv=argv,
+            period=num("periodSeconds", 10),
+            initial_delay=num("initialDelaySeconds", 0),
+            timeout=num("timeoutSeconds", 1),
+            failure_threshold=int(num("failureThreshold", 3)),
+            success_threshold=int(num("successThreshold", 1)),
+        )

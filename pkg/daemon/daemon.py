@@ -1,0 +1,280 @@
+"""The ``run`` and ``check`` behaviour of ``compute-domain-daemon``: all parts wired together.
+
+Owns the daemon's one control loop. Threads: the object watcher (feeds the latest membership
+object), the optional metrics server, and the loop itself, which does everything else in order
+so no two actions race: supervise IMEX (watchdog tick), make sure our entry exists with our IP,
+apply the membership to IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
+
+Readiness: Ready iff the supervised IMEX runs and ``nvidia-imex-ctl -q`` prints exactly READY.
+While not ready it is polled every ``fast_interval``; once ready every ``slow_interval`` (and
+at once when the process dies). The entry's ``status`` follows it.
+
+Non-NVLink node (empty ``CLIQUE_ID``): label the pod, start nothing, write nothing, wait for
+shutdown; ``check`` always succeeds. Shutdown (SIGTERM): remove our entry (bounded by
+``leave_timeout``), then stop IMEX.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from pkg.api import constants as c
+from pkg.daemon.imexsync import ImexSync
+from pkg.daemon.membership import (
+    CliqueStore,
+    DaemonEntry,
+    EntryStore,
+    Identity,
+    Membership,
+    MembershipError,
+    StatusStore,
+)
+from pkg.daemon.metrics import DaemonMetrics
+from pkg.daemon.options import Options
+from pkg.daemon.watcher import ObjectWatcher
+from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES
+from pkg.imex import nodesconfig
+from pkg.imex.config import ImexConfig, write_file_atomically
+from pkg.imex.ctl import CommandRunner, ImexCtl
+from pkg.imex.hosts import HostsFile
+from pkg.imex.supervisor import ProcessRunner, Supervisor
+from pkg.kube import resources as res
+from pkg.kube.client import JSON, KubeClient
+from pkg.kube.errors import ApiError, ConnectionFailedError, NotFoundError
+from pkg.runtime.clock import Clock
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Timing:
+    fast_interval: float = 0.5
+    slow_interval: float = 10.0
+    leave_timeout: float = 10.0
+    imex_stop_timeout: float = 10.0
+    resync_seconds: int = 240
+
+
+def identity(opts: Options) -> Identity:
+    return Identity(
+        domain_uid=opts.domain_uid, domain_name=opts.domain_name,
+        domain_namespace=opts.domain_namespace, clique_id=opts.clique_id,
+        node_name=opts.node_name, pod_ip=opts.pod_ip, pod_name=opts.pod_name,
+        pod_uid=opts.pod_uid, pod_namespace=opts.pod_namespace,
+    )  # fmt: skip
+
+
+def imex_child_env(opts: Options, base: dict[str, str]) -> dict[str, str]:
+    """Env for IMEX: tells a simulated IMEX which hosts file we maintain and our domain."""
+    return {**base, "IMEX_HOSTS_FILE": opts.hosts_file, "IMEX_DOMAIN_ID": opts.domain_uid}
+
+
+def run_check(opts: Options, commands: CommandRunner) -> tuple[bool, str]:
+    if not opts.clique_id:
+        return True, "check succeeded (noop, clique ID is empty)"
+    result = ImexCtl(
+        opts.imex_ctl_argv, config_path=opts.config_path, runner=commands
+    ).query_ready()
+    if result.ready:
+        return True, "check succeeded (IMEX daemon is READY)"
+    return False, f"check failed: IMEX daemon not ready: {result.detail}"
+
+
+class Daemon:
+    def __init__(
+        self,
+        opts: Options,
+        *,
+        client: KubeClient,
+        clock: Clock,
+        runner: ProcessRunner,
+        commands: CommandRunner,
+        metrics: DaemonMetrics,
+        child_env: dict[str, str],
+        timing: Timing | None = None,
+    ) -> None:
+        self.opts = opts
+        self.me = identity(opts)
+        self._client = client
+        self._clock = clock
+        self._metrics = metrics
+        self._timing = timing or Timing()
+        self._dns = opts.gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES)
+        self.store: EntryStore = (
+            CliqueStore(client, self.me)
+            if opts.gates.enabled(COMPUTE_DOMAIN_CLIQUES)
+            else StatusStore(client, self.me)
+        )
+        self.membership = Membership(
+            self.store, self.me, max_nodes=opts.max_nodes, on_conflict=metrics.conflict
+        )
+        self.supervisor = Supervisor(
+            [*opts.imex_argv, "-c", opts.config_path], runner=runner, clock=clock,
+            env=imex_child_env(opts, child_env), observer=metrics,
+            stop_timeout=self._timing.imex_stop_timeout,
+        )  # fmt: skip
+        self.ctl = ImexCtl(opts.imex_ctl_argv, config_path=opts.config_path, runner=commands)
+        self.sync = ImexSync(
+            self.me, dns_names=self._dns, max_nodes=opts.max_nodes,
+            hosts=HostsFile(opts.hosts_file, name_prefix=nodesconfig.NAME_PREFIX),
+            nodes_config_path=opts.nodes_config_path, process=self.supervisor,
+            peers=metrics.peers,
+        )  # fmt: skip
+        self._kick = threading.Event()
+        self._latest_lock = threading.Lock()
+        self._latest: JSON | None = None
+        self._have_latest = False
+        self._ready = False
+        self._next_ready_check = 0.0
+
+    def wake(self) -> None:
+        """Run the loop now (new object, or shutdown requested)."""
+        self._kick.set()
+
+    # -- pieces ----------------------------------------------------------------------------------
+
+    def label_pod(self) -> None:
+        """Label our pod with the clique ID (``""`` on non-NVLink nodes), as upstream does."""
+        if not self.opts.pod_name:
+            log.warning("POD_NAME not set; not labelling the daemon pod")
+            return
+        body = {"metadata": {"labels": {c.CLIQUE_ID_LABEL: self.opts.clique_id}}}
+        try:
+            self._client.patch(res.PODS, self.opts.pod_name, body,
+                               namespace=self.opts.pod_namespace)  # fmt: skip
+        except NotFoundError:
+            log.warning("daemon pod %s/%s not found; not labelled",
+                        self.opts.pod_namespace, self.opts.pod_name)  # fmt: skip
+
+    def _on_object(self, obj: JSON | None) -> None:
+        with self._latest_lock:
+            self._latest, self._have_latest = obj, True
+        self._kick.set()
+
+    def _snapshot(self) -> tuple[list[DaemonEntry], JSON | None] | None:
+        with self._latest_lock:
+            if not self._have_latest:
+                return None
+            obj = self._latest
+        return (list(self.store.decode(obj).entries) if obj else []), obj
+
+    def _check_ready(self) -> bool:
+        if not self.supervisor.running():
+            return False
+        now = self._clock.monotonic()
+        if self._ready and now < self._next_ready_check:
+            return True
+        result = self.ctl.query_ready()
+        interval = self._timing.slow_interval if result.ready else self._timing.fast_interval
+        self._next_ready_check = now + interval
+        if result.ready != self._ready:
+            log.info("local IMEX readiness: %s (%s)", result.ready, result.detail)
+        return result.ready
+
+    def step(self) -> None:
+        """One pass of the control loop (public for tests)."""
+        self.supervisor.tick()
+        snap = self._snapshot()
+        entries, obj = snap if snap is not None else ([], None)
+        own = self.membership.own_entry(entries)
+        if snap is None or own is None or own.ip_address != self.me.pod_ip:
+            entries = self.membership.join()
+            own = self.membership.own_entry(entries)
+        num_nodes = int(((obj or {}).get("spec") or {}).get("numNodes") or 0)
+        self.sync.apply(entries, num_nodes=num_nodes)
+        self._ready = self._check_ready()
+        self._metrics.ready.set(1 if self._ready else 0)
+        want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
+        if own is None or own.status != want:
+            self.membership.set_status(want)
+
+    def _write_imex_config(self) -> None:
+        cfg = ImexConfig(
+            bind_ip=self.opts.pod_ip, node_config_path=self.opts.nodes_config_path,
+            server_port=self.opts.server_port, cmd_port=self.opts.cmd_port,
+        )  # fmt: skip
+        write_file_atomically(self.opts.config_path, cfg.render())
+        self.sync.prepare()
+
+    def _leave(self) -> None:
+        done = threading.Event()
+
+        def leave() -> None:
+            try:
+                self.membership.leave()
+                log.info("removed own entry (IP %s) from %s", self.me.pod_ip, self._where())
+            except (MembershipError, ApiError, ConnectionFailedError) as err:
+                log.error("could not remove own entry from %s: %s", self._where(), err)
+            finally:
+                done.set()
+
+        threading.Thread(target=leave, name="leave", daemon=True).start()
+        if not done.wait(self._timing.leave_timeout):
+            log.error("removing own entry timed out after %.0fs", self._timing.leave_timeout)
+
+    def _where(self) -> str:
+        kind = "ComputeDomainClique" if isinstance(self.store, CliqueStore) else "ComputeDomain"
+        return f"{kind} {getattr(self.store, 'namespace', '')}/{getattr(self.store, 'name', '')}"
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> int:
+        self._retry(self.label_pod, stop, "label own pod")
+        if not self.opts.clique_id:
+            log.info("clique ID is empty (no NVLink fabric): not starting IMEX, waiting for stop")
+            stop.wait()
+            return 0
+        self._write_imex_config()
+        if self.opts.metrics_address:
+            host, port = self._metrics.serve(self.opts.metrics_address)
+            log.info("serving /metrics on %s:%d", host, port)
+        watched: Any = res.COMPUTE_DOMAIN_CLIQUES if isinstance(self.store, CliqueStore) \
+            else res.COMPUTE_DOMAINS  # fmt: skip
+        watcher = ObjectWatcher(
+            self._client, watched, namespace=getattr(self.store, "namespace", ""),
+            name=getattr(self.store, "name", ""), on_change=self._on_object, clock=self._clock,
+            resync_seconds=self._timing.resync_seconds,
+        )  # fmt: skip
+        thread = threading.Thread(target=watcher.run, name="watch", daemon=True)
+        thread.start()
+        log.info(
+            "daemon running (%s mode, membership in %s, max %d nodes)",
+            "DNS-name" if self._dns else "IP",
+            self._where(),
+            self.opts.max_nodes,
+        )
+        try:
+            while True:
+                if stop.is_set():
+                    break
+                try:
+                    self.step()
+                except (MembershipError, ApiError, ConnectionFailedError, ValueError) as err:
+                    log.error("update failed, will retry: %s", err)
+                wait = self._timing.fast_interval if not self._ready else 1.0
+                self._clock.wait(self._kick, wait)
+                self._kick.clear()
+        finally:
+            watcher.stop()
+            self._leave()
+            self.supervisor.stop()
+            self._metrics.close()
+            thread.join(5)
+        return 0
+
+    def _retry(self, fn: Any, stop: threading.Event, what: str) -> None:
+        delay = 0.2
+        while True:
+            try:
+                fn()
+                return
+            except (ApiError, ConnectionFailedError) as err:
+                if stop.is_set():
+                    log.warning("%s failed: %s; giving up, shutting down", what, err)
+                    return
+                log.warning("%s failed: %s; retrying in %.1fs", what, err, delay)
+                self._clock.wait(stop, delay)
+                delay = min(delay * 2, 10.0)

@@ -1,0 +1,364 @@
+"""Membership of one IMEX daemon in its ComputeDomain: the shared list of daemon entries.
+
+Owns every write this daemon makes to the membership list, which lives either in the
+``ComputeDomainClique`` ``<cdUID>.<cliqueID>`` (``daemons[]``, gate ``ComputeDomainCliques``) or,
+with that gate off, in ``ComputeDomain.status.nodes`` (via the status subresource). Both are
+behind :class:`EntryStore`, so the join/update/leave logic exists once.
+
+Invariants:
+- every write is read-modify-write of the *whole* list guarded by the object's resourceVersion;
+  a 409 re-reads and re-applies the change after a short jittered backoff, so no daemon ever
+  overwrites another's entry (upstream #1050) and 18+ daemons joining at once converge in well
+  under a second instead of minutes (upstream #816);
+- a daemon owns at most one entry, keyed by node name; it joins at the lowest index not used by
+  another entry of the same clique and below ``max_nodes``; its index never changes while the
+  entry exists, so a restarted daemon (same node, new IP) keeps its slot;
+- leaving removes only our node's entry *and only if it still carries our IP*, so a shutting-down
+  pod never deletes the entry its replacement on the same node already re-registered;
+- the clique is created on demand with upstream's labels; each daemon pod that writes it adds
+  itself as an owner, so the garbage collector removes it after the last daemon pod is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from pkg.api import constants as c
+from pkg.kube import resources as res
+from pkg.kube.client import JSON, KubeClient
+from pkg.kube.errors import (
+    AlreadyExistsError,
+    ApiError,
+    ConflictError,
+    ConnectionFailedError,
+    NotFoundError,
+    ServerError,
+    TooManyRequestsError,
+)
+
+log = logging.getLogger(__name__)
+
+
+class MembershipError(Exception):
+    """The membership list cannot take our entry (no free index, domain gone, API failure)."""
+
+
+@dataclass(frozen=True)
+class DaemonEntry:
+    """One daemon of the domain, as stored in ``daemons[]`` / ``status.nodes[]``."""
+
+    node_name: str
+    ip_address: str
+    clique_id: str
+    index: int
+    status: str = c.STATUS_NOT_READY
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this daemon is: fixed for the process lifetime."""
+
+    domain_uid: str
+    domain_name: str
+    domain_namespace: str
+    clique_id: str
+    node_name: str
+    pod_ip: str
+    pod_name: str
+    pod_uid: str
+    pod_namespace: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A membership object as read, with its decoded entries (all cliques)."""
+
+    obj: JSON
+    entries: tuple[DaemonEntry, ...]
+
+
+class EntryStore(Protocol):
+    """Where the entries live. ``write`` must carry ``snap``'s resourceVersion precondition."""
+
+    def read(self) -> Snapshot | None:
+        """The current object, or None if it does not exist."""
+
+    def create(self) -> None:
+        """Create the (empty) object; AlreadyExistsError if it exists."""
+
+    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> None:
+        """Replace the entries; ConflictError if the object changed since ``snap``."""
+
+    def decode(self, obj: JSON) -> Snapshot:
+        """Decode an object received elsewhere (a watch event)."""
+
+
+def _entry(item: Any, *, name_key: str) -> DaemonEntry | None:
+    if not isinstance(item, dict) or not item.get(name_key):
+        return None
+    index = item.get("index", -1)
+    return DaemonEntry(
+        node_name=str(item[name_key]),
+        ip_address=str(item.get("ipAddress", "")),
+        clique_id=str(item.get("cliqueID", "")),
+        index=index if isinstance(index, int) else -1,
+        status=str(item.get("status") or c.STATUS_NOT_READY),
+    )
+
+
+def _encode(e: DaemonEntry, *, name_key: str) -> JSON:
+    return {
+        name_key: e.node_name,
+        "ipAddress": e.ip_address,
+        "cliqueID": e.clique_id,
+        "index": e.index,
+        "status": e.status,
+    }
+
+
+class CliqueStore:
+    """Entries in ``ComputeDomainClique`` ``<cdUID>.<cliqueID>`` in the daemon pod's namespace."""
+
+    def __init__(self, client: KubeClient, me: Identity) -> None:
+        self._client = client
+        self._me = me
+        self.name = c.clique_object_name(me.domain_uid, me.clique_id)
+        self.namespace = me.pod_namespace
+
+    def decode(self, obj: JSON) -> Snapshot:
+        items = obj.get("daemons") or []
+        entries = [e for e in (_entry(i, name_key="nodeName") for i in items) if e is not None]
+        return Snapshot(obj, tuple(entries))
+
+    def read(self) -> Snapshot | None:
+        try:
+            obj = self._client.get(res.COMPUTE_DOMAIN_CLIQUES, self.name, namespace=self.namespace)
+        except NotFoundError:
+            return None
+        labels = obj.get("metadata", {}).get("labels") or {}
+        if labels.get(c.COMPUTE_DOMAIN_LABEL, self._me.domain_uid) != self._me.domain_uid:
+            raise MembershipError(
+                f"clique {self.namespace}/{self.name} belongs to domain "
+                f"{labels.get(c.COMPUTE_DOMAIN_LABEL)}, not {self._me.domain_uid}"
+            )
+        return self.decode(obj)
+
+    def _owner_refs(self, existing: list[JSON]) -> list[JSON]:
+        if not self._me.pod_uid or any(r.get("uid") == self._me.pod_uid for r in existing):
+            return existing
+        me = {"apiVersion": "v1", "kind": "Pod", "name": self._me.pod_name, "uid": self._me.pod_uid}
+        return [*existing, me]
+
+    def create(self) -> None:
+        obj: JSON = {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": {
+                    c.COMPUTE_DOMAIN_LABEL: self._me.domain_uid,
+                    c.CLIQUE_ID_LABEL: self._me.clique_id,
+                },
+                "ownerReferences": self._owner_refs([]),
+            },
+            "daemons": [],
+        }
+        self._client.create(res.COMPUTE_DOMAIN_CLIQUES, obj, namespace=self.namespace)
+
+    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> None:
+        obj = dict(snap.obj)
+        meta = dict(obj.get("metadata") or {})
+        meta["ownerReferences"] = self._owner_refs(list(meta.get("ownerReferences") or []))
+        obj["metadata"] = meta
+        obj["daemons"] = [_encode(e, name_key="nodeName") for e in entries]
+        self._client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
+
+
+class StatusStore:
+    """Entries in ``ComputeDomain.status.nodes`` (gate ``ComputeDomainCliques`` off)."""
+
+    def __init__(self, client: KubeClient, me: Identity) -> None:
+        self._client = client
+        self._me = me
+        self.name = me.domain_name
+        self.namespace = me.domain_namespace
+
+    def decode(self, obj: JSON) -> Snapshot:
+        items = (obj.get("status") or {}).get("nodes") or []
+        entries = [e for e in (_entry(i, name_key="name") for i in items) if e is not None]
+        return Snapshot(obj, tuple(entries))
+
+    def read(self) -> Snapshot | None:
+        try:
+            obj = self._client.get(res.COMPUTE_DOMAINS, self.name, namespace=self.namespace)
+        except NotFoundError:
+            return None
+        if obj.get("metadata", {}).get("uid") != self._me.domain_uid:
+            raise MembershipError(
+                f"ComputeDomain {self.namespace}/{self.name} has a different UID "
+                f"(recreated?); expected {self._me.domain_uid}"
+            )
+        return self.decode(obj)
+
+    def create(self) -> None:
+        raise MembershipError(f"ComputeDomain {self.namespace}/{self.name} does not exist")
+
+    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> None:
+        obj = dict(snap.obj)
+        status = dict(obj.get("status") or {})
+        status.setdefault("status", c.STATUS_NOT_READY)
+        status["nodes"] = [_encode(e, name_key="name") for e in entries]
+        obj["status"] = status
+        self._client.update(res.COMPUTE_DOMAINS, obj, subresource="status")
+
+
+# -- pure list edits (None = nothing to change) --------------------------------------------------
+
+
+def lowest_free_index(entries: list[DaemonEntry], *, clique_id: str, max_nodes: int) -> int:
+    used = {e.index for e in entries if e.clique_id == clique_id}
+    for index in range(max_nodes):
+        if index not in used:
+            return index
+    raise MembershipError(
+        f"no free index: all {max_nodes} slots of clique {clique_id!r} are taken "
+        f"(MAX_NODES_PER_IMEX_DOMAIN={max_nodes})"
+    )
+
+
+def upsert(entries: list[DaemonEntry], me: Identity, *, max_nodes: int) -> list[DaemonEntry] | None:
+    """Ensure our entry exists with our IP (new entries: lowest free index, NotReady)."""
+    for i, e in enumerate(entries):
+        if e.node_name != me.node_name:
+            continue
+        if e.ip_address == me.pod_ip and e.clique_id == me.clique_id and 0 <= e.index < max_nodes:
+            return None
+        if e.clique_id == me.clique_id and 0 <= e.index < max_nodes:
+            # Same node, new pod IP: keep the slot, readiness must be re-earned.
+            out = list(entries)
+            out[i] = replace(e, ip_address=me.pod_ip, status=c.STATUS_NOT_READY)
+            return out
+        others = [x for j, x in enumerate(entries) if j != i]
+        return _append(others, me, max_nodes=max_nodes)
+    return _append(list(entries), me, max_nodes=max_nodes)
+
+
+def _append(entries: list[DaemonEntry], me: Identity, *, max_nodes: int) -> list[DaemonEntry]:
+    index = lowest_free_index(entries, clique_id=me.clique_id, max_nodes=max_nodes)
+    return [*entries, DaemonEntry(me.node_name, me.pod_ip, me.clique_id, index)]
+
+
+def with_status(
+    entries: list[DaemonEntry], me: Identity, status: str, *, max_nodes: int
+) -> list[DaemonEntry] | None:
+    base = upsert(entries, me, max_nodes=max_nodes)
+    current = base if base is not None else list(entries)
+    for i, e in enumerate(current):
+        if e.node_name == me.node_name:
+            if e.status == status:
+                return base
+            out = list(current)
+            out[i] = replace(e, status=status)
+            return out
+    raise AssertionError("upsert always leaves our entry")
+
+
+def without_me(entries: list[DaemonEntry], me: Identity) -> list[DaemonEntry] | None:
+    kept = [e for e in entries if not (e.node_name == me.node_name and e.ip_address == me.pod_ip)]
+    return kept if len(kept) != len(entries) else None
+
+
+# -- the read-modify-write loop ------------------------------------------------------------------
+
+_RETRYABLE = (
+    ConflictError,
+    NotFoundError,
+    ServerError,
+    TooManyRequestsError,
+    ConnectionFailedError,
+)
+
+
+class Membership:
+    """Our entry in the shared list; every method is a bounded read-modify-write loop."""
+
+    def __init__(
+        self,
+        store: EntryStore,
+        me: Identity,
+        *,
+        max_nodes: int,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        base_delay: float = 0.005,
+        max_delay: float = 0.5,
+        max_attempts: int = 200,
+        on_conflict: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.me = me
+        self.max_nodes = max_nodes
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._base = base_delay
+        self._max = max_delay
+        self._attempts = max_attempts
+        self._on_conflict = on_conflict or (lambda: None)
+
+    def join(self) -> list[DaemonEntry]:
+        """Ensure our entry (index, IP); returns the list as written or read."""
+        return self._mutate(lambda es: upsert(es, self.me, max_nodes=self.max_nodes), "join")
+
+    def set_status(self, status: str) -> list[DaemonEntry]:
+        edit = lambda es: with_status(es, self.me, status, max_nodes=self.max_nodes)  # noqa: E731
+        return self._mutate(edit, f"set status {status}")
+
+    def leave(self) -> list[DaemonEntry]:
+        return self._mutate(lambda es: without_me(es, self.me), "leave", create=False)
+
+    def own_entry(self, entries: list[DaemonEntry]) -> DaemonEntry | None:
+        return next((e for e in entries if e.node_name == self.me.node_name), None)
+
+    def _backoff(self, attempt: int) -> None:
+        delay = min(self._max, self._base * 2 ** min(attempt, 16))
+        self._sleep(delay * self._rng.uniform(0.5, 1.5))
+
+    def _mutate(
+        self,
+        edit: Callable[[list[DaemonEntry]], list[DaemonEntry] | None],
+        what: str,
+        *,
+        create: bool = True,
+    ) -> list[DaemonEntry]:
+        last: Exception | None = None
+        for attempt in range(self._attempts):
+            try:
+                snap = self.store.read()
+                if snap is None:
+                    if not create:
+                        return []
+                    with contextlib.suppress(AlreadyExistsError):
+                        self.store.create()
+                    continue
+                entries = list(snap.entries)
+                new = edit(entries)
+                if new is None:
+                    return entries
+                self.store.write(snap, new)
+                log.debug("membership %s done after %d attempt(s)", what, attempt + 1)
+                return new
+            except _RETRYABLE as err:
+                last = err
+                if isinstance(err, ConflictError):
+                    self._on_conflict()
+                self._backoff(attempt)
+            except ApiError as err:
+                raise MembershipError(f"membership {what}: {err}") from err
+        raise MembershipError(f"membership {what}: gave up after {self._attempts} attempts: {last}")

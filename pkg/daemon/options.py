@@ -1,0 +1,180 @@
+"""Command line and environment of ``compute-domain-daemon`` parsed into :class:`Options`.
+
+Owns the upstream env contract (CDI: ``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``,
+``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``; downward API: ``NODE_NAME``, ``POD_IP``,
+``POD_UID``, ``POD_NAME``, ``POD_NAMESPACE``; ``MAX_NODES_PER_IMEX_DOMAIN``; ``FEATURE_GATES``)
+plus our additions, each a flag with an env fallback:
+
+=====================  ========================  =========================================
+flag                   env                       default
+=====================  ========================  =========================================
+``--config-dir``       ``IMEX_CONFIG_DIR``       ``/imexd``
+``--hosts-file``       ``IMEX_HOSTS_FILE``       ``/etc/hosts``
+``--imex-bin-dir``     ``IMEX_BIN_DIR``          (PATH lookup of ``nvidia-imex``/``-ctl``)
+``--imex-binary``      ``IMEX_BINARY``           ``nvidia-imex`` (a shell-quoted command)
+``--imex-ctl-binary``  ``IMEX_CTL_BINARY``       ``nvidia-imex-ctl``
+``--imex-server-port`` ``IMEX_SERVER_PORT``      50000
+``--imex-cmd-port``    ``IMEX_CMD_PORT``         50005
+``--metrics-address``  ``METRICS_ADDRESS``       empty = no endpoint; ``:9400``, ``127.0.0.1:0``
+``--kubeconfig``       ``KUBECONFIG``            in-cluster, else ~/.kube/config
+``--feature-gates``    ``FEATURE_GATES``         upstream defaults
+=====================  ========================  =========================================
+
+Invariant: parsing never touches the network or the file system; :meth:`Options.validate_run`
+reports missing CDI edits with upstream's exact message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from pkg.api import constants as c
+from pkg.featuregates import FeatureGateError, FeatureGates
+
+CDI_MISSING: Final = (
+    "CDI container edits did not apply -- is CDI enabled in your container runtime?"
+)
+
+
+class OptionsError(ValueError):
+    """Unusable command line or environment; the message is shown to the user as is."""
+
+
+@dataclass(frozen=True)
+class Options:
+    command: str  # "run" or "check"
+    verbosity: int
+    clique_id: str
+    domain_uid: str
+    domain_name: str
+    domain_namespace: str
+    node_name: str
+    pod_ip: str
+    pod_uid: str
+    pod_name: str
+    pod_namespace: str
+    max_nodes: int
+    gates: FeatureGates
+    config_dir: str
+    hosts_file: str
+    imex_argv: tuple[str, ...]
+    imex_ctl_argv: tuple[str, ...]
+    server_port: int
+    cmd_port: int
+    metrics_address: str
+    kubeconfig: str | None
+
+    @property
+    def config_path(self) -> str:
+        return os.path.join(self.config_dir, "imexd.cfg")
+
+    @property
+    def nodes_config_path(self) -> str:
+        return os.path.join(self.config_dir, "nodes.cfg")
+
+    def validate_run(self) -> None:
+        if not self.domain_uid:
+            raise OptionsError(CDI_MISSING)
+        missing = [
+            env
+            for env, value in (("NODE_NAME", self.node_name), ("POD_NAMESPACE", self.pod_namespace))
+            if not value
+        ]
+        if self.clique_id and not self.pod_ip:
+            missing.append("POD_IP")
+        if missing:
+            raise OptionsError(f"missing required environment: {', '.join(missing)}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="compute-domain-daemon")
+    p.add_argument("-v", "--verbosity", type=int, default=None, help="log verbosity (>=4: debug)")
+    p.add_argument("--feature-gates", default=None)
+    p.add_argument("--config-dir", default=None)
+    p.add_argument("--hosts-file", default=None)
+    p.add_argument("--imex-bin-dir", default=None)
+    p.add_argument("--imex-binary", default=None)
+    p.add_argument("--imex-ctl-binary", default=None)
+    p.add_argument("--imex-server-port", type=int, default=None)
+    p.add_argument("--imex-cmd-port", type=int, default=None)
+    p.add_argument("--metrics-address", default=None)
+    p.add_argument("--kubeconfig", default=None)
+    p.add_argument("command", choices=["run", "check"])
+    return p
+
+
+def _int(raw: str | int | None, *, name: str, default: int) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as err:
+        raise OptionsError(f"{name}: {raw!r} is not an integer") from err
+
+
+def _binary(
+    flag: str | None, env_value: str | None, bin_dir: str | None, name: str
+) -> tuple[str, ...]:
+    explicit = flag or env_value
+    if explicit:
+        return tuple(shlex.split(explicit))
+    if bin_dir:
+        return (os.path.join(bin_dir, name),)
+    return (name,)
+
+
+def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
+    """Parse ``argv`` (without the program name) with ``env`` as fallback for every flag."""
+    try:
+        args = _parser().parse_args(list(argv))
+    except SystemExit as err:
+        raise OptionsError("invalid command line (see usage above)") from err
+    try:
+        gates = FeatureGates.parse(
+            args.feature_gates if args.feature_gates is not None else env.get("FEATURE_GATES")
+        ).validate()
+    except FeatureGateError as err:
+        raise OptionsError(str(err)) from err
+    max_nodes = _int(env.get("MAX_NODES_PER_IMEX_DOMAIN"), name="MAX_NODES_PER_IMEX_DOMAIN",
+                     default=c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN)  # fmt: skip
+    if not 1 <= max_nodes <= 9999:
+        raise OptionsError(f"MAX_NODES_PER_IMEX_DOMAIN={max_nodes} outside 1..9999")
+    bin_dir = args.imex_bin_dir or env.get("IMEX_BIN_DIR")
+    return Options(
+        command=args.command,
+        verbosity=args.verbosity
+        if args.verbosity is not None
+        else _int(env.get("LOG_VERBOSITY"), name="LOG_VERBOSITY", default=2),
+        clique_id=env.get("CLIQUE_ID", ""),
+        domain_uid=env.get("COMPUTE_DOMAIN_UUID", ""),
+        domain_name=env.get("COMPUTE_DOMAIN_NAME", ""),
+        domain_namespace=env.get("COMPUTE_DOMAIN_NAMESPACE") or "default",
+        node_name=env.get("NODE_NAME", ""),
+        pod_ip=env.get("POD_IP", ""),
+        pod_uid=env.get("POD_UID", ""),
+        pod_name=env.get("POD_NAME", ""),
+        pod_namespace=env.get("POD_NAMESPACE", ""),
+        max_nodes=max_nodes,
+        gates=gates,
+        config_dir=args.config_dir or env.get("IMEX_CONFIG_DIR") or "/imexd",
+        hosts_file=args.hosts_file or env.get("IMEX_HOSTS_FILE") or "/etc/hosts",
+        imex_argv=_binary(args.imex_binary, env.get("IMEX_BINARY"), bin_dir, "nvidia-imex"),
+        imex_ctl_argv=_binary(
+            args.imex_ctl_binary, env.get("IMEX_CTL_BINARY"), bin_dir, "nvidia-imex-ctl"
+        ),
+        server_port=_int(
+            args.imex_server_port or env.get("IMEX_SERVER_PORT"),
+            name="IMEX_SERVER_PORT",
+            default=50000,
+        ),
+        cmd_port=_int(
+            args.imex_cmd_port or env.get("IMEX_CMD_PORT"), name="IMEX_CMD_PORT", default=50005
+        ),
+        metrics_address=args.metrics_address or env.get("METRICS_ADDRESS") or "",
+        kubeconfig=args.kubeconfig or env.get("KUBECONFIG") or None,
+    )

@@ -1,0 +1,65 @@
+"""Simulated ``nvidia-imex-ctl``: ``python -m pkg.imex.sim.ctl -c <imexd.cfg> (-q | -N [-j])``.
+
+Talks to the simulated IMEX's command port named in the config
+(``IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT``):
+
+- ``-q``: prints ``READY`` (exit 0) or ``NOT_READY`` (exit 0, like the real tool, so callers must
+  compare the text); an unreachable daemon prints an error and exits 1;
+- ``-N``: the per-node connection table; ``-j`` prints it as JSON (``connected`` lists the peer
+  addresses this daemon currently holds a connection to).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+
+from pkg.imex.config import ImexConfigError, read_config
+from pkg.imex.sim import wire
+
+
+def _request(config_path: str, command: str) -> str:
+    cfg = read_config(config_path)
+    ip = cfg.get("IMEX_CMD_BIND_INTERFACE_IP") or cfg.get("BIND_INTERFACE_IP") or "127.0.0.1"
+    port = int(cfg.get("IMEX_CMD_PORT") or 50005)
+    with socket.create_connection((ip, port), timeout=3.0) as sock:
+        sock.settimeout(5.0)
+        wire.send_line(sock, command)
+        return wire.recv_line(sock)
+
+
+def _table(status: dict[str, object]) -> str:
+    rows = [f"IMEX domain {status.get('domain')!r} on {status.get('address')}"]
+    nodes = status.get("nodes")
+    for node in nodes if isinstance(nodes, list) else []:
+        rows.append(
+            f"{node.get('index'):>4}  {node.get('entry', ''):<45} "
+            f"{node.get('address') or '-':<16} {node.get('state')}"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nvidia-imex-ctl (simulated)")
+    parser.add_argument("-c", "--config", required=True)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("-q", action="store_true", help="query local readiness")
+    mode.add_argument("-N", action="store_true", help="show node connection status")
+    parser.add_argument("-j", action="store_true", help="JSON output (with -N)")
+    args = parser.parse_args(argv)
+    try:
+        if args.q:
+            sys.stdout.write(_request(args.config, wire.CMD_READY) + "\n")
+            return 0
+        status = json.loads(_request(args.config, wire.CMD_STATUS))
+    except (OSError, ImexConfigError, ValueError) as err:
+        sys.stderr.write(f"IMEX daemon not reachable: {err}\n")
+        return 1
+    sys.stdout.write((json.dumps(status, sort_keys=True) if args.j else _table(status)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""`SharedInformerFactory`: one informer (one LIST+WATCH) per slice of the API, per process.
+
+Owns informer sharing: every consumer asking for the same (resource, namespace, label
+selector, field selector) gets the same `SharedInformer`, so the API server sees one watch.
+Invariants: `start()` starts every informer created so far (call again after creating more);
+`shutdown()` stops them all and joins their threads; clock and client are injected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pkg.informers.clock import Clock
+from pkg.informers.informer import SharedInformer
+from pkg.informers.lister import Lister
+from pkg.informers.listwatch import ResourceListerWatcher
+from pkg.informers.reflector import DEFAULT_BACKOFF, BackoffPolicy
+from pkg.kube.client import KubeClient
+from pkg.kube.resources import Resource
+
+__all__ = ["InformerKey", "SharedInformerFactory"]
+
+InformerKey = tuple[Resource, str | None, str | None, str | None]
+
+
+class SharedInformerFactory:
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        clock: Clock,
+        resync_period: float = 0.0,
+        page_size: int = 500,
+        min_watch_timeout: float = 300.0,
+        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+    ) -> None:
+        self._client = client
+        self._clock = clock
+        self._resync_period = resync_period
+        self._page_size = page_size
+        self._min_watch_timeout = min_watch_timeout
+        self._backoff = backoff
+        self._lock = threading.Lock()
+        self._informers: dict[InformerKey, SharedInformer] = {}
+        self._started: set[InformerKey] = set()
+
+    def informer_for(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> SharedInformer:
+        key: InformerKey = (resource, namespace, label_selector or None, field_selector or None)
+        with self._lock:
+            inf = self._informers.get(key)
+            if inf is None:
+                lw = ResourceListerWatcher(
+                    self._client, resource, namespace, label_selector, field_selector
+                )
+                inf = SharedInformer(
+                    lw, clock=self._clock, resync_period=self._resync_period,
+                    page_size=self._page_size, min_watch_timeout=self._min_watch_timeout,
+                    backoff=self._backoff,
+                )  # fmt: skip
+                self._informers[key] = inf
+            return inf
+
+    def lister_for(self, resource: Resource, namespace: str | None = None) -> Lister:
+        return Lister(self.informer_for(resource, namespace).indexer, resource)
+
+    def start(self) -> None:
+        with self._lock:
+            todo = [(k, i) for k, i in self._informers.items() if k not in self._started]
+            self._started.update(k for k, _ in todo)
+        for _, inf in todo:
+            inf.start()
+
+    def wait_for_cache_sync(self, timeout: float) -> bool:
+        """True once every started informer has synced; False on (real-time) timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            infs = [self._informers[k] for k in self._started]
+        return all(i.wait_for_sync(max(0.0, deadline - time.monotonic())) for i in infs)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            infs = list(self._informers.values())
+        for inf in infs:
+            inf.stop()

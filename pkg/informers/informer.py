@@ -1,0 +1,200 @@
+"""`SharedInformer`: one reflector feeding one cache and any number of event handlers.
+
+Owns the step from "the reflector saw something" to "the cache changed and every handler was
+told". Invariants:
+* The cache is updated *before* notifications are queued, under one lock that also orders the
+  queues, so a lister read inside a handler already sees the new state and every handler sees
+  the same sequence.
+* A relist replaces the cache atomically: new keys -> add, surviving keys -> update, vanished
+  keys -> delete carrying `DeletedFinalStateUnknown(key, last known object)`.
+* Handlers added after start first receive a synthetic add for every cached object.
+* Resync never calls the API: it replays the cache as update(old=new) per handler period.
+* `has_synced()` is true once the first LIST is in the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import Any
+
+from pkg.informers.clock import Clock
+from pkg.informers.listener import HandlerRegistration, Notification, OnAdd, OnDelete, OnUpdate
+from pkg.informers.listwatch import ListerWatcher
+from pkg.informers.reflector import DEFAULT_BACKOFF, BackoffPolicy, Reflector
+from pkg.informers.store import DeletedFinalStateUnknown, Indexer, IndexFunc
+
+__all__ = ["SharedInformer"]
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+MIN_RESYNC = 1.0
+
+
+class SharedInformer:
+    def __init__(
+        self,
+        lw: ListerWatcher,
+        *,
+        clock: Clock,
+        resync_period: float = 0.0,
+        indexers: dict[str, IndexFunc] | None = None,
+        page_size: int = 500,
+        min_watch_timeout: float = 300.0,
+        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.resource = lw.resource
+        self._clock = clock
+        self._resync_period = resync_period
+        self.indexer = Indexer(indexers)
+        self._lock = threading.RLock()
+        self._handlers: list[HandlerRegistration] = []
+        self._synced = threading.Event()
+        self._started = False
+        self._stopped = False
+        self._resync_cond = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self.reflector = Reflector(
+            lw, self, clock=clock, page_size=page_size, min_watch_timeout=min_watch_timeout,
+            backoff=backoff, rng=rng,
+        )  # fmt: skip
+
+    # -- handlers ----------------------------------------------------------------------------
+
+    def add_event_handler(
+        self,
+        on_add: OnAdd | None = None,
+        on_update: OnUpdate | None = None,
+        on_delete: OnDelete | None = None,
+        *,
+        resync_period: float | None = None,
+    ) -> HandlerRegistration:
+        period = self._resync_period if resync_period is None else resync_period
+        if 0 < period < MIN_RESYNC:
+            period = MIN_RESYNC
+        reg = HandlerRegistration(
+            on_add=on_add, on_update=on_update, on_delete=on_delete, resync_period=period,
+            name=self.resource.plural,
+        )  # fmt: skip
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError("informer is stopped")
+            reg.next_resync = self._clock.monotonic() + period
+            # Under the lock, so no live event can slip between the snapshot and the handler.
+            for _, obj in sorted(self.indexer.items()):
+                reg.push(Notification("add", obj))
+            if self._synced.is_set():
+                reg.mark_sync_point()
+            self._handlers.append(reg)
+            if self._started:
+                reg.start()
+        with self._resync_cond:
+            self._resync_cond.notify_all()
+        return reg
+
+    def remove_event_handler(self, reg: HandlerRegistration) -> None:
+        with self._lock:
+            if reg in self._handlers:
+                self._handlers.remove(reg)
+        reg.stop()
+
+    def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
+        self.indexer.add_indexers(indexers)
+
+    def _distribute(self, n: Notification) -> None:
+        for reg in self._handlers:
+            reg.push(n)
+
+    # -- ReflectorSink (called on the reflector thread) --------------------------------------
+
+    def replace(self, items: list[JSON], resource_version: str) -> None:
+        with self._lock:
+            old = dict(self.indexer.items())
+            gone = self.indexer.replace(items)
+            for obj in items:
+                prev = old.get(self.indexer.key(obj))
+                if prev is None:
+                    self._distribute(Notification("add", obj))
+                else:
+                    self._distribute(Notification("update", obj, prev))
+            for key, last in sorted(gone.items()):
+                self._distribute(Notification("delete", DeletedFinalStateUnknown(key, last)))
+            if not self._synced.is_set():
+                self._synced.set()
+                for reg in self._handlers:
+                    reg.mark_sync_point()
+
+    def add(self, obj: JSON) -> None:
+        with self._lock:
+            prev = self.indexer.add(obj)
+            self._distribute(
+                Notification("update", obj, prev) if prev else Notification("add", obj)
+            )
+
+    update = add  # a MODIFIED for an unknown key is an add, as in client-go
+
+    def delete(self, obj: JSON) -> None:
+        with self._lock:
+            self.indexer.delete(obj)
+            self._distribute(Notification("delete", obj))
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            for reg in self._handlers:
+                reg.start()
+        name = self.resource.plural
+        for target, kind in ((self.reflector.run, "reflector"), (self._resync_loop, "resync")):
+            t = threading.Thread(target=target, name=f"{kind}-{name}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def stop(self, *, join_timeout: float = 5.0) -> None:
+        with self._lock:
+            self._stopped = True
+            handlers = list(self._handlers)
+        self.reflector.stop()
+        with self._resync_cond:
+            self._resync_cond.notify_all()
+        for t in self._threads:
+            t.join(join_timeout)
+        for reg in handlers:
+            reg.stop(join_timeout=join_timeout)
+
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_for_sync(self, timeout: float | None = None) -> bool:
+        """Real-time wait for the first LIST to be cached."""
+        return self._synced.wait(timeout)
+
+    @property
+    def last_sync_resource_version(self) -> str:
+        return self.reflector.last_sync_resource_version
+
+    # -- resync ------------------------------------------------------------------------------
+
+    def _resync_loop(self) -> None:
+        with self._resync_cond:
+            while True:
+                with self._lock:
+                    if self._stopped:
+                        return
+                    now = self._clock.monotonic()
+                    due = [r for r in self._handlers if r.resync_period > 0]
+                    if self._synced.is_set():
+                        for reg in due:
+                            if now >= reg.next_resync:
+                                for _, obj in sorted(self.indexer.items()):
+                                    reg.push(Notification("update", obj, obj))
+                                reg.next_resync = now + reg.resync_period
+                    nxt = min((r.next_resync for r in due), default=None)
+                wait = None if nxt is None else max(nxt - now, 0.001)
+                self._clock.wait(self._resync_cond, wait)

@@ -1,0 +1,185 @@
+"""`Reflector`: keeps a sink in sync with the API server by LIST then WATCH, forever.
+
+Owns the list/watch loop and its failure policy (client-go `tools/cache/reflector.go`):
+* paginated LIST (first with RV "0", later relists with "" = a consistent read), then
+  `sink.replace(items, rv)`;
+* WATCH from the last RV with bookmarks and a randomized server timeout in
+  [min_watch_timeout, 2 * min_watch_timeout); a clean end re-watches from the last RV;
+* 410 Gone (HTTP or in-stream) -> relist; the sink turns vanished keys into tombstones;
+* any other failure -> jittered, capped exponential backoff, then resume from the last RV
+  (a failed LIST is retried as a LIST); the backoff resets after `backoff_reset` healthy seconds.
+Invariants: events reach the sink in stream order on the reflector's own thread (never
+dropped); the RV only advances to values the sink has already absorbed; `stop()` returns
+promptly, interrupting a blocked watch read and any backoff wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from pkg.informers.clock import Clock
+from pkg.informers.listwatch import ListerWatcher
+from pkg.kube.client import JSON, WatchStream
+from pkg.kube.errors import ApiError, ConnectionFailedError, GoneError
+
+__all__ = ["DEFAULT_BACKOFF", "BackoffPolicy", "Reflector", "ReflectorSink"]
+
+log = logging.getLogger(__name__)
+
+
+class ReflectorSink(Protocol):
+    def replace(self, items: list[JSON], resource_version: str) -> None: ...
+
+    def add(self, obj: JSON) -> None: ...
+
+    def update(self, obj: JSON) -> None: ...
+
+    def delete(self, obj: JSON) -> None: ...
+
+
+@dataclass(frozen=True)
+class BackoffPolicy:
+    initial: float = 0.8
+    cap: float = 30.0
+    factor: float = 2.0
+    jitter: float = 1.0
+    reset_after: float = 120.0
+
+
+DEFAULT_BACKOFF = BackoffPolicy()
+
+
+class Reflector:
+    def __init__(
+        self,
+        lw: ListerWatcher,
+        sink: ReflectorSink,
+        *,
+        clock: Clock,
+        page_size: int = 500,
+        min_watch_timeout: float = 300.0,
+        backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._lw = lw
+        self._sink = sink
+        self._clock = clock
+        self._page_size = page_size
+        self._min_watch_timeout = min_watch_timeout
+        self._policy = backoff
+        self._rng = rng or random.Random()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._stream: WatchStream | None = None
+        self._last_rv = ""
+        self._delay = 0.0
+        self._last_failure = float("-inf")
+        self.lists = 0  # LIST rounds completed (observability for tests and metrics)
+
+    @property
+    def last_sync_resource_version(self) -> str:
+        with self._cond:
+            return self._last_rv
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            stream = self._stream
+            self._cond.notify_all()
+        if stream is not None:
+            stream.stop()
+
+    def _is_stopped(self) -> bool:
+        with self._cond:
+            return self._stopped
+
+    def run(self) -> None:
+        """Blocks until `stop()`; call on a dedicated thread."""
+        need_list = True
+        consistent = False  # after the first list, relists must not be served stale
+        while not self._is_stopped():
+            try:
+                if need_list:
+                    self._list(consistent=consistent)
+                    need_list, consistent = False, True
+                self._watch()
+            except GoneError as exc:
+                log.info("relisting resource=%s reason=%s", self._lw.resource.plural, exc)
+                need_list = True
+            except (ApiError, ConnectionFailedError) as exc:
+                if self._is_stopped():
+                    return
+                delay = self._next_backoff()
+                log.warning(
+                    "list/watch failed resource=%s retry_in=%.2fs error=%s",
+                    self._lw.resource.plural, delay, exc,
+                )  # fmt: skip
+                self._sleep(delay)
+
+    def _next_backoff(self) -> float:
+        p = self._policy
+        now = self._clock.monotonic()
+        if now - self._last_failure > p.reset_after or self._delay == 0.0:
+            self._delay = p.initial
+        else:
+            self._delay = min(self._delay * p.factor, p.cap)
+        self._last_failure = now
+        return min(self._delay * (1.0 + p.jitter * self._rng.random()), p.cap * (1 + p.jitter))
+
+    def _sleep(self, seconds: float) -> None:
+        with self._cond:
+            deadline = self._clock.monotonic() + seconds
+            while not self._stopped and self._clock.monotonic() < deadline:
+                self._clock.wait(self._cond, deadline - self._clock.monotonic())
+
+    def _list(self, *, consistent: bool) -> None:
+        items: list[JSON] = []
+        token: str | None = None
+        rv_param: str | None = "" if consistent or not self._last_rv else "0"
+        while True:
+            page = self._lw.list(
+                limit=self._page_size, continue_token=token, resource_version=rv_param
+            )
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                break
+            rv_param = None  # continuation pages carry their RV inside the token
+        rv = str(meta.get("resourceVersion", ""))
+        self._sink.replace(items, rv)
+        with self._cond:
+            self._last_rv = rv
+        self.lists += 1
+
+    def _watch(self) -> None:
+        timeout = int(self._min_watch_timeout * (1.0 + self._rng.random()))
+        stream = self._lw.watch(resource_version=self._last_rv, timeout_seconds=timeout)
+        with self._cond:
+            if self._stopped:
+                return
+            self._stream = stream
+        try:
+            for event in stream:
+                obj = event.object
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if event.type == "ADDED":
+                    self._sink.add(obj)
+                elif event.type == "MODIFIED":
+                    self._sink.update(obj)
+                elif event.type == "DELETED":
+                    self._sink.delete(obj)
+                elif event.type != "BOOKMARK":
+                    log.warning("unknown watch event type=%s", event.type)
+                    continue
+                if rv:
+                    with self._cond:
+                        self._last_rv = str(rv)
+        finally:
+            with self._cond:
+                self._stream = None
+            stream.stop()

@@ -1,0 +1,211 @@
+"""Thread-safe object cache with secondary indexes (client-go `Indexer`).
+
+Owns the informer's local copy of the cluster: raw JSON dicts keyed `namespace/name` (or `name`
+for cluster-scoped objects). Invariants: one lock guards items and indexes so every read is a
+consistent snapshot; index entries are always exactly those computed from the stored objects;
+objects are shared with handlers and listers - callers must deep-copy before mutating.
+Also defines `DeletedFinalStateUnknown`, the tombstone delete handlers receive when an object
+vanished while the watch was down, and stock index functions.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "BY_NODE_NAME",
+    "BY_OWNER_UID",
+    "BY_UID",
+    "DeletedFinalStateUnknown",
+    "IndexFunc",
+    "Indexer",
+    "by_label",
+    "index_by_node_name",
+    "index_by_owner_uid",
+    "index_by_uid",
+    "meta_namespace_key",
+]
+
+JSON = dict[str, Any]
+IndexFunc = Callable[[JSON], list[str]]
+# Aliases so annotations inside `Indexer` (which has a `list` method) stay unambiguous.
+_Objects = list[JSON]
+_Strings = list[str]
+_Items = list[tuple[str, JSON]]
+
+BY_UID = "uid"
+BY_OWNER_UID = "owner-uid"
+BY_NODE_NAME = "spec.nodeName"
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedFinalStateUnknown:
+    """A delete observed only by relisting: `obj` is the last state this cache knew."""
+
+    key: str
+    obj: JSON
+
+
+def meta_namespace_key(obj: JSON | DeletedFinalStateUnknown) -> str:
+    if isinstance(obj, DeletedFinalStateUnknown):
+        return obj.key
+    meta = obj["metadata"]
+    ns = meta.get("namespace")
+    return f"{ns}/{meta['name']}" if ns else str(meta["name"])
+
+
+def index_by_uid(obj: JSON) -> list[str]:
+    uid = obj["metadata"].get("uid")
+    return [uid] if uid else []
+
+
+def index_by_owner_uid(obj: JSON) -> list[str]:
+    return [r["uid"] for r in obj["metadata"].get("ownerReferences") or [] if r.get("uid")]
+
+
+def index_by_node_name(obj: JSON) -> list[str]:
+    node = (obj.get("spec") or {}).get("nodeName")
+    return [node] if node else []
+
+
+def by_label(label: str) -> IndexFunc:
+    """Index objects by the value of one label (objects without it are not indexed)."""
+
+    def index(obj: JSON) -> list[str]:
+        value = (obj["metadata"].get("labels") or {}).get(label)
+        return [value] if value is not None else []
+
+    return index
+
+
+class Indexer:
+    """The cache: `add`/`update`/`delete`/`replace` plus snapshot reads and index lookups."""
+
+    def __init__(
+        self,
+        indexers: dict[str, IndexFunc] | None = None,
+        *,
+        key_func: Callable[[JSON], str] = meta_namespace_key,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._items: dict[str, JSON] = {}
+        self._key = key_func
+        self._funcs: dict[str, IndexFunc] = {}
+        # index name -> indexed value -> keys
+        self._indices: dict[str, dict[str, set[str]]] = {}
+        self.add_indexers(indexers or {})
+
+    def key(self, obj: JSON) -> str:
+        return self._key(obj)
+
+    def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
+        """Add index functions (any time; existing objects are indexed immediately)."""
+        with self._lock:
+            for name, func in indexers.items():
+                if name in self._funcs:
+                    raise ValueError(f"indexer {name!r} already exists")
+                self._funcs[name] = func
+                self._indices[name] = {}
+                for key, obj in self._items.items():
+                    self._index_one(name, func, key, obj)
+
+    def _index_one(self, name: str, func: IndexFunc, key: str, obj: JSON) -> None:
+        index = self._indices[name]
+        for value in func(obj):
+            index.setdefault(value, set()).add(key)
+
+    def _unindex(self, key: str, obj: JSON) -> None:
+        for name, func in self._funcs.items():
+            index = self._indices[name]
+            for value in func(obj):
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]
+
+    def _put_locked(self, key: str, obj: JSON) -> JSON | None:
+        old = self._items.get(key)
+        if old is not None:
+            self._unindex(key, old)
+        self._items[key] = obj
+        for name, func in self._funcs.items():
+            self._index_one(name, func, key, obj)
+        return old
+
+    def add(self, obj: JSON) -> JSON | None:
+        """Insert or overwrite; returns the previous object for that key, if any."""
+        with self._lock:
+            return self._put_locked(self._key(obj), obj)
+
+    update = add
+
+    def delete(self, obj: JSON | DeletedFinalStateUnknown) -> JSON | None:
+        key = (
+            meta_namespace_key(obj) if isinstance(obj, DeletedFinalStateUnknown) else self._key(obj)
+        )
+        return self.delete_key(key)
+
+    def delete_key(self, key: str) -> JSON | None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._unindex(key, old)
+            return old
+
+    def replace(self, objs: Iterable[JSON]) -> dict[str, JSON]:
+        """Swap the whole content atomically; returns the objects whose keys vanished."""
+        with self._lock:
+            new = {self._key(o): o for o in objs}
+            gone = {k: v for k, v in self._items.items() if k not in new}
+            self._items = {}
+            self._indices = {name: {} for name in self._funcs}
+            for key, obj in new.items():
+                self._put_locked(key, obj)
+            return gone
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, obj: JSON) -> JSON | None:
+        return self.get_by_key(self._key(obj))
+
+    def get_by_key(self, key: str) -> JSON | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def list(self) -> _Objects:
+        with self._lock:
+            return list(self._items.values())
+
+    def list_keys(self) -> _Strings:
+        with self._lock:
+            return list(self._items)
+
+    def items(self) -> _Items:
+        with self._lock:
+            return list(self._items.items())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def index_keys(self, index_name: str, value: str) -> _Strings:
+        with self._lock:
+            if index_name not in self._indices:
+                raise KeyError(f"no indexer named {index_name!r}")
+            return sorted(self._indices[index_name].get(value, ()))
+
+    def by_index(self, index_name: str, value: str) -> _Objects:
+        with self._lock:
+            return [self._items[k] for k in self.index_keys(index_name, value)]
+
+    def index_values(self, index_name: str) -> _Strings:
+        with self._lock:
+            return list(self._indices[index_name])
+
+    def lock(self) -> threading.RLock:
+        """For callers that need several reads (or read+notify) to be one atomic step."""
+        return self._lock

@@ -1,0 +1,109 @@
+"""NVML discovery backend (``nvidia-ml-py``, imported as ``pynvml``).
+
+Owns every NVML call the plugin makes: driver version, per-GPU UUID/minor number and fabric info.
+The NVML module is injected (``NvmlDiscovery(nvml=pynvml)``) so tests pass a mock with the same
+attribute names. Invariants: NVML is initialised with ``NVML_INIT_FLAG_NO_GPUS`` (discovery must
+work even if a GPU is in a bad state) and always shut down again; fabric info is read with the
+plain call and falls back to the versioned ``...V`` call when the symbol is missing (mirrors
+go-nvlib); NOT_SUPPORTED means "no clique", never an error; the clique rules themselves live in
+`clique_id_from_fabric`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import uuid
+from typing import Any
+
+from pkg.kubeletplugin.discovery.base import (
+    DiscoveryError,
+    FabricInfo,
+    GpuInfo,
+    NodeDevices,
+    clique_id_from_fabric,
+)
+
+_NVML_INIT_FLAG_NO_GPUS = 1
+_NVML_ERROR_NOT_SUPPORTED = 3
+_NVML_ERROR_FUNCTION_NOT_FOUND = 13
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _error_code(nvml: Any, err: BaseException) -> int | None:
+    if isinstance(err, nvml.NVMLError):
+        return int(getattr(err, "value", -1))
+    return None
+
+
+class NvmlDiscovery:
+    """`DeviceDiscovery` backed by a real (or mocked) NVML library module."""
+
+    def __init__(self, *, nvml: Any) -> None:
+        self._nvml = nvml
+
+    def discover(self) -> NodeDevices:
+        nvml = self._nvml
+        try:
+            nvml.nvmlInitWithFlags(_NVML_INIT_FLAG_NO_GPUS)
+        except nvml.NVMLError as err:
+            raise DiscoveryError(f"cannot initialise NVML: {err}") from err
+        try:
+            version = _text(nvml.nvmlSystemGetDriverVersion())
+            gpus = tuple(self._gpu(i) for i in range(int(nvml.nvmlDeviceGetCount())))
+        except nvml.NVMLError as err:
+            raise DiscoveryError(f"NVML query failed: {err}") from err
+        finally:
+            # A shutdown failure cannot change what was discovered.
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
+        return NodeDevices(driver_version=version, gpus=gpus, clique_id=clique_id_from_fabric(gpus))
+
+    def _gpu(self, index: int) -> GpuInfo:
+        nvml = self._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        gpu_uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        try:
+            minor: int | None = int(nvml.nvmlDeviceGetMinorNumber(handle))
+        except nvml.NVMLError:
+            minor = None  # not available on every platform; only used for CDI device paths
+        return GpuInfo(index=index, uuid=gpu_uuid, minor=minor, fabric=self._fabric(handle))
+
+    def _fabric(self, handle: Any) -> FabricInfo:
+        nvml = self._nvml
+        try:
+            info = nvml.c_nvmlGpuFabricInfo_t()
+            nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        except nvml.NVMLError as err:
+            code = _error_code(nvml, err)
+            if code == _NVML_ERROR_NOT_SUPPORTED:
+                return FabricInfo(supported=False)
+            if code != _NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+            info = nvml.c_nvmlGpuFabricInfo_v2_t()
+            try:
+                nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+            except nvml.NVMLError as err2:
+                if _error_code(nvml, err2) == _NVML_ERROR_NOT_SUPPORTED:
+                    return FabricInfo(supported=False)
+                raise
+        return FabricInfo(
+            supported=True,
+            # pynvml declares state as c_uint while NVML writes one byte followed by padding.
+            state=int(info.state) & 0xFF,
+            status=int(info.status),
+            cluster_uuid=str(uuid.UUID(bytes=bytes(bytearray(info.clusterUuid)))),
+            clique_id=int(info.cliqueId),
+        )
+
+
+def load_pynvml() -> Any:
+    """Import pynvml lazily so the fake backend works on machines without the package."""
+    try:
+        import pynvml  # noqa: PLC0415
+    except ImportError as err:
+        raise DiscoveryError("nvidia-ml-py (pynvml) is not installed") from err
+    return pynvml

@@ -1,0 +1,299 @@
+"""Wiring of the kubelet plugin: builds every part from a `PluginConfig` and runs them.
+
+Owns start/stop order and the per-request claim fan-out:
+start = plugin dir -> base CDI spec -> checkpoint open (corrupt policy) -> domain watches ->
+crash/boot recovery -> DRA socket -> registration socket -> health -> metrics -> slices;
+stop = reverse. Claims of one request run in parallel (different claims never share a lock
+except the short node-lock sections in `state`), duplicates are answered once, and every
+requested UID gets an entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry, start_http_server
+
+from pkg.api.constants import DRIVER_NAME, IMEX_CHANNEL_COUNT
+from pkg.kube.client import KubeClient
+from pkg.kubeletplugin import procdevices
+from pkg.kubeletplugin.cdi import CdiWriter, ContainerEdits
+from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, read_boot_id
+from pkg.kubeletplugin.claims import ClaimRef
+from pkg.kubeletplugin.computedomains import DomainTracker
+from pkg.kubeletplugin.discovery import NodeDevices
+from pkg.kubeletplugin.errors import ClaimError
+from pkg.kubeletplugin.health import HealthServer, HealthServicer
+from pkg.kubeletplugin.metrics import PluginMetrics
+from pkg.kubeletplugin.registration import RegistrationServicer
+from pkg.kubeletplugin.server import PluginServers, PrepareOutcome
+from pkg.kubeletplugin.slices import SlicePublisher
+from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("pkg.kubeletplugin")
+
+STALE_GC_INTERVAL: Final = 600.0
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    node_name: str
+    namespace: str
+    cdi_root: Path = Path("/var/run/cdi")
+    registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugins_dir: Path = Path("/var/lib/kubelet/plugins")
+    proc_devices: Path = Path("/proc/devices")
+    # Only read when the node has a clique; absent in fake mode is tolerated.
+    imex_mgmt_caps_file: Path = Path("/proc/driver/nvidia/capabilities/fabric-imex-mgmt")
+    healthcheck_port: int = -1
+    metrics_port: int = -1
+    metrics_host: str = ""
+    boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
+    retry_delay: float = 1.0
+    # How long a Prepare waits for a just-created ComputeDomain to reach the watch cache.
+    domain_grace: float = 2.0
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.plugins_dir / DRIVER_NAME
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registrar_dir / f"{DRIVER_NAME}-reg.sock"
+
+
+def _error_text(err: Exception) -> str:
+    if isinstance(err, ClaimError):
+        return err.user_message()
+    return f"retryable error: internal error: {err}"
+
+
+class KubeletPlugin:
+    """The running plugin; implements `server.ClaimHandler`."""
+
+    def __init__(
+        self,
+        *,
+        config: PluginConfig,
+        client: KubeClient,
+        devices: NodeDevices,
+        registry: CollectorRegistry | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        store: CheckpointStore | None = None,
+    ) -> None:
+        self.config = config
+        self.devices = devices
+        self._monotonic = monotonic
+        self.metrics = PluginMetrics(
+            registry=registry or CollectorRegistry(), node_name=config.node_name
+        )
+        self.cdi = CdiWriter(root=config.cdi_root)
+        self.store = store or CheckpointStore(
+            directory=config.plugin_dir,
+            boot_id=read_boot_id(config.boot_id_file),
+            now=wall_clock,
+        )
+        self.domains = DomainTracker(
+            client=client, node_name=config.node_name, driver_namespace=config.namespace,
+            clique_id=devices.clique_id, monotonic=monotonic, retry_delay=config.retry_delay,
+            domain_grace=config.domain_grace,
+        )  # fmt: skip
+        self.checkpoint_problem = ""
+        self._client = client
+        self._pool = futures.ThreadPoolExecutor(16, "claim")
+        self._stop = threading.Event()
+        self.state: DeviceState | None = None
+        self.registration = RegistrationServicer(
+            driver_name=DRIVER_NAME, endpoint=str(config.dra_socket)
+        )
+        self.servers = PluginServers(
+            handler=self, registration=self.registration, dra_socket=config.dra_socket,
+            registration_socket=config.registration_socket,
+        )  # fmt: skip
+        self.health: HealthServer | None = None
+        self.slices = SlicePublisher(
+            client=client, node_name=config.node_name, clique_id=devices.clique_id,
+            retry_delay=config.retry_delay,
+        )  # fmt: skip
+
+    def _node_setup(self) -> NodeSetup:
+        cfg = self.config
+        major = procdevices.char_device_major(
+            procdevices.IMEX_CHANNELS_DEVICE, path=cfg.proc_devices
+        )
+        mgmt = None
+        if self.devices.clique_id and cfg.imex_mgmt_caps_file.exists():
+            caps_major = procdevices.char_device_major(
+                procdevices.NVIDIA_CAPS_DEVICE, path=cfg.proc_devices
+            )
+            mgmt = procdevices.imex_mgmt_node(
+                caps_file=cfg.imex_mgmt_caps_file, caps_major=caps_major
+            )
+        return NodeSetup(
+            node_name=cfg.node_name,
+            clique_id=self.devices.clique_id,
+            channel_nodes=procdevices.imex_channel_nodes(major, IMEX_CHANNEL_COUNT),
+            imex_mgmt_node=mgmt,
+            plugin_dir=cfg.plugin_dir,
+        )
+
+    def start(self) -> None:
+        cfg = self.config
+        cfg.plugin_dir.mkdir(parents=True, exist_ok=True)
+        setup = self._node_setup()
+        gpu_nodes = tuple(
+            {"path": f"/dev/nvidia{g.minor}"} for g in self.devices.gpus if g.minor is not None
+        )
+        self.cdi.write_base_spec(ContainerEdits(device_nodes=gpu_nodes))
+        report = self.store.open()
+        if report.corrupt:
+            self.checkpoint_problem = (
+                f"checkpoint was corrupt ({report.problem}); kept as {report.moved_to}, "
+                f"recovered {report.recovered} entries, lost {report.lost}"
+            )
+            self.metrics.checkpoint_corruptions.labels(DRIVER_NAME).inc()
+        self.state = DeviceState(
+            client=self._client, store=self.store, cdi=self.cdi, domains=self.domains,
+            lock=NodeLock(cfg.plugin_dir / "pu.lock"), setup=setup, monotonic=self._monotonic,
+            on_checkpoint_change=self._on_checkpoint_change,
+        )  # fmt: skip
+        self._on_checkpoint_change(list(self.store.entries().values()))
+        self.domains.start()
+        self.domains.wait_synced(10.0)  # best effort: recovery reads domains
+        self.state.recover(report)
+        self.servers.start()
+        if cfg.healthcheck_port >= 0:
+            servicer = HealthServicer(
+                registration_socket=cfg.registration_socket, dra_socket=cfg.dra_socket,
+                registration=self.registration, checkpoint_problem=lambda: self.checkpoint_problem,
+            )  # fmt: skip
+            self.health = HealthServer(servicer=servicer, port=cfg.healthcheck_port)
+            self.health.start()
+        if cfg.metrics_port >= 0:
+            start_http_server(
+                cfg.metrics_port, addr=cfg.metrics_host or "0.0.0.0", registry=self.metrics.registry
+            )
+        self.slices.start()
+        threading.Thread(target=self._gc_loop, name="stale-gc", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.servers.stop()
+        if self.health is not None:
+            self.health.stop()
+        self.slices.stop()
+        self.domains.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _gc_loop(self) -> None:
+        while not self._stop.wait(STALE_GC_INTERVAL):
+            if self.state is not None:
+                try:
+                    self.state.collect_stale(deadline=self._monotonic() + 20.0)
+                except Exception:
+                    log.exception("stale checkpoint cleanup failed")
+
+    def _on_checkpoint_change(self, entries: list[ClaimEntry]) -> None:
+        self.metrics.set_prepared_devices(
+            e.kind for e in entries for _ in e.devices if e.state == "PrepareCompleted"
+        )
+
+    # -- server.ClaimHandler ----------------------------------------------------------------------
+
+    def _fan_out(
+        self, claims: Sequence[ClaimRef], one: Callable[[ClaimRef], str | PrepareOutcome]
+    ) -> dict[str, str | PrepareOutcome]:
+        unique = list({c.uid: c for c in claims}.values())
+        if len(unique) <= 1:
+            return {c.uid: one(c) for c in unique}
+        jobs = {c.uid: self._pool.submit(one, c) for c in unique}
+        return {uid: job.result() for uid, job in jobs.items()}
+
+    def prepare_claims(
+        self, claims: Sequence[ClaimRef], *, budget: float
+    ) -> dict[str, PrepareOutcome]:
+        if not claims:
+            return {}
+        deadline = self._monotonic() + budget
+        m, labels = self.metrics, (DRIVER_NAME, "prepare")
+        m.requests_total.labels(*labels).inc()
+        with (
+            m.requests_inflight.labels(*labels).track_inprogress(),
+            m.request_duration.labels(*labels).time(),
+        ):
+            results = self._fan_out(claims, lambda c: self._prepare_one(c, deadline))
+        return {uid: r for uid, r in results.items() if isinstance(r, PrepareOutcome)}
+
+    def _prepare_one(self, ref: ClaimRef, deadline: float) -> PrepareOutcome:
+        with tracer.start_as_current_span(
+            "NodePrepareResource",
+            attributes={
+                "claim.uid": ref.uid,
+                "claim.namespace": ref.namespace,
+                "claim.name": ref.name,
+            },
+        ) as span:
+            try:
+                if not (ref.uid and ref.name and ref.namespace):
+                    raise ValueError("claim must have namespace, name and uid")
+                assert self.state is not None, "plugin not started"
+                devices = self.state.prepare(ref, deadline=deadline)
+                return PrepareOutcome(devices=devices)
+            except Exception as err:
+                permanent = isinstance(err, ValueError) or getattr(err, "permanent", False)
+                self.metrics.prepare_errors.labels(
+                    DRIVER_NAME, "permanent" if permanent else "retryable"
+                ).inc()
+                text = (
+                    f"permanent error: {err}" if isinstance(err, ValueError) else _error_text(err)
+                )
+                if isinstance(err, ClaimError | ValueError):
+                    log.warning("prepare %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, text)
+                else:
+                    log.exception("prepare %s/%s (%s) crashed", ref.namespace, ref.name, ref.uid)
+                span.record_exception(err)
+                return PrepareOutcome(error=text)
+
+    def unprepare_claims(self, claims: Sequence[ClaimRef], *, budget: float) -> dict[str, str]:
+        if not claims:
+            return {}
+        deadline = self._monotonic() + budget
+        m, labels = self.metrics, (DRIVER_NAME, "unprepare")
+        m.requests_total.labels(*labels).inc()
+        with (
+            m.requests_inflight.labels(*labels).track_inprogress(),
+            m.request_duration.labels(*labels).time(),
+        ):
+            results = self._fan_out(claims, lambda c: self._unprepare_one(c, deadline))
+        return {uid: r for uid, r in results.items() if isinstance(r, str)}
+
+    def _unprepare_one(self, ref: ClaimRef, deadline: float) -> str:
+        with tracer.start_as_current_span(
+            "NodeUnprepareResource", attributes={"claim.uid": ref.uid}
+        ):
+            try:
+                if not ref.uid:
+                    raise ValueError("claim must have a uid")
+                assert self.state is not None, "plugin not started"
+                self.state.unprepare(ref, deadline=deadline)
+                return ""
+            except Exception as err:
+                self.metrics.unprepare_errors.labels(DRIVER_NAME, "unprepare_devices").inc()
+                log.warning("unprepare %s (%s) failed: %s", ref.name, ref.uid, err)
+                return (
+                    f"permanent error: {err}" if isinstance(err, ValueError) else _error_text(err)
+                )

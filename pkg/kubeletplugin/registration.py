@@ -1,0 +1,73 @@
+"""The kubelet plugin-watcher registration service (``pluginregistration.Registration``).
+
+Owns what the plugin tells the kubelet about itself and what the kubelet answers. Invariants:
+``GetInfo`` never blocks (the kubelet gives it about one second) - it only returns constants;
+the versions list puts ``v1.DRAPlugin`` first because kubelets pick the first entry they know;
+``NotifyRegistrationStatus`` is recorded (thread-safe) for the health service and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+
+from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg_pb2
+from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
+
+log = logging.getLogger(__name__)
+
+PLUGIN_TYPE: Final = "DRAPlugin"
+SUPPORTED_SERVICES: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+@dataclass(frozen=True)
+class RegistrationStatus:
+    notified: bool = False
+    registered: bool = False
+    error: str = ""
+
+
+class RegistrationServicer(reg_grpc.RegistrationServicer):
+    def __init__(self, *, driver_name: str, endpoint: str) -> None:
+        self._info = reg_pb2.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=driver_name,
+            endpoint=endpoint,
+            supported_versions=list(SUPPORTED_SERVICES),
+        )
+        self._lock = threading.Lock()
+        self._status = RegistrationStatus()
+        self._changed = threading.Condition(self._lock)
+
+    def GetInfo(  # noqa: N802
+        self, request: reg_pb2.InfoRequest, context: grpc.ServicerContext
+    ) -> reg_pb2.PluginInfo:
+        return self._info
+
+    def NotifyRegistrationStatus(  # noqa: N802
+        self, request: reg_pb2.RegistrationStatus, context: grpc.ServicerContext
+    ) -> reg_pb2.RegistrationStatusResponse:
+        with self._lock:
+            self._status = RegistrationStatus(
+                notified=True, registered=request.plugin_registered, error=request.error
+            )
+            self._changed.notify_all()
+        if request.plugin_registered:
+            log.info("kubelet registered plugin %s", self._info.name)
+        else:
+            log.error("kubelet rejected plugin %s: %s", self._info.name, request.error)
+        return reg_pb2.RegistrationStatusResponse()
+
+    @property
+    def status(self) -> RegistrationStatus:
+        with self._lock:
+            return self._status
+
+    def wait_notified(self, timeout: float) -> RegistrationStatus:
+        with self._lock:
+            self._changed.wait_for(lambda: self._status.notified, timeout)
+            return self._status

@@ -1,0 +1,177 @@
+"""Publishes this node's ResourceSlice and puts it back when something deletes it.
+
+Owns the single slice of pool ``<node name>``: devices ``channel-0`` and ``daemon-0`` with the
+upstream attributes ``type`` (string) and ``id`` (int) plus ``cliqueID`` (string, ``""`` on
+non-NVLink nodes) so placement can select on it; owner reference to the Node (so the slice dies
+with it); ``spec.nodeName``; ``pool.generation`` and ``resourceSliceCount = 1``.
+
+Invariants: the publisher watches the slices of its node (``spec.nodeName`` field selector) and
+re-syncs on every event, so a slice wiped by the kubelet (at its start and 30 s after we
+disconnect) is re-created within one watch round-trip; slices of our driver on this node with
+another name are deleted; the pool generation only grows (bumped whenever the content changes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Final
+
+from pkg.api.constants import CHANNEL_DEVICE_NAME, DAEMON_DEVICE_NAME, DRIVER_NAME
+from pkg.kube.client import JSON, KubeClient
+from pkg.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
+from pkg.kube.resources import NODES, RESOURCE_SLICES
+from pkg.kubeletplugin.watchcache import WatchCache
+
+log = logging.getLogger(__name__)
+
+_MAX_NAME: Final = 253
+
+
+def slice_name(node_name: str) -> str:
+    suffix = f"-{DRIVER_NAME}"
+    return node_name[: _MAX_NAME - len(suffix)] + suffix
+
+
+def desired_devices(clique_id: str) -> list[JSON]:
+    def device(name: str, kind: str) -> JSON:
+        return {
+            "name": name,
+            "attributes": {
+                "type": {"string": kind},
+                "id": {"int": 0},
+                "cliqueID": {"string": clique_id},
+            },
+        }
+
+    return [device(CHANNEL_DEVICE_NAME, "channel"), device(DAEMON_DEVICE_NAME, "daemon")]
+
+
+class SlicePublisher:
+    def __init__(
+        self, *, client: KubeClient, node_name: str, clique_id: str, retry_delay: float = 1.0
+    ) -> None:
+        self._client = client
+        self._node = node_name
+        self._clique_id = clique_id
+        self._retry_delay = retry_delay
+        self._name = slice_name(node_name)
+        self._generation = 1
+        self._node_uid = ""
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._cache = WatchCache(
+            client=client, resource=RESOURCE_SLICES, cond=threading.Condition(),
+            field_selector=f"spec.nodeName={node_name}", retry_delay=retry_delay,
+        )  # fmt: skip
+        self._cache.add_listener(lambda _type, _obj: self._dirty.set())
+        self._thread: threading.Thread | None = None
+        self.syncs = 0
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def start(self) -> None:
+        self._node_uid = str(self._client.get(NODES, self._node)["metadata"]["uid"])
+        self._cache.start()
+        self._dirty.set()
+        self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        self._cache.stop()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._dirty.wait()
+            if self._stop.is_set():
+                return
+            self._dirty.clear()
+            if not self._cache.wait_synced(self._retry_delay):
+                self._dirty.set()
+                continue
+            try:
+                self.sync()
+            except ApiError as err:
+                log.warning("publishing ResourceSlice %s failed: %s; retrying", self._name, err)
+                self._stop.wait(self._retry_delay)
+                self._dirty.set()
+
+    def _desired(self) -> JSON:
+        return {
+            "apiVersion": RESOURCE_SLICES.api_version,
+            "kind": RESOURCE_SLICES.kind,
+            "metadata": {
+                "name": self._name,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": self._node,
+                        "uid": self._node_uid,
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": {
+                "driver": DRIVER_NAME,
+                "nodeName": self._node,
+                "pool": {
+                    "name": self._node,
+                    "generation": self._generation,
+                    "resourceSliceCount": 1,
+                },
+                "devices": desired_devices(self._clique_id),
+            },
+        }
+
+    def sync(self) -> None:
+        """Make the API match the desired slice (one pass; raises ApiError on failure)."""
+        self.syncs += 1
+        ours = [
+            s for s in self._cache.items() if (s.get("spec") or {}).get("driver") == DRIVER_NAME
+        ]
+        for stale in ours:
+            if stale["metadata"]["name"] != self._name:
+                with contextlib.suppress(NotFoundError):
+                    self._client.delete(RESOURCE_SLICES, stale["metadata"]["name"])
+        current = next((s for s in ours if s["metadata"]["name"] == self._name), None)
+        seen = max([int((s["spec"].get("pool") or {}).get("generation") or 0) for s in ours] or [0])
+        self._generation = max(self._generation, seen)
+        if current is None:
+            self._create()
+            return
+        if self._matches(current):
+            return
+        self._generation += 1
+        body = self._desired()
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        try:
+            self._client.update(RESOURCE_SLICES, body)
+        except (ConflictError, NotFoundError):
+            self._dirty.set()  # raced with another writer or a wipe: next event re-syncs
+
+    def _create(self) -> None:
+        try:
+            self._client.create(RESOURCE_SLICES, self._desired())
+            log.info("created ResourceSlice %s (generation %d)", self._name, self._generation)
+        except AlreadyExistsError:
+            self._dirty.set()  # our cache lags behind our own write
+
+    def _matches(self, current: JSON) -> bool:
+        spec = current.get("spec") or {}
+        desired = self._desired()
+        owners = (current.get("metadata") or {}).get("ownerReferences") or []
+        return (
+            spec.get("devices") == desired["spec"]["devices"]
+            and spec.get("nodeName") == self._node
+            and (spec.get("pool") or {}).get("name") == self._node
+            and (spec.get("pool") or {}).get("resourceSliceCount") == 1
+            and any(o.get("uid") == self._node_uid for o in owners)
+        )

@@ -1,0 +1,328 @@
+"""DeviceState: prepare/unprepare orchestration for one node.
+
+Owns the order of side effects for a claim and the locking around them:
+
+1. read the claim from the API (allocated, same UID), pick our driver's results, strictly decode
+   the opaque configs - failures here are permanent and have no side effects;
+2. under the node lock: return the checkpointed devices if the claim is PrepareCompleted;
+   refuse a second channel claim (channel 0 is node-exclusive; retryable); record
+   PrepareStarted;
+3. without the lock: domain checks (exists, same namespace: permanent), node label
+   (retryable on conflict) and the event-driven wait for this node's IMEX daemon (retryable on
+   timeout). The label and the Started record are kept on a retryable error - the daemon can only
+   come up *because* of the label;
+4. under the node lock: write the CDI spec and record PrepareCompleted with the devices.
+
+Unprepare (idempotent) removes the label if this was the domain's last channel claim here, the
+per-domain dir if it was the last daemon claim, the CDI spec and finally the checkpoint entry.
+The node lock is an in-process mutex plus ``flock(<plugin dir>/pu.lock)`` so a second plugin
+instance during a rolling update is serialised too; claims of one request run in parallel
+outside it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pkg.api.opaque import ChannelConfig, DaemonConfig, OpaqueConfig
+from pkg.kube.client import JSON, KubeClient
+from pkg.kube.errors import ApiError, NotFoundError
+from pkg.kube.resources import RESOURCE_CLAIMS
+from pkg.kubeletplugin.cdi import CdiDevice, CdiWriter, ContainerEdits, qualified_name
+from pkg.kubeletplugin.checkpoint import (
+    CheckpointStore,
+    ClaimEntry,
+    ClaimState,
+    OpenReport,
+    PreparedDevice,
+)
+from pkg.kubeletplugin.claims import ClaimRef, resolve_claim_config
+from pkg.kubeletplugin.errors import ClaimError, PermanentError, RetryableError
+from pkg.kubeletplugin.procdevices import DeviceNode
+
+log = logging.getLogger(__name__)
+
+
+class Domains(Protocol):
+    """What DeviceState needs from `computedomains.DomainTracker`."""
+
+    def get_domain(self, uid: str, *, deadline: float) -> JSON | None: ...
+    def add_node_label(self, cd_uid: str) -> None: ...
+    def remove_node_label(self, cd_uid: str) -> None: ...
+    def wait_ready(self, cd_uid: str, *, deadline: float) -> bool: ...
+
+
+class NodeLock:
+    """In-process mutex + exclusive flock on a file shared by all plugin instances on the node."""
+
+    def __init__(self, path: Path, *, timeout: float = 10.0) -> None:
+        self._path = path
+        self._timeout = timeout
+        self._mutex = threading.Lock()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        if not self._mutex.acquire(timeout=self._timeout):
+            raise RetryableError("timed out waiting for the node lock (busy)")
+        try:
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                deadline = time.monotonic() + self._timeout
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise RetryableError(
+                                f"timed out waiting for {self._path} (another plugin instance)"
+                            ) from None
+                        time.sleep(0.01)  # only contends with another process
+                yield
+            finally:
+                os.close(fd)  # closing the descriptor releases the flock
+        finally:
+            self._mutex.release()
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """Node facts fixed at start-up."""
+
+    node_name: str
+    clique_id: str
+    channel_nodes: tuple[DeviceNode, ...]
+    imex_mgmt_node: DeviceNode | None
+    plugin_dir: Path
+
+
+class DeviceState:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        store: CheckpointStore,
+        cdi: CdiWriter,
+        domains: Domains,
+        lock: NodeLock,
+        setup: NodeSetup,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_checkpoint_change: Callable[[list[ClaimEntry]], None] = lambda _entries: None,
+    ) -> None:
+        self._client = client
+        self._store = store
+        self._cdi = cdi
+        self._domains = domains
+        self._lock = lock
+        self._setup = setup
+        self._monotonic = monotonic
+        self._on_change = on_checkpoint_change
+        self._base_cdi_id = qualified_name("device", "all")
+
+    # -- start-up -------------------------------------------------------------------------------
+
+    def recover(self, report: OpenReport) -> None:
+        """Clean what a previous boot or a crash left behind (see module and checkpoint docs)."""
+        for entry in report.dropped_other_boot:
+            self._cdi.delete_claim_spec(entry.uid)
+        self.collect_stale(deadline=self._monotonic() + 20.0)
+
+    def collect_stale(self, *, deadline: float) -> None:
+        """Unprepare PrepareStarted entries whose claim is gone or was replaced (new UID)."""
+        with self._lock.held():
+            started = [
+                e for e in self._store.entries().values() if e.state == ClaimState.PREPARE_STARTED
+            ]
+        for entry in started:
+            try:
+                claim = self._client.get(RESOURCE_CLAIMS, entry.name, namespace=entry.namespace)
+                gone = (claim.get("metadata") or {}).get("uid") != entry.uid
+            except NotFoundError:
+                gone = True
+            except ApiError as err:
+                log.warning("stale-entry check for claim %s failed: %s", entry.uid, err)
+                continue
+            if gone:
+                log.info("unpreparing stale PrepareStarted claim %s/%s (%s)",
+                         entry.namespace, entry.name, entry.uid)  # fmt: skip
+                self.unprepare(ClaimRef(entry.namespace, entry.uid, entry.name), deadline=deadline)
+
+    def entries(self) -> dict[str, ClaimEntry]:
+        with self._lock.held():
+            return self._store.entries()
+
+    # -- prepare --------------------------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef, *, deadline: float) -> tuple[PreparedDevice, ...]:
+        """Prepare one claim; raises `ClaimError` (permanent or retryable)."""
+        claim = self._get_claim(ref)
+        resolved = resolve_claim_config(claim)
+        if resolved is None:
+            return ()  # nothing of ours in this claim
+        result, config = resolved
+        kind = "channel" if isinstance(config, ChannelConfig) else "daemon"
+        with self._lock.held():
+            entries = self._store.entries()
+            existing = entries.get(ref.uid)
+            if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
+                return existing.devices
+            if kind == "channel":
+                for other in entries.values():
+                    if other.kind == "channel" and other.uid != ref.uid:
+                        raise RetryableError(
+                            f"IMEX channel 0 on node {self._setup.node_name} is in use by claim "
+                            f"{other.namespace}/{other.name} ({other.uid})"
+                        )
+            started = ClaimEntry(
+                uid=ref.uid, namespace=ref.namespace, name=ref.name,
+                state=ClaimState.PREPARE_STARTED, kind=kind, domain_id=config.domain_id,
+            )  # fmt: skip
+            self._put(started)
+        try:
+            domain = self._domains.get_domain(config.domain_id, deadline=deadline)
+            if domain is None:
+                raise PermanentError(f"ComputeDomain with UID {config.domain_id} not found")
+            if isinstance(config, ChannelConfig):
+                edits = self._prepare_channel(ref, config, domain, deadline=deadline)
+            else:
+                edits = self._prepare_daemon(config, domain)
+        except PermanentError:
+            with self._lock.held():
+                self._remove(ref.uid)  # nothing was changed yet for permanent failures
+            raise
+        request = str(result.get("request", "")).split("/", 1)[0]
+        device_name = str(result.get("device", ""))
+        with self._lock.held():
+            if ref.uid not in self._store.entries():
+                raise RetryableError("claim was unprepared while it was being prepared")
+            ids = self._cdi.write_claim_spec(ref.uid, [CdiDevice(device_name, edits)])
+            cdi_ids = ([self._base_cdi_id] if kind == "daemon" else []) + list(ids.values())
+            devices = (
+                PreparedDevice(
+                    request_names=(request,) if request else (),
+                    pool_name=str(result.get("pool", "")),
+                    device_name=device_name,
+                    cdi_device_ids=tuple(cdi_ids),
+                ),
+            )
+            self._put(
+                ClaimEntry(
+                    uid=ref.uid,
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    state=ClaimState.PREPARE_COMPLETED,
+                    kind=kind,
+                    domain_id=config.domain_id,
+                    devices=devices,
+                )
+            )
+        return devices
+
+    def _get_claim(self, ref: ClaimRef) -> JSON:
+        try:
+            claim = self._client.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
+        except NotFoundError as err:
+            raise PermanentError(f"ResourceClaim {ref.namespace}/{ref.name} not found") from err
+        except ApiError as err:
+            raise RetryableError(
+                f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {err}"
+            ) from err
+        uid = (claim.get("metadata") or {}).get("uid")
+        if uid != ref.uid:
+            raise PermanentError(
+                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid} "
+                "(it was deleted and re-created)"
+            )
+        if not (claim.get("status") or {}).get("allocation"):
+            raise PermanentError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
+        return claim
+
+    def _prepare_channel(
+        self, ref: ClaimRef, config: ChannelConfig, domain: JSON, *, deadline: float
+    ) -> ContainerEdits:
+        cd_ns = (domain.get("metadata") or {}).get("namespace")
+        if cd_ns != ref.namespace:
+            raise PermanentError(
+                "the ResourceClaim's namespace is different than the ComputeDomain's namespace "
+                f"({ref.namespace} != {cd_ns})"
+            )
+        self._domains.add_node_label(config.domain_id)
+        if not self._domains.wait_ready(config.domain_id, deadline=deadline):
+            raise RetryableError(
+                f"current node not ready in ComputeDomain {config.domain_id}: the IMEX daemon on "
+                f"node {self._setup.node_name} is not Ready yet"
+            )
+        if not self._setup.clique_id:
+            return ContainerEdits()  # non-NVLink node: released without an IMEX channel
+        nodes = self._setup.channel_nodes[: config.channel_count]
+        return ContainerEdits(device_nodes=tuple(n.to_cdi() for n in nodes))
+
+    def _prepare_daemon(self, config: DaemonConfig, domain: JSON) -> ContainerEdits:
+        meta = domain.get("metadata") or {}
+        domain_dir = self._domain_dir(config.domain_id)
+        domain_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        env = (
+            f"CLIQUE_ID={self._setup.clique_id}",
+            f"COMPUTE_DOMAIN_UUID={meta.get('uid', '')}",
+            f"COMPUTE_DOMAIN_NAME={meta.get('name', '')}",
+            f"COMPUTE_DOMAIN_NAMESPACE={meta.get('namespace', '')}",
+        )
+        mount = {
+            "containerPath": "/imexd",
+            "hostPath": str(domain_dir),
+            "options": ["rw", "nosuid", "nodev", "bind"],
+        }
+        nodes: tuple[dict[str, object], ...] = ()
+        if self._setup.clique_id and self._setup.imex_mgmt_node is not None:
+            nodes = (self._setup.imex_mgmt_node.to_cdi(),)
+        return ContainerEdits(env=env, device_nodes=nodes, mounts=(mount,))
+
+    def _domain_dir(self, domain_id: str) -> Path:
+        return self._setup.plugin_dir / "domains" / domain_id
+
+    # -- unprepare ------------------------------------------------------------------------------
+
+    def unprepare(self, ref: ClaimRef, *, deadline: float) -> None:
+        """Undo a claim; unknown claims succeed. Raises `ClaimError` on failure."""
+        del deadline  # every step is a bounded single API call
+        with self._lock.held():
+            entries = self._store.entries()
+            entry = entries.pop(ref.uid, None)
+            if entry is None:
+                self._cdi.delete_claim_spec(ref.uid)  # also covers entries lost to corruption
+                return
+            siblings = [
+                e
+                for e in entries.values()
+                if e.kind == entry.kind and e.domain_id == entry.domain_id
+            ]
+            if not siblings and entry.domain_id:
+                if entry.kind == "channel":
+                    self._domains.remove_node_label(entry.domain_id)
+                else:
+                    shutil.rmtree(self._domain_dir(entry.domain_id), ignore_errors=True)
+            self._cdi.delete_claim_spec(ref.uid)
+            self._remove(ref.uid)
+
+    # -- checkpoint helpers (node lock held) ------------------------------------------------------
+
+    def _put(self, entry: ClaimEntry) -> None:
+        self._store.put(entry)
+        self._on_change(list(self._store.entries().values()))
+
+    def _remove(self, uid: str) -> None:
+        self._store.remove(uid)
+        self._on_change(list(self._store.entries().values()))
+
+
+__all__ = ["ClaimError", "ClaimRef", "DeviceState", "NodeLock", "NodeSetup", "OpaqueConfig"]

@@ -1,0 +1,146 @@
+"""Read-only views of the informer caches the reconcilers work from, and their index functions.
+
+Owns the index names and the pure functions that compute them, so the manager can build the
+informers with exactly the indexes the reconcilers query. Reconcilers never list from the API
+server in their hot path; they read these caches and write through the client. Invariants:
+objects returned by a cache are shared with the informer and must never be mutated (copy
+first); a cache answers from its last synced state, so writes carry resourceVersion
+preconditions and a 409 simply means "look again".
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pkg.api import constants as c
+
+__all__ = [
+    "BY_DOMAIN",
+    "BY_NODE",
+    "BY_UID",
+    "Caches",
+    "ObjectCache",
+    "allocated_node",
+    "channel_domain_id",
+    "index_by_allocated_node",
+    "index_by_claim_domain",
+    "index_by_domain_label",
+    "index_by_slice_node",
+    "index_by_uid",
+]
+
+JSON = dict[str, Any]
+IndexFunc = Callable[[JSON], list[str]]
+
+BY_UID = "uid"
+BY_DOMAIN = "computeDomain"
+BY_NODE = "node"
+
+
+class ObjectCache(Protocol):
+    """A synced, indexed store of one resource (keys are ``namespace/name`` or ``name``)."""
+
+    def get_by_key(self, key: str) -> JSON | None: ...
+
+    def list(self) -> list[JSON]: ...
+
+    def by_index(self, index: str, value: str) -> builtins.list[JSON]: ...
+
+
+def index_by_uid(obj: JSON) -> list[str]:
+    uid = obj.get("metadata", {}).get("uid")
+    return [str(uid)] if uid else []
+
+
+def index_by_domain_label(obj: JSON) -> list[str]:
+    """The ComputeDomain UID an object belongs to, from its ``computeDomain`` label."""
+    value = (obj.get("metadata", {}).get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
+    return [str(value)] if value else []
+
+
+def allocated_node(claim: JSON) -> str | None:
+    """The node a claim is allocated on (``matchFields metadata.name`` of its node selector)."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    selector = allocation.get("nodeSelector") or {}
+    for term in selector.get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            values = field.get("values") or []
+            if field.get("key") == "metadata.name" and field.get("operator") == "In" and values:
+                return str(values[0])
+    return None
+
+
+def channel_domain_id(claim: JSON) -> str | None:
+    """The ComputeDomain UID of an allocated channel claim of this driver, else ``None``."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    devices = allocation.get("devices") or {}
+    requests = {
+        r.get("request")
+        for r in devices.get("results") or []
+        if r.get("driver") == c.DRIVER_NAME and r.get("device") == c.CHANNEL_DEVICE_NAME
+    }
+    if not requests:
+        return None
+    for cfg in reversed(devices.get("config") or []):
+        opaque = cfg.get("opaque") or {}
+        params = opaque.get("parameters") or {}
+        if opaque.get("driver") != c.DRIVER_NAME or params.get("kind") != c.CHANNEL_CONFIG_KIND:
+            continue
+        applies = cfg.get("requests") or []
+        if (not applies or requests & {r.split("/")[0] for r in applies}) and params.get(
+            "domainID"
+        ):
+            return str(params["domainID"])
+    return None
+
+
+def index_by_allocated_node(claim: JSON) -> list[str]:
+    node = allocated_node(claim)
+    return [node] if node and channel_domain_id(claim) else []
+
+
+def index_by_claim_domain(claim: JSON) -> list[str]:
+    uid = channel_domain_id(claim)
+    return [uid] if uid else []
+
+
+def index_by_slice_node(slice_: JSON) -> list[str]:
+    spec = slice_.get("spec") or {}
+    if spec.get("driver") != c.DRIVER_NAME or not spec.get("nodeName"):
+        return []
+    return [str(spec["nodeName"])]
+
+
+@dataclass(frozen=True)
+class Caches:
+    """Every cache the controller reads, with the indexes each must provide.
+
+    ``compute_domains`` (all namespaces; BY_UID), ``daemonsets``/``pods``/``cliques`` (driver
+    namespace, label ``computeDomain`` exists; BY_DOMAIN), ``rcts`` (all namespaces, label
+    exists; BY_DOMAIN), ``nodes`` (all; BY_DOMAIN), ``claims`` (all; BY_NODE, BY_DOMAIN),
+    ``slices`` (all; BY_NODE).
+    """
+
+    compute_domains: ObjectCache
+    daemonsets: ObjectCache
+    pods: ObjectCache
+    cliques: ObjectCache
+    rcts: ObjectCache
+    nodes: ObjectCache
+    claims: ObjectCache
+    slices: ObjectCache
+
+
+INDEXES: dict[str, dict[str, IndexFunc]] = {
+    "compute_domains": {BY_UID: index_by_uid},
+    "daemonsets": {BY_DOMAIN: index_by_domain_label},
+    "pods": {BY_DOMAIN: index_by_domain_label},
+    "cliques": {BY_DOMAIN: index_by_domain_label},
+    "rcts": {BY_DOMAIN: index_by_domain_label},
+    "nodes": {BY_DOMAIN: index_by_domain_label},
+    "claims": {BY_NODE: index_by_allocated_node, BY_DOMAIN: index_by_claim_domain},
+    "slices": {BY_NODE: index_by_slice_node},
+}

@@ -1,0 +1,113 @@
+"""Orphan cleanup: dependents and node labels of ComputeDomains that no longer exist.
+
+Owns the periodic sweep (at start, then every ``cleanup_interval``) that deletes daemon
+DaemonSets, daemon and workload ResourceClaimTemplates, and removes ``computeDomain`` node
+labels whose domain UID is unknown, e.g. because a domain was force-deleted or deleted while
+the controller was down. Candidates come from the informer caches; before anything is deleted
+the set of live domains is confirmed with one LIST against the API server, so a cache that
+lags a just-created domain can never make us delete that domain's objects. Invariants: deletes
+carry a UID precondition; a node label is removed only while it still names the orphan UID;
+ComputeDomainCliques are left to the garbage collector (they are owned by daemon pods).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from pkg.api import constants as c
+from pkg.kube.client import KubeClient
+from pkg.kube.errors import ApiError, ConflictError, NotFoundError
+from pkg.kube.resources import COMPUTE_DOMAINS, DAEMONSETS, RESOURCE_CLAIM_TEMPLATES
+from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.dependents import Dependents, remove_domain_label
+from pkg.reconcilers.events import EventSink
+from pkg.runtime.clock import Clock
+
+__all__ = ["OrphanCleaner"]
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+
+def _owner(obj: JSON) -> str:
+    return str((obj.get("metadata", {}).get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL) or "")
+
+
+class OrphanCleaner:
+    """Finds and removes what dead domains left behind."""
+
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        caches: Caches,
+        config: ControllerConfig,
+        events: EventSink,
+        clock: Clock,
+    ) -> None:
+        self._client = client
+        self._caches = caches
+        self._config = config
+        self._clock = clock
+        self._deleter = Dependents(client=client, caches=caches, config=config, events=events)
+
+    def _live_uids(self) -> set[str]:
+        uids: set[str] = set()
+        token: str | None = None
+        while True:
+            page = self._client.list(COMPUTE_DOMAINS, limit=500, continue_token=token)
+            uids.update(str(i["metadata"]["uid"]) for i in page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return uids
+
+    def sweep(self) -> int:
+        """One pass; returns how many objects were deleted or unlabelled."""
+        cached = {str(cd["metadata"].get("uid")) for cd in self._caches.compute_domains.list()}
+        daemonsets = [o for o in self._caches.daemonsets.list() if _owner(o) not in cached]
+        rcts = [o for o in self._caches.rcts.list() if _owner(o) not in cached]
+        nodes = [n for n in self._caches.nodes.list() if _owner(n) and _owner(n) not in cached]
+        if not (daemonsets or rcts or nodes):
+            return 0
+        live = self._live_uids()
+        done = 0
+        for resource, objs in ((DAEMONSETS, daemonsets), (RESOURCE_CLAIM_TEMPLATES, rcts)):
+            for obj in objs:
+                if _owner(obj) in live:
+                    continue
+                try:
+                    self._deleter.delete(resource, obj)
+                except ApiError as exc:
+                    log.warning("orphan delete failed object=%s error=%s",
+                                obj["metadata"].get("name"), exc)  # fmt: skip
+                    continue
+                done += 1
+                log.info("deleted orphan %s uid=%s", resource.kind, _owner(obj),
+                         extra={"key": f"{obj['metadata'].get('namespace')}/"
+                                       f"{obj['metadata'].get('name')}"})  # fmt: skip
+        for node in nodes:
+            uid = _owner(node)
+            if uid in live:
+                continue
+            try:
+                if remove_domain_label(self._client, node, uid=uid):
+                    done += 1
+                    log.info("removed orphan node label uid=%s", uid,
+                             extra={"key": node["metadata"]["name"]})  # fmt: skip
+            except (ConflictError, NotFoundError):
+                continue  # changed under us; the next sweep looks again
+        return done
+
+    def run(self, stop: threading.Event) -> None:
+        """Sweep now and then every interval until ``stop`` is set; never raises."""
+        while not stop.is_set():
+            try:
+                self.sweep()
+            except Exception:
+                log.exception("orphan sweep failed")
+            if self._clock.wait(stop, self._config.cleanup_interval):
+                return

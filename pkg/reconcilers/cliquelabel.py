@@ -1,0 +1,113 @@
+"""CliqueLabelReconciler: mirror each node's NVLink clique ID onto ``nvidia.com/gpu.clique``.
+
+Keyed by node name. The kubelet plugin publishes the clique as the device attribute
+``cliqueID`` (plain or driver-qualified key) in its ResourceSlices; users need it as a node
+label to write ``podAffinity`` with ``topologyKey: nvidia.com/gpu.clique``. Invariants:
+
+* the label is ours only while the node also carries the annotation
+  ``resource.nvidia.com/gpu.clique-managed=true``, written together with it;
+* a label someone else set (GPU feature discovery uses the same key) is never changed or
+  removed: an equal value is left alone, a different value yields one Warning Event on the node;
+* when the node's slices stop publishing a clique, our label (and annotation) is removed;
+* slices that disagree about the clique, or a value that is not a valid label value, change
+  nothing and yield a Warning Event.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from typing import Any
+
+from pkg.api import constants as c
+from pkg.kube.client import KubeClient
+from pkg.kube.resources import NODES
+from pkg.reconcilers.cache import BY_NODE, Caches
+from pkg.reconcilers.controller import Result
+from pkg.reconcilers.events import WARNING, OnceEvents
+
+__all__ = ["MANAGED_ANNOTATION", "CliqueLabelReconciler", "slice_clique_ids"]
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+MANAGED_ANNOTATION = "resource.nvidia.com/gpu.clique-managed"
+_ATTRIBUTE_KEYS = ("cliqueID", f"{c.DRIVER_NAME}/cliqueID")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def slice_clique_ids(slice_: JSON) -> set[str]:
+    """Non-empty ``cliqueID`` string attributes of the devices in a slice."""
+    out = set()
+    for device in (slice_.get("spec") or {}).get("devices") or []:
+        attributes = device.get("attributes") or {}
+        for key in _ATTRIBUTE_KEYS:
+            value = (attributes.get(key) or {}).get("string")
+            if value:
+                out.add(str(value))
+    return out
+
+
+class CliqueLabelReconciler:
+    """Reconciles the clique label of one node from its ResourceSlices."""
+
+    def __init__(self, *, client: KubeClient, caches: Caches, events: OnceEvents) -> None:
+        self._client = client
+        self._caches = caches
+        self._events = events
+
+    def reconcile(self, key: str) -> Result:
+        node = self._caches.nodes.get_by_key(key)
+        if node is None:
+            return Result()
+        ids: set[str] = set()
+        for slice_ in self._caches.slices.by_index(BY_NODE, key):
+            ids |= slice_clique_ids(slice_)
+        if len(ids) > 1:
+            self._events.event(
+                node, WARNING, "CliqueIDConflict",
+                f"ResourceSlices of node {key} publish several clique IDs: {sorted(ids)}",
+            )  # fmt: skip
+            return Result()
+        desired = next(iter(ids), "")
+        if desired and (len(desired) > 63 or not _LABEL_VALUE.match(desired)):
+            self._events.event(
+                node, WARNING, "InvalidCliqueID",
+                f'clique ID "{desired}" is not a valid label value; not labelling node {key}',
+            )  # fmt: skip
+            return Result()
+        meta = node["metadata"]
+        current = (meta.get("labels") or {}).get(c.GPU_CLIQUE_NODE_LABEL)
+        ours = (meta.get("annotations") or {}).get(MANAGED_ANNOTATION) == "true"
+        if not desired:
+            if ours:
+                self._write(node, label=None)
+            return Result()
+        if current == desired:
+            return Result()
+        if current is not None and not ours:
+            self._events.event(
+                node, WARNING, "CliqueLabelConflict",
+                f'node label {c.GPU_CLIQUE_NODE_LABEL}="{current}" was set by someone else; '
+                f'the NVLink clique published by the driver is "{desired}"; not overwriting',
+            )  # fmt: skip
+            return Result()
+        self._write(node, label=desired)
+        return Result()
+
+    def _write(self, node: JSON, *, label: str | None) -> None:
+        body = copy.deepcopy(node)
+        meta = body["metadata"]
+        labels = meta.setdefault("labels", {})
+        annotations = meta.setdefault("annotations", {})
+        if label is None:
+            labels.pop(c.GPU_CLIQUE_NODE_LABEL, None)
+            annotations.pop(MANAGED_ANNOTATION, None)
+        else:
+            labels[c.GPU_CLIQUE_NODE_LABEL] = label
+            annotations[MANAGED_ANNOTATION] = "true"
+        self._client.update(NODES, body)
+        log.info("clique label %s value=%s", "removed" if label is None else "set", label,
+                 extra={"key": meta["name"]})  # fmt: skip

@@ -1,0 +1,51 @@
+"""The Event-recording interface the reconcilers depend on, plus a once-per-cause filter.
+
+Owns nothing on the API server itself: :class:`pkg.kube.events.EventRecorder` writes the
+Events and satisfies :class:`EventSink`. :class:`OnceEvents` guards warnings that a level-
+triggered reconciler would otherwise re-emit on every pass (for example "claim references a
+ComputeDomain in another namespace"): each (object UID, reason, message) is recorded once per
+process, within a bounded memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+from cachetools import LRUCache
+
+__all__ = ["NORMAL", "WARNING", "EventSink", "OnceEvents"]
+
+JSON = dict[str, Any]
+
+NORMAL = "Normal"
+WARNING = "Warning"
+
+
+class EventSink(Protocol):
+    """Records a core/v1 Event about ``obj``; must never raise."""
+
+    def event(self, obj: JSON, type_: str, reason: str, message: str) -> None: ...
+
+
+class OnceEvents:
+    """Forwards each distinct (uid, reason, message) to ``sink`` only the first time."""
+
+    def __init__(self, sink: EventSink, *, size: int = 8192) -> None:
+        self._sink = sink
+        self._seen: LRUCache[tuple[str, str, str], bool] = LRUCache(size)
+        self._lock = threading.Lock()
+
+    def event(self, obj: JSON, type_: str, reason: str, message: str) -> None:
+        key = (str(obj.get("metadata", {}).get("uid", "")), reason, message)
+        with self._lock:
+            if key in self._seen:
+                return
+            self._seen[key] = True
+        self._sink.event(obj, type_, reason, message)
+
+    def reset(self, uid: str) -> None:
+        """Allow the warnings about ``uid`` again (its cause went away)."""
+        with self._lock:
+            for key in [k for k in self._seen if k[0] == uid]:
+                del self._seen[key]

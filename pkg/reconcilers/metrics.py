@@ -1,0 +1,72 @@
+"""Per-domain metrics of the controller: domains by status and time to first Ready.
+
+Owns ``nvidia_dra_compute_domain_info{status}`` (upstream's gauge: the number of domains whose
+last published status is ``status``) and ``nvidia_dra_compute_domain_time_to_ready_seconds``
+(creation → first Ready, observed once per domain per process). Invariants: each domain UID is
+counted under exactly one status label at a time; :meth:`DomainMetrics.forget` removes it when
+its finalizer is released; a domain seen already Ready when the process started is never
+observed as a time-to-ready sample (its creation was not witnessed by this term).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+__all__ = ["DomainMetrics", "parse_timestamp"]
+
+
+def parse_timestamp(value: str) -> float | None:
+    """Epoch seconds of an RFC 3339 timestamp such as ``creationTimestamp``."""
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except (ValueError, AttributeError):
+        return None
+
+
+class DomainMetrics:
+    """Thread-safe bookkeeping behind the per-domain series."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._info = Gauge(
+            "nvidia_dra_compute_domain_info",
+            "Number of ComputeDomains by the status the controller last published.",
+            ["status"],
+            registry=registry,
+        )
+        self._time_to_ready = Histogram(
+            "nvidia_dra_compute_domain_time_to_ready_seconds",
+            "Seconds from ComputeDomain creation to its first Ready status.",
+            buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600),
+            registry=registry,
+        )
+        self._lock = threading.Lock()
+        self._status: dict[str, str] = {}
+        self._ready_seen: set[str] = set()
+
+    def observe_status(
+        self, uid: str, *, status: str, previous: str | None, created: float | None, now: float
+    ) -> None:
+        """Record that ``uid``'s published status is now ``status`` (was ``previous``)."""
+        with self._lock:
+            old = self._status.get(uid)
+            if old != status:
+                if old is not None:
+                    self._info.labels(old).dec()
+                self._info.labels(status).inc()
+                self._status[uid] = status
+            if status != "Ready" or uid in self._ready_seen:
+                return
+            self._ready_seen.add(uid)
+            if previous == "Ready" or created is None:
+                return
+        self._time_to_ready.observe(max(now - created, 0.0))
+
+    def forget(self, uid: str) -> None:
+        with self._lock:
+            old = self._status.pop(uid, None)
+            self._ready_seen.discard(uid)
+            if old is not None:
+                self._info.labels(old).dec()

@@ -1,0 +1,213 @@
+"""Pure renderers of the objects the controller owns for one ComputeDomain.
+
+Owns the exact shape of the workload ResourceClaimTemplate (CD namespace), the daemon
+ResourceClaimTemplate and the per-domain IMEX daemon DaemonSet (driver namespace). Names,
+labels and the daemon contract (command, env, claims, probes) follow upstream so either
+implementation can adopt the other's objects. Invariants:
+
+* every function is deterministic and side-effect free: same CD + config → same dict;
+* every rendered object carries ``resource.nvidia.com/computeDomain=<uid>``, which is how the
+  controller finds, adopts and garbage-collects its dependents (no cross-namespace owner
+  references are possible);
+* dependents carry no finalizer (unlike upstream): the controller deletes them in order itself,
+  and a crashed or uninstalled controller can never leave them stuck terminating;
+* the DaemonSet carries a hash of its own rendered spec so a changed config (new image, new
+  gates) is detected by comparison, not by diffing server-defaulted fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pkg.api import constants as c
+from pkg.api.computedomain import ComputeDomain
+from pkg.reconcilers.config import ControllerConfig
+
+__all__ = [
+    "SPEC_HASH_ANNOTATION",
+    "render_daemon_rct",
+    "render_daemonset",
+    "render_workload_rct",
+    "spec_hash",
+]
+
+JSON = dict[str, Any]
+
+SPEC_HASH_ANNOTATION = "resource.nvidia.com/spec-hash"
+_RCT_API_VERSION = "resource.k8s.io/v1"
+
+
+def _rct(
+    *,
+    name: str,
+    namespace: str,
+    uid: str,
+    target: str,
+    request: str,
+    device_class: str,
+    parameters: JSON,
+) -> JSON:
+    return {
+        "apiVersion": _RCT_API_VERSION,
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {c.COMPUTE_DOMAIN_LABEL: uid, c.TARGET_LABEL: target},
+        },
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": request, "exactly": {"deviceClassName": device_class}}],
+                    "config": [
+                        {
+                            "requests": [request],
+                            "opaque": {"driver": c.DRIVER_NAME, "parameters": parameters},
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+def render_workload_rct(cd: ComputeDomain, *, owner: JSON | None = None) -> JSON:
+    """The channel RCT the user's pods reference, in the CD's namespace.
+
+    ``owner`` (the CD object) adds a controller ownerReference so the garbage collector removes
+    the template even if the controller never runs again; same namespace, so it is legal.
+    """
+    obj = _rct(
+        name=cd.resource_claim_template_name,
+        namespace=cd.namespace,
+        uid=cd.uid,
+        target=c.TARGET_WORKLOAD,
+        request=c.CHANNEL_REQUEST_NAME,
+        device_class=c.CHANNEL_DEVICE_CLASS,
+        parameters={
+            "apiVersion": c.API_VERSION,
+            "kind": c.CHANNEL_CONFIG_KIND,
+            "domainID": cd.uid,
+            "allocationMode": cd.allocation_mode,
+        },
+    )
+    if owner is not None:
+        obj["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": c.API_VERSION,
+                "kind": c.COMPUTE_DOMAIN_KIND,
+                "name": cd.name,
+                "uid": cd.uid,
+                "controller": True,
+            }
+        ]
+    return obj
+
+
+def render_daemon_rct(cd: ComputeDomain, config: ControllerConfig) -> JSON:
+    """The RCT each daemon pod's claim is made from, in the driver namespace."""
+    return _rct(
+        name=c.daemon_object_name(cd.uid),
+        namespace=config.namespace,
+        uid=cd.uid,
+        target=c.TARGET_DAEMON,
+        request=c.DAEMON_REQUEST_NAME,
+        device_class=c.DAEMON_DEVICE_CLASS,
+        parameters={"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd.uid},
+    )
+
+
+def _field_env(name: str, path: str) -> JSON:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _probe(*, period: int, failure_threshold: int) -> JSON:
+    return {
+        "exec": {"command": ["compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "check"]},
+        "periodSeconds": period,
+        "timeoutSeconds": 10,
+        "failureThreshold": failure_threshold,
+    }
+
+
+def _tolerations(config: ControllerConfig) -> list[JSON]:
+    # Upstream tolerates every NoExecute taint forever, so a daemon on a dead node is never
+    # evicted and its domain never notices; bound the two node-health taints instead.
+    bounded = [
+        {
+            "key": key,
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": config.unreachable_toleration_seconds,
+        }
+        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+    ]
+    return [
+        {"operator": "Exists", "effect": "NoSchedule"},
+        {"operator": "Exists", "effect": "PreferNoSchedule"},
+        *bounded,
+    ]
+
+
+def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
+    name = c.daemon_object_name(cd.uid)
+    env: list[JSON] = [
+        {"name": "LOG_VERBOSITY", "value": str(config.log_verbosity_cd_daemon)},
+        {"name": "MAX_NODES_PER_IMEX_DOMAIN", "value": str(config.max_nodes_per_imex_domain)},
+        _field_env("NODE_NAME", "spec.nodeName"),
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_UID", "metadata.uid"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        {"name": "FEATURE_GATES", "value": config.feature_gates},
+    ]
+    spec: JSON = {
+        "serviceAccountName": config.daemon_service_account,
+        "nodeSelector": {c.COMPUTE_DOMAIN_LABEL: cd.uid},
+        "tolerations": _tolerations(config),
+        "containers": [
+            {
+                "name": c.DAEMON_CONTAINER_NAME,
+                "image": config.image_name,
+                "command": ["compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "run"],
+                "env": env,
+                "resources": {"claims": [{"name": c.DAEMON_CLAIM_NAME}]},
+                "startupProbe": _probe(period=1, failure_threshold=1200),
+                "livenessProbe": _probe(period=60, failure_threshold=20),
+                "readinessProbe": _probe(period=10, failure_threshold=1),
+            }
+        ],
+        "resourceClaims": [{"name": c.DAEMON_CLAIM_NAME, "resourceClaimTemplateName": name}],
+    }
+    if config.image_pull_secret_names:
+        spec["imagePullSecrets"] = [{"name": s} for s in config.image_pull_secret_names]
+    return spec
+
+
+def spec_hash(spec: JSON) -> str:
+    """Stable short digest of a rendered spec (key order independent)."""
+    data = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def render_daemonset(cd: ComputeDomain, config: ControllerConfig) -> JSON:
+    """The per-domain IMEX daemon DaemonSet, in the driver namespace."""
+    labels = {**config.extra_daemon_labels, c.COMPUTE_DOMAIN_LABEL: cd.uid}
+    spec: JSON = {
+        "selector": {"matchLabels": {c.COMPUTE_DOMAIN_LABEL: cd.uid}},
+        "template": {"metadata": {"labels": labels}, "spec": _pod_spec(cd, config)},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": c.daemon_object_name(cd.uid),
+            "namespace": config.namespace,
+            "labels": {c.COMPUTE_DOMAIN_LABEL: cd.uid},
+            "annotations": {SPEC_HASH_ANNOTATION: spec_hash(spec)},
+        },
+        "spec": spec,
+    }

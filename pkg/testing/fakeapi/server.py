@@ -1,0 +1,404 @@
+"""`FakeApiServer`: an in-process, threaded HTTP server speaking the Kubernetes REST wire format.
+
+Owns routing (`/api/v1/...`, `/apis/<group>/<version>/...`), request decoding, error injection,
+the request log and pagination; object semantics live in `store.py`, watches in `watch.py`.
+Invariants: each connection is served by its own thread; every request is logged before it is
+answered; `stop()` closes every open connection and joins the handler threads.
+Error injection verbs are HTTP methods plus "LIST" and "WATCH" (GETs on a collection).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from kubernetes import client as k8s_client
+
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.kube.errors import ApiError, BadRequestError, GoneError, NotFoundError, error_from_status
+from pkg.kube.resources import Resource
+from pkg.testing.fakeapi.handlers import decode_body, handle_write
+from pkg.testing.fakeapi.selectors import parse_field_selector, parse_label_selector
+from pkg.testing.fakeapi.store import ObjectStore
+from pkg.testing.fakeapi.watch import WatchRequest, serve_watch, status_body
+
+__all__ = ["FakeApiServer", "LoggedRequest"]
+
+JSON = dict[str, Any]
+
+_STATUS_RESOURCES = (
+    res.PODS, res.NODES, res.NAMESPACES, res.DAEMONSETS, res.RESOURCE_CLAIMS,
+    res.CUSTOM_RESOURCE_DEFINITIONS, res.COMPUTE_DOMAINS,
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRequest:
+    method: str
+    path: str
+    query: dict[str, str]
+
+
+@dataclass
+class _Injection:
+    verb: str
+    resource: Resource
+    status: int
+    count: int
+    name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    resource: Resource
+    namespace: str | None
+    name: str | None
+    subresource: str | None
+
+
+class FakeApiServer:
+    """A scriptable API server on 127.0.0.1 (see docs/contracts.md for the semantics)."""
+
+    def __init__(
+        self,
+        *,
+        gc: bool = False,
+        bookmark_interval: float = 1.0,
+        page_snapshots: int = 64,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = ObjectStore(now=now, gc=gc)
+        for r in res.WELL_KNOWN:
+            self.register(r, status_subresource=r in _STATUS_RESOURCES)
+        self.bookmark_interval = bookmark_interval
+        self.request_log: list[tuple[str, str]] = []
+        self.requests: list[LoggedRequest] = []
+        self._lock = threading.Lock()
+        self._injections: list[_Injection] = []
+        self._generation = 0
+        self._stopping = False
+        self._snapshots: dict[str, tuple[int, list[JSON]]] = {}
+        self._snapshot_limit = page_snapshots
+        self._snapshot_seq = 0
+        self._httpd: _Httpd | None = None
+        self._thread: threading.Thread | None = None
+        self._clients: list[RestClient] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> FakeApiServer:
+        httpd = _Httpd(("127.0.0.1", 0), _Handler)
+        httpd.fake = self
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, name="fakeapi", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self.store.cond:
+            self._stopping = True
+            self.store.cond.notify_all()
+        for c in self._clients:
+            c.close()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.close_all()
+            self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "start() first"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def client(self, **kwargs: Any) -> RestClient:
+        cfg = k8s_client.Configuration()
+        cfg.host = self.url
+        cfg.connection_pool_maxsize = 64
+        c = RestClient(k8s_client.ApiClient(configuration=cfg), **kwargs)
+        self._clients.append(c)
+        return c
+
+    # -- test hooks --------------------------------------------------------------------------
+
+    def register(self, resource: Resource, *, status_subresource: bool = False) -> None:
+        self.store.register(resource, status_subresource=status_subresource)
+
+    def seed(self, resource: Resource, obj: JSON) -> JSON:
+        return self.store.seed(resource, obj)
+
+    def objects(self, resource: Resource) -> list[JSON]:
+        return self.store.all_objects(resource)
+
+    def inject_error(
+        self, method: str, resource: Resource, status: int, *, count: int = 1,
+        name: str | None = None,
+    ) -> None:  # fmt: skip
+        """Fail the next `count` matching requests with `status` (0 = drop the connection)."""
+        with self._lock:
+            self._injections.append(_Injection(method.upper(), resource, status, count, name))
+
+    def compact(self) -> None:
+        self.store.compact()
+        with self._lock:
+            self._snapshots.clear()
+
+    def close_watches(self) -> None:
+        with self.store.cond:
+            self._generation += 1
+            self.store.cond.notify_all()
+
+    def clear_log(self) -> None:
+        with self._lock:
+            self.request_log.clear()
+            self.requests.clear()
+
+    # -- request handling (called from handler threads) --------------------------------------
+
+    def _log(self, method: str, path: str, query: dict[str, str]) -> None:
+        with self._lock:
+            self.request_log.append((method, path))
+            self.requests.append(LoggedRequest(method, path, query))
+
+    def _injected(self, verb: str, route: _Route) -> int | None:
+        with self._lock:
+            for inj in self._injections:
+                hit = inj.verb == verb and inj.resource == route.resource and inj.count > 0
+                if hit and (inj.name is None or inj.name == route.name):
+                    inj.count -= 1
+                    return inj.status
+        return None
+
+    def _route(self, path: str) -> _Route:
+        segs = [s for s in path.split("/") if s]
+        if len(segs) >= 2 and segs[0] == "api":
+            group, version, rest = "", segs[1], segs[2:]
+        elif len(segs) >= 3 and segs[0] == "apis":
+            group, version, rest = segs[1], segs[2], segs[3:]
+        else:
+            raise NotFoundError(404, "NotFound", f"no route for {path}")
+        by_plural = {
+            r.plural: r for r in self.store.resources() if (r.group, r.version) == (group, version)
+        }
+        namespace = None
+        if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in by_plural:
+            namespace, rest = rest[1], rest[2:]
+        if not rest or rest[0] not in by_plural or len(rest) > 3:
+            raise NotFoundError(404, "NotFound", f"no route for {path}")
+        resource = by_plural[rest[0]]
+        if namespace is not None and not resource.namespaced:
+            raise NotFoundError(404, "NotFound", f"{resource.plural} is cluster-scoped")
+        return _Route(
+            resource,
+            namespace,
+            rest[1] if len(rest) > 1 else None,
+            rest[2] if len(rest) > 2 else None,
+        )
+
+    def handle(self, h: _Handler) -> None:
+        split = urlsplit(h.path)
+        query = dict(parse_qsl(split.query))
+        self._log(h.command, split.path, query)
+        length = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(length) if length else b""
+        try:
+            route = self._route(split.path)
+            verb = h.command
+            if verb == "GET" and route.name is None:
+                verb = "WATCH" if query.get("watch") in ("true", "1") else "LIST"
+            injected = self._injected(verb, route)
+            if injected == 0:
+                h.drop()
+                return
+            if injected is not None:
+                if verb == "WATCH" and injected == 410:
+                    raise GoneError(410, "Expired", "too old resource version (injected)")
+                raise error_from_status(injected, {"reason": "Injected", "message": "injected"})
+            body = decode_body(raw, h.headers.get("Content-Type"))
+            if verb == "WATCH":
+                self._watch(h, route, query)
+                return
+            code, out = self._dispatch(verb, route, query, body, h.headers.get("Content-Type"))
+        except ApiError as err:
+            if split.query and "watch=true" in split.query and isinstance(err, GoneError):
+                h.start_chunks()
+                h.write_chunk(json.dumps({"type": "ERROR", "object": status_body(err)}).encode())
+                h.end_chunks()
+                return
+            h.reply(err.status, status_body(err))
+            return
+        except ValueError as exc:
+            h.reply(400, status_body(BadRequestError(400, "BadRequest", str(exc))))
+            return
+        h.reply(code, out)
+
+    def _dispatch(
+        self, verb: str, route: _Route, query: dict[str, str], body: Any, ctype: str | None
+    ) -> tuple[int, Any]:
+        r, ns, name = route.resource, route.namespace, route.name
+        if verb == "GET":
+            assert name is not None
+            return 200, self.store.get(r, ns, name)
+        if verb == "LIST":
+            return 200, self._list(route, query)
+        return handle_write(
+            self.store, verb, resource=r, namespace=ns, name=name,
+            subresource=route.subresource, body=body, query=query, content_type=ctype,
+        )  # fmt: skip
+
+    def _list(self, route: _Route, query: dict[str, str]) -> JSON:
+        r = route.resource
+        limit = int(query.get("limit") or 0)
+        token = query.get("continue")
+        if token:
+            try:
+                snap_id, offset = json.loads(base64.urlsafe_b64decode(token))
+            except (ValueError, TypeError) as exc:
+                raise BadRequestError(400, "BadRequest", "invalid continue token") from exc
+            with self._lock:
+                snap = self._snapshots.get(snap_id)
+            if snap is None:
+                raise GoneError(410, "Expired", "The provided continue parameter is too old")
+            rv, items = snap
+        else:
+            match_l = parse_label_selector(query.get("labelSelector"))
+            match_f = parse_field_selector(query.get("fieldSelector"))
+            rv, items = self.store.select(r, route.namespace, lambda o: match_l(o) and match_f(o))
+            offset, snap_id = 0, ""
+        meta: JSON = {"resourceVersion": str(rv)}
+        page = items[offset : offset + limit] if limit else items[offset:]
+        if limit and offset + limit < len(items):
+            if not snap_id:
+                with self._lock:
+                    self._snapshot_seq += 1
+                    snap_id = str(self._snapshot_seq)
+                    self._snapshots[snap_id] = (rv, items)
+                    while len(self._snapshots) > self._snapshot_limit:
+                        self._snapshots.pop(next(iter(self._snapshots)))
+            nxt = json.dumps([snap_id, offset + limit]).encode()
+            meta["continue"] = base64.urlsafe_b64encode(nxt).decode()
+            meta["remainingItemCount"] = len(items) - offset - limit
+        # Built-in kinds omit apiVersion/kind on list items, as the real server does.
+        builtin = not r.group.endswith("nvidia.com")
+        return {
+            "kind": r.list_kind,
+            "apiVersion": r.api_version,
+            "metadata": meta,
+            "items": [
+                {k: v for k, v in o.items() if k not in ("apiVersion", "kind")} if builtin else o
+                for o in page
+            ],
+        }
+
+    def _watch(self, h: _Handler, route: _Route, query: dict[str, str]) -> None:
+        match_l = parse_label_selector(query.get("labelSelector"))
+        match_f = parse_field_selector(query.get("fieldSelector"))
+        req = WatchRequest(
+            resource=route.resource,
+            namespace=route.namespace,
+            match=lambda o: match_l(o) and match_f(o),
+            resource_version=query.get("resourceVersion", ""),
+            timeout=float(query.get("timeoutSeconds") or 1800),
+            bookmarks=query.get("allowWatchBookmarks") == "true",
+        )
+        h.start_chunks()
+        serve_watch(
+            h, req, self.store,
+            generation=lambda: self._generation, stopping=lambda: self._stopping,
+            bookmark_interval=self.bookmark_interval,
+        )  # fmt: skip
+
+
+class _Httpd(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeApiServer
+
+    def __init__(self, addr: tuple[str, int], handler: type[_Handler]) -> None:
+        super().__init__(addr, handler)
+        self._conns: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+
+    def track(self, sock: socket.socket, *, add: bool) -> None:
+        with self._conn_lock:
+            (self._conns.add if add else self._conns.discard)(sock)
+
+    def close_all(self) -> None:
+        with self._conn_lock:
+            conns = list(self._conns)
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # clients vanishing mid-response are routine in tests
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Httpd
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, add=True)
+
+    def finish(self) -> None:
+        with contextlib.suppress(OSError):
+            super().finish()
+        self.server.track(self.connection, add=False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _serve(self) -> None:
+        try:
+            self.server.fake.handle(self)
+        except OSError:
+            self.close_connection = True
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve  # noqa: N815
+
+    def reply(self, code: int, body: Any) -> None:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def start_chunks(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def end_chunks(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+
+    def drop(self) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,291 @@
+"""The kubelet stand-in against a stub DRA plugin and the in-process fake API server.
+
+No control plane needed (not marked e2e): a gRPC stub serves the registration and DRA v1
+services on Unix sockets the way a real plugin does, the CDI resolver is a fake, and pods and
+claims are seeded into ``pkg.testing.fakeapiserver``. Proves the stand-in's side of the kubelet
+contract before the real components exist.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kubeletsim.cdi import CdiError, ContainerEdits
+from kubeletsim.claims import DraManager
+from kubeletsim.kubelet import Kubelet
+from kubeletsim.layout import NodeDirs, layout
+from kubeletsim.podworker import NodeContext
+from kubeletsim.registration import PluginWatcher
+from kubeletsim.runtime import LocalCommands
+
+from pkg.kube.events import EventRecorder
+from pkg.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
+from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2 as dra
+from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2_grpc as dra_grpc
+from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
+from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
+from pkg.runtime.clock import SystemClock
+from pkg.testing.fakeapiserver import FakeApiServer
+
+DRIVER = "compute-domain.nvidia.com"
+
+
+class StubPlugin(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
+    """Registration + DRA v1 on two sockets; Prepare fails ``fail_prepare`` times first."""
+
+    def __init__(self, registry: Path, plugin_dir: Path) -> None:
+        self.reg_sock = registry / f"{DRIVER}-reg.sock"
+        self.dra_sock = plugin_dir / "dra.sock"
+        plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.prepared: list[str] = []
+        self.unprepared: list[str] = []
+        self.registered: list[bool] = []
+        self.fail_prepare = 0
+        self._servers: list[grpc.Server] = []
+
+    def start(self) -> StubPlugin:
+        for sock, add in ((self.dra_sock, self._add_dra), (self.reg_sock, self._add_reg)):
+            sock.unlink(missing_ok=True)
+            server = grpc.server(futures.ThreadPoolExecutor(4))
+            add(server)
+            server.add_insecure_port(f"unix://{sock}")
+            server.start()
+            self._servers.append(server)
+        return self
+
+    def _add_dra(self, s: grpc.Server) -> None:
+        dra_grpc.add_DRAPluginServicer_to_server(self, s)
+
+    def _add_reg(self, s: grpc.Server) -> None:
+        reg_grpc.add_RegistrationServicer_to_server(self, s)
+
+    def stop(self) -> None:
+        for s in self._servers:
+            s.stop(0)
+        self._servers.clear()
+
+    def GetInfo(self, request: Any, context: Any) -> Any:
+        return reg.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=str(self.dra_sock),
+                              supported_versions=["v1.DRAPlugin", "v1beta1.DRAPlugin"])  # fmt: skip
+
+    def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        self.registered.append(request.plugin_registered)
+        return reg.RegistrationStatusResponse()
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        resp = dra.NodePrepareResourcesResponse()
+        for c in request.claims:
+            if self.fail_prepare > 0:
+                self.fail_prepare -= 1
+                resp.claims[c.uid].error = "current node not ready in ComputeDomain"
+                continue
+            self.prepared.append(c.uid)
+            resp.claims[c.uid].devices.add(
+                request_names=["channel"], pool_name="node", device_name="channel-0",
+                cdi_device_ids=[f"k8s.{DRIVER}/claim={c.uid}-channel-0"],
+            )  # fmt: skip
+        return resp
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        resp = dra.NodeUnprepareResourcesResponse()
+        for c in request.claims:
+            self.unprepared.append(c.uid)
+            resp.claims[c.uid].error = ""
+        return resp
+
+
+class FakeCdi:
+    def __init__(self) -> None:
+        self.unresolvable: set[str] = set()
+
+    def resolve(self, spec_dirs: Sequence[Path], device_ids: Sequence[str]) -> ContainerEdits:
+        bad = [i for i in device_ids if i in self.unresolvable]
+        if bad:
+            raise CdiError(f"unresolvable CDI devices {bad[0]}")
+        nodes = tuple(
+            {"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c", "major": 235,
+             "minor": 0} for _ in device_ids
+        )  # fmt: skip
+        return ContainerEdits(env=tuple(f"DEV={i}" for i in device_ids), device_nodes=nodes)
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """Unix socket paths must stay under 108 bytes: pytest's tmp_path is too deep."""
+    d = Path(tempfile.mkdtemp(prefix="ks-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def node(api: FakeApiServer, short_tmp: Path) -> Iterator[tuple[Kubelet, StubPlugin, FakeCdi]]:
+    spec = layout([0])[0]
+    dirs = NodeDirs(short_tmp, spec).create()
+    plugin = StubPlugin(dirs.registry, dirs.plugins / DRIVER).start()
+    watcher = PluginWatcher(dirs.registry, interval=0.05)
+    watcher.start()
+    client = api.client()
+    cdi = FakeCdi()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    ctx = NodeContext(
+        node_name=spec.name, node_ip=spec.ip, client=client, dirs=dirs, plugins=watcher,
+        events=EventRecorder(client, "kubelet", SystemClock()),
+        dra=DraManager(dirs.kubelet / "dra_manager_state.json"), cdi=cdi,
+        commands=LocalCommands(programs={"sleeper": sleeper,
+                                         "probe-ok": [sys.executable, "-c", ""]},
+                               path_env={"/etc/hosts": "HOSTS"}),
+        kubeconfig_for=lambda pod: None, max_grace=2.0,
+    )  # fmt: skip
+    kubelet = Kubelet(ctx)
+    kubelet.start()
+    yield kubelet, plugin, cdi
+    kubelet.stop()
+    watcher.stop()
+    plugin.stop()
+
+
+def seed_pod_with_claim(api: FakeApiServer, node: str, *, container: dict[str, Any]) -> str:
+    pod = api.seed(PODS, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "w", "namespace": "ns", "finalizers": ["test/hold"]},
+        "spec": {"nodeName": node, "containers": [container], "restartPolicy": "Always",
+                 "resourceClaims": [{"name": "cd", "resourceClaimTemplateName": "rct"}]},
+        "status": {"resourceClaimStatuses": [{"name": "cd", "resourceClaimName": "w-cd"}]},
+    })  # fmt: skip
+    api.seed(RESOURCE_CLAIMS, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "w-cd", "namespace": "ns"},
+        "spec": {"devices": {"requests": [{"name": "channel"}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "channel", "driver": DRIVER, "pool": node, "device": "channel-0"}]}},
+            "reservedFor": [{"resource": "pods", "name": "w", "uid": pod["metadata"]["uid"]}]},
+    })  # fmt: skip
+    return str(pod["metadata"]["uid"])
+
+
+def pod_status(api: FakeApiServer) -> dict[str, Any]:
+    pods = api.objects(PODS)
+    return pods[0].get("status", {}) if pods else {}
+
+
+WORKLOAD = {"name": "ctr", "image": "ubuntu", "command": ["sleep", "inf"],
+            "resources": {"claims": [{"name": "cd"}]}}  # fmt: skip
+
+
+def test_plugin_registration_and_reregistration(short_tmp: Path) -> None:
+    registry, plugin_dir = short_tmp / "reg", short_tmp / "plugins"
+    registry.mkdir()
+    plugin = StubPlugin(registry, plugin_dir).start()
+    watcher = PluginWatcher(registry, interval=0.05)
+    watcher.start()
+    try:
+        p = watcher.wait_for(DRIVER, 5)
+        assert p is not None and p.endpoint == str(plugin.dra_sock) and p.service == "v1.DRAPlugin"
+        assert plugin.registered == [True]
+        plugin.stop()
+        plugin.start()  # a restarted plugin re-creates its socket: registered again
+        wait_for("re-registration", lambda: plugin.registered == [True, True])
+    finally:
+        watcher.stop()
+        plugin.stop()
+
+
+def test_workload_pod_prepared_recorded_running_then_unprepared(
+    api: FakeApiServer, node: tuple[Kubelet, StubPlugin, FakeCdi]
+) -> None:
+    kubelet, plugin, _ = node
+    plugin.fail_prepare = 1
+    uid = seed_pod_with_claim(api, kubelet.ctx.node_name, container=WORKLOAD)
+    status = wait_for(
+        "Running", lambda: pod_status(api).get("phase") == "Running" and pod_status(api)
+    )
+    assert status["podIP"] == kubelet.ctx.node_ip
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+    events = [e for e in api.objects(EVENTS) if e["reason"] == "FailedPrepareDynamicResources"]
+    assert events and "current node not ready" in events[0]["message"]
+    record = kubelet.ctx.dirs.container_record("ns", "w", "ctr")
+    assert "channel0" in record.read_text()
+    assert len(plugin.prepared) == 1
+    api.client().delete(PODS, "w", namespace="ns")  # finalizer keeps it: deletionTimestamp set
+    wait_for("unprepare", lambda: plugin.unprepared == plugin.prepared)
+    assert not record.exists()
+    assert kubelet.ctx.dra.prepared() == {}
+    assert uid
+
+
+def test_unresolvable_cdi_id_fails_container_start(
+    api: FakeApiServer, node: tuple[Kubelet, StubPlugin, FakeCdi]
+) -> None:
+    kubelet, _, cdi = node
+    seed_pod_with_claim(api, kubelet.ctx.node_name, container=WORKLOAD)
+    claim_uid = api.objects(RESOURCE_CLAIMS)[0]["metadata"]["uid"]
+    cdi.unresolvable.add(f"k8s.{DRIVER}/claim={claim_uid}-channel-0")
+    wait_for("Failed event", lambda: any(e["reason"] == "Failed" for e in api.objects(EVENTS)))
+    waiting = pod_status(api)["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["reason"] == "CreateContainerError"
+    assert "unresolvable CDI devices" in waiting["message"]
+    cdi.unresolvable.clear()
+    wait_for("Running", lambda: pod_status(api).get("phase") == "Running", timeout=20)
+
+
+def test_local_container_runs_with_env_and_probes(
+    api: FakeApiServer, node: tuple[Kubelet, StubPlugin, FakeCdi]
+) -> None:
+    kubelet, _, _ = node
+    container = {
+        "name": "daemon", "image": "driver", "command": ["sleeper"], "args": ["$(NODE_NAME)"],
+        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "readinessProbe": {"exec": {"command": ["probe-ok"]}, "periodSeconds": 1},
+        "resources": {"claims": [{"name": "cd"}]},
+    }  # fmt: skip
+    seed_pod_with_claim(api, kubelet.ctx.node_name, container=container)
+    wait_for("Ready", lambda: pod_status(api).get("containerStatuses", [{}])[0].get("ready"))
+    worker = next(iter(kubelet.workers().values()))
+    run = worker._local["daemon"]
+    assert run.argv[-1] == kubelet.ctx.node_name
+    assert run.env["POD_IP"] == kubelet.ctx.node_ip
+    assert run.env["DEV"].endswith("-channel-0")
+    assert Path(run.env["HOSTS"]).read_text().startswith("# Kubernetes-managed hosts file.")
+    pid = run.pid
+    assert pid is not None
+    api.client().delete(PODS, "w", namespace="ns")
+    wait_for("process stopped", lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_threads_do_not_leak(node: tuple[Kubelet, StubPlugin, FakeCdi]) -> None:
+    names = {t.name for t in threading.enumerate()}
+    assert any(n.startswith("pods:") for n in names)

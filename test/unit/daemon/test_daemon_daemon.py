@@ -1,0 +1,241 @@
+"""The daemon's control loop in-process: fake API server, fake IMEX process, fake clock."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from pkg.api import constants as c
+from pkg.daemon.daemon import Daemon, Timing, run_check
+from pkg.daemon.metrics import DaemonMetrics
+from pkg.daemon.options import CDI_MISSING, Options, parse
+from pkg.imex.ctl import CommandResult
+from pkg.kube import resources as res
+from pkg.testing.fakeapiserver import FakeApiServer
+
+REPO = Path(__file__).resolve().parents[3]
+NS = "nvidia-dra-driver"
+CLIQUE = "cl.1"
+UID = "uid-d"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        self.t += timeout
+        return event.is_set()
+
+
+class FakeProcess:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.code: int | None = None
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        if sig == signal.SIGTERM:
+            self.code = 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.code is not None
+        return self.code
+
+    def kill(self) -> None:
+        self.code = -9
+
+
+class FakeRunner:
+    def __init__(self) -> None:
+        self.procs: list[FakeProcess] = []
+        self.envs: list[Mapping[str, str] | None] = []
+        self.argvs: list[list[str]] = []
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None) -> FakeProcess:
+        self.procs.append(FakeProcess(100 + len(self.procs)))
+        self.envs.append(env)
+        self.argvs.append(list(argv))
+        return self.procs[-1]
+
+
+class FakeCtl:
+    """READY whenever the latest fake IMEX runs."""
+
+    def __init__(self, runner: FakeRunner) -> None:
+        self.runner = runner
+        self.calls = 0
+
+    def run(self, argv: Sequence[str], *, timeout: float) -> CommandResult:
+        self.calls += 1
+        alive = self.runner.procs and self.runner.procs[-1].code is None
+        return CommandResult(0, "READY\n" if alive else "NOT_READY\n")
+
+
+def options(tmp: Path, **env: str) -> Options:
+    base = {
+        "CLIQUE_ID": CLIQUE, "COMPUTE_DOMAIN_UUID": UID, "COMPUTE_DOMAIN_NAME": "cd",
+        "COMPUTE_DOMAIN_NAMESPACE": "team", "NODE_NAME": "n0", "POD_IP": "10.0.0.1",
+        "POD_UID": "pu", "POD_NAME": "daemon-n0", "POD_NAMESPACE": NS,
+        "IMEX_CONFIG_DIR": str(tmp / "imexd"), "IMEX_HOSTS_FILE": str(tmp / "hosts"),
+    }  # fmt: skip
+    return parse(["run"], {**base, **env})
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as srv:
+        srv.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": "daemon-n0", "namespace": NS}})  # fmt: skip
+        yield srv
+
+
+def make(api: FakeApiServer, opts: Options) -> tuple[Daemon, FakeRunner, FakeCtl, DaemonMetrics]:
+    runner = FakeRunner()
+    ctl = FakeCtl(runner)
+    metrics = DaemonMetrics()
+    daemon = Daemon(opts, client=api.client(), clock=FakeClock(), runner=runner, commands=ctl,
+                    metrics=metrics, child_env={"PATH": "/bin"}, timing=Timing())  # fmt: skip
+    return daemon, runner, ctl, metrics
+
+
+def own_entry(api: FakeApiServer) -> dict[str, object]:
+    (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    (entry,) = clique["daemons"]
+    return dict(entry)
+
+
+def test_step_joins_starts_imex_and_tracks_readiness(api: FakeApiServer, tmp_path: Path) -> None:
+    daemon, runner, _, metrics = make(api, options(tmp_path))
+    daemon.label_pod()
+    daemon._write_imex_config()
+    daemon.step()
+    assert len(runner.procs) == 1
+    assert runner.argvs[0] == ["nvidia-imex", "-c", str(tmp_path / "imexd" / "imexd.cfg")]
+    env = runner.envs[0]
+    assert env is not None and env["IMEX_HOSTS_FILE"] == str(tmp_path / "hosts")
+    assert env["IMEX_DOMAIN_ID"] == UID and env["PATH"] == "/bin"
+    assert own_entry(api)["status"] == c.STATUS_READY
+    assert metrics.ready._value.get() == 1  # type: ignore[attr-defined]
+    pod = api.objects(res.PODS)[0]
+    assert pod["metadata"]["labels"] == {c.CLIQUE_ID_LABEL: CLIQUE}
+
+    runner.procs[0].code = 1  # IMEX crashes: NotReady at once, restarted after backoff
+    daemon.step()
+    assert own_entry(api)["status"] == c.STATUS_NOT_READY
+    assert len(runner.procs) == 1
+    daemon.supervisor._clock.t += 1.0  # type: ignore[attr-defined]
+    daemon.step()
+    daemon.step()
+    assert len(runner.procs) == 2 and own_entry(api)["status"] == c.STATUS_READY
+    assert metrics.restarts._value.get() == 1  # type: ignore[attr-defined]
+
+
+def test_entry_removed_externally_is_restored(api: FakeApiServer, tmp_path: Path) -> None:
+    daemon, _, _, _ = make(api, options(tmp_path))
+    daemon._write_imex_config()
+    daemon.step()
+    client = api.client()
+    (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    clique["daemons"] = []
+    client.update(res.COMPUTE_DOMAIN_CLIQUES, clique)
+    daemon._on_object(client.get(res.COMPUTE_DOMAIN_CLIQUES, clique["metadata"]["name"],
+                                 namespace=NS))  # fmt: skip
+    daemon.step()
+    assert own_entry(api)["index"] == 0 and own_entry(api)["status"] == c.STATUS_READY
+
+
+def test_run_and_shutdown_removes_entry(api: FakeApiServer, tmp_path: Path) -> None:
+    daemon, runner, _, _ = make(api, options(tmp_path, METRICS_ADDRESS="127.0.0.1:0"))
+    stop = threading.Event()
+    ran = threading.Thread(target=daemon.run, args=(stop,))
+    ran.start()
+    try:
+        for _ in range(400):
+            cliques = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
+            if cliques and cliques[0].get("daemons") and daemon._metrics._server is not None:
+                break
+            threading.Event().wait(0.01)
+        server = daemon._metrics._server
+        assert server is not None
+        host, port = server.server_address[:2]
+        body = urllib.request.urlopen(f"http://{host!s}:{port}/metrics", timeout=5).read().decode()
+        assert "compute_domain_daemon_imex_ready" in body
+        assert "compute_domain_daemon_imex_restarts_total" in body
+    finally:
+        stop.set()
+        daemon.wake()
+        ran.join(20)
+    assert not ran.is_alive()
+    assert api.objects(res.COMPUTE_DOMAIN_CLIQUES)[0]["daemons"] == []
+    assert runner.procs[0].signals[-1] == signal.SIGTERM
+
+
+def test_non_nvlink_node_runs_nothing(api: FakeApiServer, tmp_path: Path) -> None:
+    daemon, runner, _, _ = make(api, options(tmp_path, CLIQUE_ID=""))
+    stop = threading.Event()
+    stop.set()
+    assert daemon.run(stop) == 0
+    assert runner.procs == [] and api.objects(res.COMPUTE_DOMAIN_CLIQUES) == []
+    assert api.objects(res.PODS)[0]["metadata"]["labels"] == {c.CLIQUE_ID_LABEL: ""}
+    assert not (tmp_path / "imexd").exists()
+    ok, msg = run_check(daemon.opts, FakeCtl(runner))
+    assert ok and msg == "check succeeded (noop, clique ID is empty)"
+
+
+def test_check_requires_exact_ready(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    ok, msg = run_check(options(tmp_path), FakeCtl(runner))
+    assert not ok and "NOT_READY" in msg
+    runner.procs.append(FakeProcess(1))
+    assert run_check(options(tmp_path), FakeCtl(runner))[0]
+
+
+def test_cli_reports_missing_cdi_edits() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "cmd/compute-domain-daemon/compute_domain_daemon.py"), "run"],
+        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, cwd="/", check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert CDI_MISSING in done.stderr
+
+
+def test_ip_mode_uses_cd_status_and_waits_for_num_nodes(api: FakeApiServer, tmp_path: Path) -> None:
+    cd = api.seed(res.COMPUTE_DOMAINS, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"name": "cd", "namespace": "team"},
+        "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
+    })  # fmt: skip
+    gates = "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false"
+    opts = options(tmp_path, FEATURE_GATES=gates, COMPUTE_DOMAIN_UUID=cd["metadata"]["uid"])
+    daemon, runner, _, _ = make(api, opts)
+    daemon._write_imex_config()
+    daemon.step()
+    assert runner.procs == []  # barrier: 1 of 2
+    client = api.client()
+    obj = client.get(res.COMPUTE_DOMAINS, "cd", namespace="team")
+    assert [n["name"] for n in obj["status"]["nodes"]] == ["n0"]
+    obj["status"]["nodes"].append({"name": "n1", "ipAddress": "10.0.0.2", "cliqueID": CLIQUE,
+                                   "index": 1, "status": "NotReady"})  # fmt: skip
+    daemon._on_object(client.update(res.COMPUTE_DOMAINS, obj, subresource="status"))
+    daemon.step()
+    assert len(runner.procs) == 1
+    assert (tmp_path / "imexd" / "nodes.cfg").read_text() == "10.0.0.1\n10.0.0.2\n"
+    assert not (tmp_path / "hosts").exists()

@@ -1,0 +1,244 @@
+"""Membership: index allocation, stability across restarts, safe leave, concurrent joins."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pkg.api import constants as c
+from pkg.daemon.membership import (
+    CliqueStore,
+    DaemonEntry,
+    Identity,
+    Membership,
+    MembershipError,
+    StatusStore,
+    lowest_free_index,
+    upsert,
+    with_status,
+    without_me,
+)
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.testing.fakeapiserver import FakeApiServer
+
+UID = "11111111-2222-3333-4444-555555555555"
+CLIQUE = "9f410827-aaaa-bbbb-cccc-51266ca08eb7.32766"
+NS = "nvidia-dra-driver"
+
+
+def ident(node: str, ip: str, *, clique: str = CLIQUE, uid: str = UID) -> Identity:
+    return Identity(
+        domain_uid=uid, domain_name="cd", domain_namespace="team", clique_id=clique,
+        node_name=node, pod_ip=ip, pod_name=f"daemon-{node}", pod_uid=f"pod-uid-{node}",
+        pod_namespace=NS,
+    )  # fmt: skip
+
+
+def entry(node: str, index: int, *, ip: str = "", clique: str = CLIQUE) -> DaemonEntry:
+    return DaemonEntry(node, ip or f"10.0.0.{index + 1}", clique, index)
+
+
+def no_sleep(_seconds: float) -> None:
+    time.sleep(0)  # yield the GIL only: backoff is exercised, never waited for
+
+
+# -- pure edits ---------------------------------------------------------------------------------
+
+
+def test_lowest_free_index_fills_gaps_per_clique() -> None:
+    entries = [entry("a", 0), entry("b", 2), entry("x", 1, clique="other")]
+    assert lowest_free_index(entries, clique_id=CLIQUE, max_nodes=18) == 1
+    full = [entry(f"n{i}", i) for i in range(3)]
+    with pytest.raises(MembershipError, match="no free index"):
+        lowest_free_index(full, clique_id=CLIQUE, max_nodes=3)
+
+
+def test_upsert_keeps_index_and_resets_status_on_new_ip() -> None:
+    ready = DaemonEntry("b", "10.0.0.2", CLIQUE, 5, c.STATUS_READY)
+    out = upsert([entry("a", 0), ready], ident("b", "10.9.9.9"), max_nodes=18)
+    assert out is not None
+    assert out[1] == DaemonEntry("b", "10.9.9.9", CLIQUE, 5, c.STATUS_NOT_READY)
+    assert upsert(out, ident("b", "10.9.9.9"), max_nodes=18) is None
+
+
+def test_upsert_reallocates_out_of_range_index() -> None:
+    out = upsert([entry("a", 0), DaemonEntry("b", "10.0.0.2", CLIQUE, 40)],
+                 ident("b", "10.0.0.2"), max_nodes=18)  # fmt: skip
+    assert out is not None and [e.index for e in out] == [0, 1]
+
+
+def test_with_status_and_without_me() -> None:
+    me = ident("a", "10.0.0.1")
+    out = with_status([entry("a", 0)], me, c.STATUS_READY, max_nodes=18)
+    assert out is not None and out[0].status == c.STATUS_READY
+    assert with_status(out, me, c.STATUS_READY, max_nodes=18) is None
+    # A replacement pod on the same node already re-registered with another IP: keep it.
+    assert without_me([entry("a", 0, ip="10.0.0.99")], me) is None
+    assert without_me([entry("a", 0, ip="10.0.0.1"), entry("b", 1)], me) == [entry("b", 1)]
+
+
+# -- against the fake API server -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: FakeApiServer) -> RestClient:
+    for obj in server.objects(res.COMPUTE_DOMAIN_CLIQUES):
+        meta = obj["metadata"]
+        server.client().delete(res.COMPUTE_DOMAIN_CLIQUES, meta["name"], namespace=meta["namespace"])
+    return server.client()
+
+
+def clique_members(client: RestClient, *, uid: str = UID) -> list[DaemonEntry]:
+    me = ident("probe", "0.0.0.0", uid=uid)
+    snap = CliqueStore(client, me).read()
+    assert snap is not None
+    return list(snap.entries)
+
+
+def test_join_creates_labelled_owned_clique(client: RestClient) -> None:
+    m = Membership(CliqueStore(client, ident("n1", "10.0.0.1")), ident("n1", "10.0.0.1"),
+                   max_nodes=18, sleep=no_sleep)  # fmt: skip
+    m.join()
+    obj = client.get(res.COMPUTE_DOMAIN_CLIQUES, f"{UID}.{CLIQUE}", namespace=NS)
+    assert obj["metadata"]["labels"] == {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}
+    assert obj["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": "daemon-n1", "uid": "pod-uid-n1"}
+    ]
+    assert obj["daemons"] == [
+        {"nodeName": "n1", "ipAddress": "10.0.0.1", "cliqueID": CLIQUE, "index": 0,
+         "status": "NotReady"}
+    ]  # fmt: skip
+
+
+def test_restart_with_new_ip_keeps_index_and_leave_is_ip_guarded(client: RestClient) -> None:
+    def member(node: str, ip: str) -> Membership:
+        me = ident(node, ip)
+        return Membership(CliqueStore(client, me), me, max_nodes=18, sleep=no_sleep)
+
+    for i in range(3):
+        member(f"n{i}", f"10.0.0.{i}").join()
+    old = member("n1", "10.0.0.1")
+    new = member("n1", "10.0.1.1")
+    new.join()
+    old.leave()  # the old pod's shutdown must not remove the replacement's entry
+    entries = {e.node_name: e for e in clique_members(client)}
+    assert entries["n1"] == DaemonEntry("n1", "10.0.1.1", CLIQUE, 1)
+    obj = client.get(res.COMPUTE_DOMAIN_CLIQUES, f"{UID}.{CLIQUE}", namespace=NS)
+    assert len(obj["metadata"]["ownerReferences"]) == 3
+    new.leave()
+    assert sorted(e.index for e in clique_members(client)) == [0, 2]
+    member("n9", "10.0.0.9").join()
+    assert sorted(e.index for e in clique_members(client)) == [0, 1, 2]
+
+
+def test_concurrent_joins_get_unique_indices_and_lose_nothing(client: RestClient) -> None:
+    n = 18
+    barrier = threading.Barrier(n + 1)
+    conflicts: list[int] = []
+    errors: list[BaseException] = []
+
+    def daemon(i: int) -> None:
+        me = ident(f"node-{i:02d}", f"10.1.0.{i + 1}")
+        m = Membership(CliqueStore(client, me), me, max_nodes=18, sleep=no_sleep,
+                       on_conflict=lambda: conflicts.append(1))  # fmt: skip
+        barrier.wait()
+        try:
+            m.join()
+            m.set_status(c.STATUS_READY)
+        except BaseException as err:  # surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=daemon, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start = time.monotonic()
+    barrier.wait()
+    for t in threads:
+        t.join(60)
+    elapsed = time.monotonic() - start
+    assert not errors
+    entries = clique_members(client)
+    assert len(entries) == n
+    assert sorted(e.index for e in entries) == list(range(n))
+    assert {e.status for e in entries} == {c.STATUS_READY}
+    assert {e.ip_address for e in entries} == {f"10.1.0.{i + 1}" for i in range(n)}
+    assert conflicts, "the test must actually exercise write conflicts"
+    assert elapsed < 20, f"{n} concurrent joins took {elapsed:.1f}s"
+
+    late = ident("node-late", "10.1.0.99")
+    with pytest.raises(MembershipError, match="no free index"):
+        Membership(CliqueStore(client, late), late, max_nodes=18, sleep=no_sleep).join()
+
+
+def test_concurrent_leaves_and_status_flips_keep_other_entries(client: RestClient) -> None:
+    members = []
+    for i in range(10):
+        me = ident(f"n{i}", f"10.2.0.{i}")
+        members.append(Membership(CliqueStore(client, me), me, max_nodes=18, sleep=no_sleep))
+    for m in members:
+        m.join()
+
+    def churn(i: int, m: Membership) -> None:
+        if i % 2:
+            m.leave()
+        else:
+            m.set_status(c.STATUS_READY)
+
+    threads = [threading.Thread(target=churn, args=(i, m)) for i, m in enumerate(members)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    entries = {e.node_name: e for e in clique_members(client)}
+    assert sorted(entries) == [f"n{i}" for i in range(0, 10, 2)]
+    assert all(e.status == c.STATUS_READY for e in entries.values())
+    assert sorted(e.index for e in entries.values()) == [0, 2, 4, 6, 8]
+
+
+def test_clique_of_other_domain_is_rejected(client: RestClient, server: FakeApiServer) -> None:
+    me = ident("n1", "10.0.0.1")
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
+                     "labels": {c.COMPUTE_DOMAIN_LABEL: "someone-else"}},
+        "daemons": [],
+    })  # fmt: skip
+    with pytest.raises(MembershipError, match="belongs to domain"):
+        Membership(CliqueStore(client, me), me, max_nodes=18, sleep=no_sleep).join()
+
+
+def test_status_store_allocates_per_clique(server: FakeApiServer) -> None:
+    client = server.client()
+    cd = server.seed(res.COMPUTE_DOMAINS, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"name": "cd", "namespace": "team"},
+        "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
+        "status": {"status": "NotReady", "nodes": [
+            {"name": "other", "ipAddress": "10.3.0.1", "cliqueID": "x.1", "index": 0,
+             "status": "Ready"},
+        ]},
+    })  # fmt: skip
+    uid = cd["metadata"]["uid"]
+    me = ident("n1", "10.3.0.2", uid=uid)
+    m = Membership(StatusStore(client, me), me, max_nodes=18, sleep=no_sleep)
+    m.join()
+    m.set_status(c.STATUS_READY)
+    nodes = client.get(res.COMPUTE_DOMAINS, "cd", namespace="team")["status"]["nodes"]
+    assert {n["name"]: n["index"] for n in nodes} == {"other": 0, "n1": 0}
+    assert nodes[1]["status"] == "Ready"
+    m.leave()
+    nodes = client.get(res.COMPUTE_DOMAINS, "cd", namespace="team")["status"]["nodes"]
+    assert [n["name"] for n in nodes] == ["other"]
+    wrong = ident("n1", "10.3.0.2", uid="not-the-uid")
+    with pytest.raises(MembershipError, match="different UID"):
+        Membership(StatusStore(client, wrong), wrong, max_nodes=18, sleep=no_sleep).join()

@@ -1,0 +1,74 @@
+"""Flags and env of compute-domain-daemon (the upstream env contract plus our additions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pkg.daemon.options import CDI_MISSING, OptionsError, parse
+from pkg.featuregates import IMEX_DAEMONS_WITH_DNS_NAMES
+
+ENV = {
+    "CLIQUE_ID": "cluster.1",
+    "COMPUTE_DOMAIN_UUID": "uid-1",
+    "COMPUTE_DOMAIN_NAME": "cd",
+    "COMPUTE_DOMAIN_NAMESPACE": "team",
+    "NODE_NAME": "node-1",
+    "POD_IP": "10.0.0.1",
+    "POD_UID": "pod-uid",
+    "POD_NAME": "daemon-abc",
+    "POD_NAMESPACE": "nvidia-dra-driver",
+}
+
+
+def test_env_contract_and_defaults() -> None:
+    opts = parse(["run"], ENV)
+    opts.validate_run()
+    assert (opts.clique_id, opts.domain_uid, opts.node_name, opts.pod_ip) == (
+        "cluster.1", "uid-1", "node-1", "10.0.0.1",
+    )  # fmt: skip
+    assert opts.max_nodes == 18 and opts.config_path == "/imexd/imexd.cfg"
+    assert opts.hosts_file == "/etc/hosts" and opts.metrics_address == ""
+    assert opts.imex_argv == ("nvidia-imex",) and opts.imex_ctl_argv == ("nvidia-imex-ctl",)
+    assert opts.gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES)
+    assert (opts.server_port, opts.cmd_port) == (50000, 50005)
+
+
+def test_overrides_from_env_and_flags() -> None:
+    env = {**ENV, "IMEX_CONFIG_DIR": "/tmp/n1", "IMEX_BIN_DIR": "/sim/bin",
+           "MAX_NODES_PER_IMEX_DOMAIN": "4", "IMEX_HOSTS_FILE": "/tmp/n1/hosts",
+           "FEATURE_GATES": "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false"}  # fmt: skip
+    opts = parse(["-v", "5", "--imex-ctl-binary", "python3 -m pkg.imex.sim.ctl",
+                  "--imex-server-port", "41000", "run"], env)  # fmt: skip
+    assert opts.verbosity == 5 and opts.max_nodes == 4
+    assert opts.nodes_config_path == "/tmp/n1/nodes.cfg"
+    assert opts.imex_argv == ("/sim/bin/nvidia-imex",)
+    assert opts.imex_ctl_argv == ("python3", "-m", "pkg.imex.sim.ctl")
+    assert opts.server_port == 41000 and not opts.gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES)
+
+
+def test_missing_cdi_edits() -> None:
+    env = {k: v for k, v in ENV.items() if k != "COMPUTE_DOMAIN_UUID"}
+    with pytest.raises(OptionsError) as err:
+        parse(["run"], env).validate_run()
+    assert str(err.value) == CDI_MISSING
+    parse(["check"], env)  # check does not need them
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FEATURE_GATES": "IMEXDaemonsWithDNSNames=false"}, "requires IMEXDaemonsWithDNSNames"),
+        ({"FEATURE_GATES": "Bogus=true"}, 'unknown feature gate "Bogus"'),
+        ({"MAX_NODES_PER_IMEX_DOMAIN": "x"}, "not an integer"),
+        ({"MAX_NODES_PER_IMEX_DOMAIN": "0"}, "outside"),
+        ({"POD_IP": ""}, "POD_IP"),
+    ],
+    ids=["gate-dependency", "unknown-gate", "max-nodes-nan", "max-nodes-zero", "no-pod-ip"],
+)
+def test_invalid(env: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionsError, match=message):
+        parse(["run"], {**ENV, **env}).validate_run()
+
+
+def test_non_nvlink_node_needs_no_pod_ip() -> None:
+    parse(["run"], {**ENV, "CLIQUE_ID": "", "POD_IP": ""}).validate_run()

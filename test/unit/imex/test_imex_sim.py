@@ -1,0 +1,195 @@
+"""The simulated IMEX as real processes: bind failures, handshake, domains, reload, readiness."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pkg.imex import nodesconfig as nc
+from pkg.imex.config import ImexConfig
+from pkg.imex.hosts import HostsFile
+
+REPO = Path(__file__).resolve().parents[3]
+SIM_BIN = REPO / "pkg" / "imex" / "sim" / "bin"
+
+
+def free_port(ips: list[str]) -> int:
+    """A port free on every address in ``ips`` (same port for all, like a real IMEX domain)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        ok = True
+        for ip in ips:
+            for p in (port, port + 1):
+                with socket.socket() as t:
+                    try:
+                        t.bind((ip, p))
+                    except OSError:
+                        ok = False
+        if ok and port < 65000:
+            return port
+    raise RuntimeError("no free port")
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+class SimNode:
+    def __init__(self, tmp: Path, *, ip: str, port: int, domain: str, entries: list[str]) -> None:
+        self.dir = tmp / ip
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cfg = self.dir / "imexd.cfg"
+        self.nodes = self.dir / "nodes.cfg"
+        self.hosts = HostsFile(self.dir / "hosts", name_prefix=nc.NAME_PREFIX)
+        self.cfg.write_text(
+            ImexConfig(bind_ip=ip, node_config_path=str(self.nodes), server_port=port,
+                       cmd_port=port + 1).render()
+        )  # fmt: skip
+        self.nodes.write_text("".join(f"{e}\n" for e in entries))
+        self.env = {
+            **os.environ,
+            "IMEX_HOSTS_FILE": str(self.hosts.path),
+            "IMEX_DOMAIN_ID": domain,
+            "IMEX_SIM_PROBE_INTERVAL": "0.05",
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.proc = subprocess.Popen(
+            [str(SIM_BIN / "nvidia-imex"), "-c", str(self.cfg)],
+            env={**self.env, "IMEX_SIM_PYTHON": sys.executable},
+            stderr=subprocess.PIPE,
+        )
+        return self.proc
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pkg.imex.sim.ctl", "-c", str(self.cfg), *args],
+            capture_output=True, text=True, cwd=REPO, check=False,
+        )  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        done = self.ctl("-N", "-j")
+        if done.returncode != 0:
+            return {}
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+        if self.proc and self.proc.stderr:
+            self.proc.stderr.close()
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[SimNode]]:
+    created: list[SimNode] = []
+    yield created
+    for n in created:
+        n.stop()
+
+
+def test_bad_bind_address_fails(tmp_path: Path, nodes: list[SimNode]) -> None:
+    node = SimNode(tmp_path, ip="192.0.2.77", port=free_port(["127.0.0.1"]), domain="d",
+                   entries=[])  # fmt: skip
+    nodes.append(node)
+    proc = node.start()
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1
+    assert b"cannot bind IMEX server to 192.0.2.77" in err
+    assert b"Cannot assign requested address" in err
+
+
+def test_port_clash_fails(tmp_path: Path, nodes: list[SimNode]) -> None:
+    port = free_port(["127.0.0.1"])
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen(1)
+        node = SimNode(tmp_path, ip="127.0.0.1", port=port, domain="d", entries=[])
+        nodes.append(node)
+        proc = node.start()
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1
+    assert b"Address already in use" in err
+
+
+def test_missing_nodes_config_fails(tmp_path: Path, nodes: list[SimNode]) -> None:
+    node = SimNode(tmp_path, ip="127.0.0.1", port=free_port(["127.0.0.1"]), domain="d", entries=[])
+    nodes.append(node)
+    node.nodes.unlink()
+    proc = node.start()
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1
+    assert b"cannot read nodes config" in err
+
+
+def test_ctl_without_daemon_is_not_ready(tmp_path: Path) -> None:
+    node = SimNode(tmp_path, ip="127.0.0.1", port=free_port(["127.0.0.1"]), domain="d", entries=[])
+    done = node.ctl("-q")
+    assert done.returncode == 1 and done.stdout == ""
+
+
+def test_domain_forms_refuses_strangers_and_reloads(tmp_path: Path, nodes: list[SimNode]) -> None:
+    ips = ["127.0.0.21", "127.0.0.22", "127.0.0.23"]
+    port = free_port(ips)
+    uid_a, uid_b = "uid-a", "uid-b"
+    names_a = nc.node_names(uid_a, max_nodes=4)
+    names_b = nc.node_names(uid_b, max_nodes=4)
+    a0 = SimNode(tmp_path, ip=ips[0], port=port, domain=uid_a, entries=names_a)
+    a1 = SimNode(tmp_path, ip=ips[1], port=port, domain=uid_a, entries=names_a)
+    # Domain B wrongly maps one of its names to a member of A: A must refuse it.
+    b0 = SimNode(tmp_path, ip=ips[2], port=port, domain=uid_b, entries=names_b)
+    nodes += [a0, a1, b0]
+    members_a = {0: ips[0], 1: ips[1]}
+    for n in (a0, a1):
+        n.hosts.update(nc.dns_mapping(uid_a, members_a, max_nodes=4))
+    b0.hosts.update(nc.dns_mapping(uid_b, {0: ips[2], 1: ips[0]}, max_nodes=4))
+    for n in nodes:
+        n.start()
+    wait_for(lambda: a0.ctl("-q").stdout == "READY\n")
+    wait_for(lambda: a0.status().get("connected") == [ips[1]])
+    wait_for(lambda: a1.status().get("connected") == [ips[0]])
+    states = [n["state"] for n in a0.status()["nodes"]]
+    assert states == ["self", "connected", "empty", "empty"]
+    wait_for(lambda: b0.status()["nodes"][1]["state"] == "refused")
+    assert "domain mismatch" in b0.status()["nodes"][1]["error"]
+    assert b0.status()["connected"] == []
+
+    # A new IP for slot 1 is only seen after SIGUSR1, like real IMEX.
+    a0.hosts.update(nc.dns_mapping(uid_a, {0: ips[0], 1: "127.0.0.29"}, max_nodes=4))
+    time.sleep(0.3)
+    assert a0.status()["nodes"][1]["address"] == ips[1]
+    assert a0.proc is not None
+    a0.proc.send_signal(signal.SIGUSR1)
+    wait_for(lambda: a0.status()["nodes"][1]["address"] == "127.0.0.29")
+    assert a0.status()["reloads"] == 1
+    wait_for(lambda: a0.status()["nodes"][1]["state"] == "unreachable")
+
+
+def test_unresolvable_name_is_reported_not_fatal(tmp_path: Path, nodes: list[SimNode]) -> None:
+    ip = "127.0.0.24"
+    node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain="d", entries=["ghost", ip])
+    nodes.append(node)
+    node.start()
+    wait_for(lambda: node.status().get("nodes", [{}])[0].get("state") == "unresolvable")
+    assert node.ctl("-q").stdout == "READY\n"
+    assert node.proc is not None and node.proc.poll() is None

@@ -1,0 +1,249 @@
+"""Unit tests of the plugin's pure parts: discovery (NVML mock, fake), /proc/devices, CDI,
+checkpoint corrupt-file policy and opaque-config resolution."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pkg.api import constants as c
+from pkg.kubeletplugin.cdi import CdiWriter, ContainerEdits, minimum_version
+from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
+from pkg.kubeletplugin.claims import resolve_claim_config
+from pkg.kubeletplugin.discovery import DiscoveryError
+from pkg.kubeletplugin.discovery.base import NodeDevices, check_driver_version
+from pkg.kubeletplugin.discovery.fake import FakeDiscovery, load_fake_config
+from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery
+from pkg.kubeletplugin.errors import PermanentError
+from pkg.kubeletplugin.procdevices import ProcDevicesError, char_device_major
+
+CLUSTER = uuid.UUID("2c9f7d4e-3b1a-4e5f-9a8b-7c6d5e4f3a2b")
+
+
+# -- NVML (mocked library) ----------------------------------------------------------------------
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class FabricInfo:
+    def __init__(self) -> None:
+        self.clusterUuid = bytes(16)
+        self.status = 0
+        self.cliqueId = 0
+        self.state = 0
+
+
+def fake_nvml(fabrics: list[Any], *, version: str = "580.65.06") -> Any:
+    """A stand-in for pynvml: each fabric item is a dict of fields or an NVML error code."""
+    calls: list[str] = []
+
+    def get_fabric(handle: int, ref: Any) -> None:
+        item = fabrics[handle]
+        if isinstance(item, int):
+            raise NVMLError(item)
+        info = ref._obj  # ctypes.byref() wraps the python object
+        for key, value in item.items():
+            setattr(info, key, value)
+
+    return SimpleNamespace(
+        NVMLError=NVMLError, calls=calls,
+        nvmlInitWithFlags=lambda flags: calls.append(f"init:{flags}"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlSystemGetDriverVersion=lambda: version.encode(),
+        nvmlDeviceGetCount=lambda: len(fabrics),
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
+        nvmlDeviceGetMinorNumber=lambda h: h,
+        c_nvmlGpuFabricInfo_t=FabricInfo, c_nvmlGpuFabricInfo_v2_t=FabricInfo,
+        nvmlDeviceGetGpuFabricInfo=get_fabric, nvmlDeviceGetGpuFabricInfoV=get_fabric,
+    )  # fmt: skip
+
+
+def done(clique: int = 7) -> dict[str, Any]:
+    return {"clusterUuid": CLUSTER.bytes, "state": 3, "status": 0, "cliqueId": clique}
+
+
+def test_nvml_clique_from_completed_fabric(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ctypes.byref", lambda obj: SimpleNamespace(_obj=obj))
+    nvml = fake_nvml([done(), done()])
+    devices = NvmlDiscovery(nvml=nvml).discover()
+    assert devices.clique_id == f"{CLUSTER}.7"
+    assert devices.driver_version == "580.65.06"
+    assert nvml.calls == ["init:1", "shutdown"]
+
+
+@pytest.mark.parametrize(
+    ("fabrics", "expected"),
+    [
+        ([3, 3], ""),  # NVML_ERROR_NOT_SUPPORTED: no clique
+        ([{"state": 0}], ""),
+        ([{**done(), "clusterUuid": bytes(16)}], ""),
+        ([{**done(), "state": 2}], "IN_PROGRESS"),
+        ([{**done(), "status": 5}], "status 5"),
+        ([done(1), done(2)], "more than one NVLink clique id"),
+        ([999], "NVML query failed"),
+    ],
+    ids=["not-supported", "state-not-supported", "zero-uuid", "in-progress", "failed", "two", "err"],
+)
+def test_nvml_strict_fabric_rules(
+    monkeypatch: pytest.MonkeyPatch, fabrics: list[Any], expected: str
+) -> None:
+    monkeypatch.setattr("ctypes.byref", lambda obj: SimpleNamespace(_obj=obj))
+    nvml = fake_nvml(fabrics)
+    if expected and not expected.startswith(""):
+        return
+    if fabrics in ([3, 3], [{"state": 0}], [{**done(), "clusterUuid": bytes(16)}]):
+        assert NvmlDiscovery(nvml=nvml).discover().clique_id == ""
+        return
+    with pytest.raises(DiscoveryError, match=expected):
+        NvmlDiscovery(nvml=nvml).discover()
+    assert nvml.calls[-1] == "shutdown"
+
+
+def test_nvml_falls_back_to_versioned_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ctypes.byref", lambda obj: SimpleNamespace(_obj=obj))
+    nvml = fake_nvml([done()])
+    nvml.nvmlDeviceGetGpuFabricInfo = lambda h, ref: (_ for _ in ()).throw(NVMLError(13))
+    assert NvmlDiscovery(nvml=nvml).discover().clique_id == f"{CLUSTER}.7"
+
+
+def test_driver_version_gate() -> None:
+    old = NodeDevices(driver_version="570.86.10", gpus=FakeDiscovery(
+        config={"gpuCount": 1}, node_name="n").discover().gpus, clique_id="")  # fmt: skip
+    with pytest.raises(DiscoveryError, match=r"570\.158\.01"):
+        check_driver_version(old, dns_names=True)
+    check_driver_version(old, dns_names=False)
+
+
+# -- fake GPUs ------------------------------------------------------------------------------------
+
+
+def test_fake_config_inline_and_file(tmp_path: Path) -> None:
+    inline = {"gpuCount": 2, "clusterUUID": str(CLUSTER), "cliqueId": 3}
+    devices = FakeDiscovery(config=load_fake_config(json.dumps(inline)), node_name="n").discover()
+    assert devices.clique_id == f"{CLUSTER}.3" and len(devices.gpus) == 2
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps({"gpuCount": 1}))
+    assert FakeDiscovery(config=load_fake_config(str(path)), node_name="n").discover().clique_id == ""
+    with pytest.raises(DiscoveryError, match='unknown key "gpucount"'):
+        load_fake_config('{"gpucount": 1}')
+    bad = {"clusterUUID": str(CLUSTER), "fabric": {"state": "NOT_STARTED"}}
+    with pytest.raises(DiscoveryError, match="NOT_STARTED"):
+        FakeDiscovery(config=bad, node_name="n").discover()
+
+
+# -- /proc/devices and CDI ------------------------------------------------------------------------
+
+
+def test_proc_devices_major(tmp_path: Path) -> None:
+    path = tmp_path / "devices"
+    path.write_text("Character devices:\n235 nvidia-caps-imex-channels\n\nBlock devices:\n"
+                    "236 nvidia-caps-imex-channels\n")  # fmt: skip
+    assert char_device_major("nvidia-caps-imex-channels", path=path) == 235
+    with pytest.raises(ProcDevicesError, match="not found"):
+        char_device_major("nvidia-caps", path=path)
+
+
+def test_cdi_minimum_version_and_atomic_files(tmp_path: Path) -> None:
+    assert minimum_version({"kind": "a/b", "devices": [{"name": "x"}]}) == "0.3.0"
+    assert minimum_version({"kind": "a/b", "devices": [{"name": "1x"}]}) == "0.5.0"
+    mounts = {"containerEdits": {"mounts": [{"type": "bind"}]}}
+    assert minimum_version({"kind": "a/b", "devices": [{"name": "x", **mounts}]}) == "0.4.0"
+    writer = CdiWriter(root=tmp_path / "cdi")
+    assert writer.write_base_spec(ContainerEdits()) == f"{c.CDI_VENDOR}/device=all"
+    ids = writer.write_claim_spec("u1", [])
+    assert ids == {} and not writer.claim_spec_path("u1").exists()
+    assert [p.name for p in (tmp_path / "cdi").iterdir()] == [f"{c.CDI_VENDOR}-device_base.json"]
+
+
+# -- checkpoint -------------------------------------------------------------------------------------
+
+
+def entry(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> ClaimEntry:
+    dev = PreparedDevice(("channel",), "node", "channel-0", (f"x/claim={uid}-channel-0",))
+    return ClaimEntry(uid=uid, namespace="ns", name=f"c-{uid}", state=state, kind="channel",
+                      domain_id="cd", devices=(dev,))  # fmt: skip
+
+
+def test_checkpoint_round_trip_and_boot_id(tmp_path: Path) -> None:
+    store = CheckpointStore(directory=tmp_path, boot_id="b1")
+    store.open()
+    store.put(entry("a"))
+    reopened = CheckpointStore(directory=tmp_path, boot_id="b1")
+    assert not reopened.open().corrupt
+    assert reopened.entries() == {"a": entry("a")}
+    rebooted = CheckpointStore(directory=tmp_path, boot_id="b2")
+    report = rebooted.open()
+    assert [e.uid for e in report.dropped_other_boot] == ["a"] and rebooted.entries() == {}
+
+
+def test_corrupt_checkpoint_is_moved_aside_and_intact_entries_recovered(tmp_path: Path) -> None:
+    store = CheckpointStore(directory=tmp_path, boot_id="b1")
+    store.open()
+    store.put(entry("a"))
+    store.put(entry("b"))
+    doc = json.loads(store.path.read_text())
+    doc["claims"]["b"]["entry"]["domain_id"] = "tampered"
+    store.path.write_text(json.dumps(doc))
+    fresh = CheckpointStore(directory=tmp_path, boot_id="b1", now=lambda: 1234.0)
+    report = fresh.open()
+    assert report.corrupt and (report.recovered, report.lost) == (1, 1)
+    assert report.moved_to == tmp_path / "checkpoint.json.corrupt-1234"
+    assert report.moved_to.exists()
+    assert set(fresh.entries()) == {"a"}
+    assert not CheckpointStore(directory=tmp_path, boot_id="b1").open().corrupt
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b'{"v2": {"preparedClaims": {}}, "checksum": 1}', b"\x00\xff"],
+    ids=["truncated", "foreign-go-format", "binary"],
+)
+def test_unusable_checkpoint_never_crashes(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(content)
+    store = CheckpointStore(directory=tmp_path, boot_id="b1", now=lambda: 1.0)
+    report = store.open()
+    assert report.corrupt and report.problem
+    assert (tmp_path / "checkpoint.json.corrupt-1").read_bytes() == content
+    assert store.entries() == {}
+
+
+# -- opaque config resolution -----------------------------------------------------------------------
+
+
+def claim_with(configs: list[dict[str, Any]], device: str = "channel-0") -> dict[str, Any]:
+    result = {"request": "req/sub", "driver": c.DRIVER_NAME, "pool": "n", "device": device}
+    return {"status": {"allocation": {"devices": {"results": [result], "config": configs}}}}
+
+
+def opaque(source: str, requests: list[str], **params: Any) -> dict[str, Any]:
+    body = {"apiVersion": c.API_VERSION, "kind": c.CHANNEL_CONFIG_KIND, **params}
+    return {"source": source, "requests": requests,
+            "opaque": {"driver": c.DRIVER_NAME, "parameters": body}}  # fmt: skip
+
+
+def test_claim_config_precedence() -> None:
+    configs = [
+        opaque("FromClaim", [], domainID="claim-default"),
+        opaque("FromClass", ["req"], domainID="class-specific"),
+        opaque("FromClaim", ["req"], domainID="claim-specific"),
+    ]
+    resolved = resolve_claim_config(claim_with(configs))
+    assert resolved is not None and resolved[1].domain_id == "claim-specific"
+    assert resolve_claim_config({"status": {"allocation": {"devices": {"results": []}}}}) is None
+
+
+def test_claim_config_type_mismatch_and_missing() -> None:
+    with pytest.raises(PermanentError, match="cannot apply"):
+        resolve_claim_config(claim_with([opaque("FromClaim", ["req"], domainID="x")], "daemon-0"))
+    with pytest.raises(PermanentError, match="ComputeDomainChannelConfig"):
+        resolve_claim_config(claim_with([]))

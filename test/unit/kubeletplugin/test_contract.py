@@ -1,0 +1,261 @@
+"""Contract tests: a python "kubelet" drives the plugin's real Unix sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from kp_harness import (
+    CLIQUE,
+    NODE,
+    Kubelet,
+    channel_params,
+    running_plugin,
+    seed_claim,
+    seed_domain,
+    set_daemon_ready,
+    wait_until,
+)
+
+from pkg.api import constants as c
+from pkg.kube import resources as res
+from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2 as hpb
+from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2_grpc as hgrpc
+from pkg.testing.fakeapiserver import FakeApiServer
+
+
+def node_label(api: FakeApiServer) -> str | None:
+    node = api.client().get(res.NODES, NODE)
+    return (node["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
+
+
+def cdi_spec(root: Path, uid: str) -> dict[str, object] | None:
+    path = root / "cdi" / f"{c.CDI_VENDOR}-claim_{uid}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_registration_handshake_and_socket_modes(api: FakeApiServer, root: Path) -> None:
+    with running_plugin(api, root) as (plugin, kubelet):
+        info = kubelet.get_info()
+        assert info.type == "DRAPlugin"
+        assert info.name == c.DRIVER_NAME
+        assert info.endpoint == str(plugin.config.dra_socket)
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        kubelet.notify(False, "boom")
+        assert plugin.registration.status.error == "boom"
+        kubelet.notify(True)
+        assert plugin.registration.status.registered
+        for sock in (plugin.config.dra_socket, plugin.config.registration_socket):
+            mode = os.stat(sock).st_mode
+            assert stat.S_ISSOCK(mode)
+            assert not mode & stat.S_IWOTH
+    assert not plugin.config.dra_socket.exists()
+    assert not plugin.config.registration_socket.exists()
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_prepare_and_unprepare_channel(api: FakeApiServer, root: Path, version: str) -> None:
+    cd = seed_domain(api)
+    claim = seed_claim(api, params=channel_params(cd))
+    uid = claim["metadata"]["uid"]
+    with running_plugin(api, root) as (_plugin, kubelet):
+        assert kubelet.prepare(version=version).claims == {}
+        resp = kubelet.prepare(claim, version=version)
+        result = resp.claims[uid]
+        assert result.error == ""
+        (device,) = result.devices
+        assert (device.pool_name, device.device_name) == (NODE, c.CHANNEL_DEVICE_NAME)
+        assert list(device.request_names) == ["channel"]
+        assert list(device.cdi_device_ids) == [f"{c.CDI_VENDOR}/claim={uid}-channel-0"]
+        spec = cdi_spec(root, uid)
+        assert spec is not None
+        # Names not starting with a letter need CDI 0.5.0; otherwise 0.3.0 is enough.
+        assert spec["cdiVersion"] == ("0.3.0" if uid[0].isalpha() else "0.5.0")
+        nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]  # type: ignore[index]
+        assert nodes == [{"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c",
+                          "major": 235, "minor": 0, "fileMode": 0o666}]  # fmt: skip
+        assert node_label(api) == cd
+        # Retries and duplicates: same answer, one entry per UID.
+        again = kubelet.prepare(claim, claim, version=version)
+        assert list(again.claims) == [uid] and again.claims[uid] == result
+        un = kubelet.unprepare(claim, version=version)
+        assert list(un.claims) == [uid] and un.claims[uid].error == ""
+        assert node_label(api) is None
+        assert cdi_spec(root, uid) is None
+        assert kubelet.unprepare(claim, version=version).claims[uid].error == ""
+
+
+def test_all_mode_injects_2048_channels(api: FakeApiServer, root: Path) -> None:
+    cd = seed_domain(api)
+    claim = seed_claim(api, params=channel_params(cd, allocationMode="All"))
+    with running_plugin(api, root) as (_plugin, kubelet):
+        assert kubelet.prepare(claim).claims[claim["metadata"]["uid"]].error == ""
+        spec = cdi_spec(root, claim["metadata"]["uid"])
+        assert spec is not None
+        nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]  # type: ignore[index]
+        assert len(nodes) == 2048
+        assert {n["minor"] for n in nodes} == set(range(2048))
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"unexpectedField": 1}, 'strict decoding error: unknown field "unexpectedField"'),
+        ({"allocationMode": "Many"}, 'field "allocationMode"'),
+        ({"domainID": ""}, 'field "domainID"'),
+    ],
+    ids=["unknown-field", "bad-mode", "empty-domain"],
+)
+def test_bad_opaque_config_is_permanent_and_names_field(
+    api: FakeApiServer, root: Path, params: dict[str, object], needle: str
+) -> None:
+    cd = seed_domain(api)
+    claim = seed_claim(api, params={**channel_params(cd), **params})
+    good = seed_claim(api, params=channel_params(cd))
+    with running_plugin(api, root) as (_plugin, kubelet):
+        resp = kubelet.prepare(claim, good)
+        error = resp.claims[claim["metadata"]["uid"]].error
+        assert error.startswith("permanent error") and needle in error
+        assert resp.claims[good["metadata"]["uid"]].error == ""  # plugin keeps serving
+
+
+def test_malformed_requests_get_per_claim_errors(api: FakeApiServer, root: Path) -> None:
+    unallocated = seed_claim(api, allocated=False)
+    with running_plugin(api, root) as (_plugin, kubelet):
+        missing = {"namespace": "team", "name": "ghost", "uid": "0000"}
+        no_uid = {"namespace": "team", "name": "x", "uid": ""}
+        resp = kubelet.prepare(missing, no_uid, unallocated)
+        assert set(resp.claims) == {"0000", "", unallocated["metadata"]["uid"]}
+        assert "not found" in resp.claims["0000"].error
+        assert "uid" in resp.claims[""].error
+        assert "not allocated" in resp.claims[unallocated["metadata"]["uid"]].error
+
+
+def test_cross_namespace_and_missing_domain_are_permanent(api: FakeApiServer, root: Path) -> None:
+    cd = seed_domain(api, namespace="other")
+    claim = seed_claim(api, params=channel_params(cd))
+    orphan = seed_claim(api, params=channel_params("no-such-uid"))
+    with running_plugin(api, root) as (_plugin, kubelet):
+        error = kubelet.prepare(claim).claims[claim["metadata"]["uid"]].error
+        assert error.startswith("permanent") and "namespace is different" in error
+        error = kubelet.prepare(orphan).claims[orphan["metadata"]["uid"]].error
+        assert error.startswith("permanent") and "not found" in error
+        assert node_label(api) is None
+
+
+def test_waits_for_daemon_ready_event_and_times_out_retryably(
+    api: FakeApiServer, root: Path
+) -> None:
+    cd = seed_domain(api, ready=False)
+    claim = seed_claim(api, params=channel_params(cd))
+    uid = claim["metadata"]["uid"]
+    with running_plugin(api, root) as (_plugin, kubelet):
+        # 3.2 s client deadline - 3 s safety margin = 0.2 s budget: no long real wait.
+        resp = kubelet.prepare(claim, timeout=3.2)
+        assert resp.claims[uid].error.startswith("retryable error: current node not ready")
+        assert node_label(api) == cd  # label stays so the daemon can be scheduled
+        result: dict[str, object] = {}
+        waiter = threading.Thread(target=lambda: result.update(r=kubelet.prepare(claim)))
+        waiter.start()
+        set_daemon_ready(api, cd, ready=True)
+        waiter.join(10)
+        assert result["r"].claims[uid].error == ""  # type: ignore[attr-defined]
+
+
+def test_label_held_by_other_domain_is_retryable(api: FakeApiServer, root: Path) -> None:
+    cd = seed_domain(api)
+    node = api.client().get(res.NODES, NODE)
+    node["metadata"]["labels"] = {c.COMPUTE_DOMAIN_LABEL: "someone-else"}
+    api.client().update(res.NODES, node)
+    claim = seed_claim(api, params=channel_params(cd))
+    with running_plugin(api, root) as (_plugin, kubelet):
+        error = kubelet.prepare(claim).claims[claim["metadata"]["uid"]].error
+        assert error.startswith("retryable") and "another ComputeDomain" in error
+        assert node_label(api) == "someone-else"
+
+
+def test_second_channel_claim_waits_for_first(api: FakeApiServer, root: Path) -> None:
+    cd = seed_domain(api)
+    first = seed_claim(api, params=channel_params(cd))
+    second = seed_claim(api, params=channel_params(cd))
+    with running_plugin(api, root) as (_plugin, kubelet):
+        assert kubelet.prepare(first).claims[first["metadata"]["uid"]].error == ""
+        error = kubelet.prepare(second).claims[second["metadata"]["uid"]].error
+        assert "in use by claim" in error
+        kubelet.unprepare(first)
+        assert kubelet.prepare(second).claims[second["metadata"]["uid"]].error == ""
+
+
+def test_node_without_clique_gets_no_channel_device(api: FakeApiServer, root: Path) -> None:
+    cd = seed_domain(api, clique="")
+    claim = seed_claim(api, params=channel_params(cd))
+    with running_plugin(api, root, clique="") as (_plugin, kubelet):
+        result = kubelet.prepare(claim).claims[claim["metadata"]["uid"]]
+        assert result.error == ""
+        assert list(result.devices[0].cdi_device_ids) == []
+        assert cdi_spec(root, claim["metadata"]["uid"]) is None
+
+
+def test_daemon_claim_gets_domain_env_and_mount(api: FakeApiServer, root: Path) -> None:
+    cd = seed_domain(api)
+    params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}
+    claim = seed_claim(api, namespace=api.objects(res.COMPUTE_DOMAINS)[0]["metadata"]["namespace"],
+                       device=c.DAEMON_DEVICE_NAME, request="daemon", params=params)  # fmt: skip
+    uid = claim["metadata"]["uid"]
+    with running_plugin(api, root) as (plugin, kubelet):
+        result = kubelet.prepare(claim).claims[uid]
+        assert list(result.devices[0].cdi_device_ids) == [
+            f"{c.CDI_VENDOR}/device=all", f"{c.CDI_VENDOR}/claim={uid}-daemon-0"
+        ]
+        edits = cdi_spec(root, uid)["devices"][0]["containerEdits"]  # type: ignore[index]
+        assert f"CLIQUE_ID={CLIQUE}" in edits["env"] and f"COMPUTE_DOMAIN_UUID={cd}" in edits["env"]
+        domain_dir = plugin.config.plugin_dir / "domains" / cd
+        assert edits["mounts"][0] == {"containerPath": "/imexd", "hostPath": str(domain_dir),
+                                      "options": ["rw", "nosuid", "nodev", "bind"]}  # fmt: skip
+        assert domain_dir.is_dir()
+        assert node_label(api) is None  # daemon claims never label
+        kubelet.unprepare(claim)
+        assert not domain_dir.exists()
+
+
+def test_slice_published_and_recreated_after_deletion(api: FakeApiServer, root: Path) -> None:
+    with running_plugin(api, root) as (plugin, _kubelet):
+        first = wait_until(lambda: api.objects(res.RESOURCE_SLICES))[0]
+        spec = first["spec"]
+        assert spec["nodeName"] == NODE and spec["driver"] == c.DRIVER_NAME
+        assert spec["pool"]["name"] == NODE and spec["pool"]["resourceSliceCount"] == 1
+        assert first["metadata"]["ownerReferences"][0]["kind"] == "Node"
+        attrs = {d["name"]: d["attributes"] for d in spec["devices"]}
+        assert attrs["channel-0"] == {"type": {"string": "channel"}, "id": {"int": 0},
+                                      "cliqueID": {"string": CLIQUE}}  # fmt: skip
+        assert attrs["daemon-0"]["type"] == {"string": "daemon"}
+        api.client().delete(res.RESOURCE_SLICES, plugin.slices.name)
+        again = wait_until(
+            lambda: [s for s in api.objects(res.RESOURCE_SLICES)
+                     if s["metadata"]["uid"] != first["metadata"]["uid"]]  # fmt: skip
+        )
+        assert again[0]["spec"]["devices"] == spec["devices"]
+
+
+def test_health_checks_both_sockets(api: FakeApiServer, root: Path) -> None:
+    with running_plugin(api, root, healthcheck_port=0) as (plugin, kubelet):
+        assert plugin.health is not None
+        with grpc.insecure_channel(f"127.0.0.1:{plugin.health.port}") as ch:
+            stub = hgrpc.HealthStub(ch)
+            check = lambda s: stub.Check(hpb.HealthCheckRequest(service=s), timeout=10).status  # noqa: E731
+            assert check("liveness") == hpb.HealthCheckResponse.SERVING
+            assert check("registration") == hpb.HealthCheckResponse.UNKNOWN
+            kubelet.notify(False, "rejected")
+            assert check("registration") == hpb.HealthCheckResponse.NOT_SERVING
+            assert check("checkpoint") == hpb.HealthCheckResponse.SERVING
+            plugin.config.registration_socket.unlink()
+            assert check("") == hpb.HealthCheckResponse.NOT_SERVING
+
+
+def test_kubelet_fixture_type() -> None:
+    assert Kubelet.__name__ == "Kubelet"

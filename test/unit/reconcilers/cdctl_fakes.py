@@ -1,0 +1,250 @@
+"""Test helpers for the controller: live caches over the fake API server, recorders, builders.
+
+`LiveCaches` answers every cache read from the fake server's current objects, so reconcile
+tests see a perfectly synced cache; cache *lag* is simulated explicitly where a test needs it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pkg.api import constants as c
+from pkg.informers.store import Indexer
+from pkg.kube import resources as res
+from pkg.kube.resources import Resource
+from pkg.reconcilers.cache import INDEXES, Caches
+from pkg.testing.fakeapiserver import FakeApiServer
+
+JSON = dict[str, Any]
+DRIVER_NS = "nvidia-dra-driver"
+
+
+class LiveCache:
+    """An `ObjectCache` rebuilt from the fake server on every read (optionally filtered)."""
+
+    def __init__(
+        self,
+        server: FakeApiServer,
+        resource: Resource,
+        indexes: dict[str, Callable[[JSON], list[str]]],
+        *,
+        keep: Callable[[JSON], bool] = lambda _o: True,
+    ) -> None:
+        self._server = server
+        self._resource = resource
+        self._indexes = indexes
+        self._keep = keep
+        self.hidden: set[str] = set()  # keys to pretend the cache has not seen yet
+
+    def _indexer(self) -> Indexer:
+        idx = Indexer(dict(self._indexes))
+        for obj in self._server.objects(self._resource):
+            if self._keep(obj) and idx.key(obj) not in self.hidden:
+                idx.add(obj)
+        return idx
+
+    def get_by_key(self, key: str) -> JSON | None:
+        return self._indexer().get_by_key(key)
+
+    def list(self) -> list[JSON]:
+        return self._indexer().list()
+
+    def by_index(self, index: str, value: str) -> list[JSON]:
+        return self._indexer().by_index(index, value)
+
+
+def _labelled_in(namespace: str | None) -> Callable[[JSON], bool]:
+    def keep(obj: JSON) -> bool:
+        meta = obj["metadata"]
+        if namespace is not None and meta.get("namespace") != namespace:
+            return False
+        return c.COMPUTE_DOMAIN_LABEL in (meta.get("labels") or {})
+
+    return keep
+
+
+def live_caches(server: FakeApiServer, *, namespace: str = DRIVER_NS) -> Caches:
+    def cache(name: str, resource: Resource, **kw: Any) -> LiveCache:
+        return LiveCache(server, resource, INDEXES[name], **kw)
+
+    return Caches(
+        compute_domains=cache("compute_domains", res.COMPUTE_DOMAINS),
+        daemonsets=cache("daemonsets", res.DAEMONSETS, keep=_labelled_in(namespace)),
+        pods=cache("pods", res.PODS, keep=_labelled_in(namespace)),
+        cliques=cache("cliques", res.COMPUTE_DOMAIN_CLIQUES, keep=_labelled_in(namespace)),
+        rcts=cache("rcts", res.RESOURCE_CLAIM_TEMPLATES, keep=_labelled_in(None)),
+        nodes=cache("nodes", res.NODES),
+        claims=cache("claims", res.RESOURCE_CLAIMS),
+        slices=cache("slices", res.RESOURCE_SLICES),
+    )
+
+
+class RecordedEvents:
+    """`EventSink` that keeps (object name, type, reason, message) tuples."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, str, str]] = []
+        self._lock = threading.Lock()
+
+    def event(self, obj: JSON, type_: str, reason: str, message: str) -> None:
+        with self._lock:
+            self.items.append((obj["metadata"].get("name", ""), type_, reason, message))
+
+    def reasons(self) -> list[str]:
+        return [i[2] for i in self.items]
+
+
+class StepClock:
+    """`pkg.runtime.clock.Clock` that never sleeps: waits advance time."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.wall = start
+        self.mono = 0.0
+
+    def now(self) -> float:
+        return self.wall
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        if not event.is_set():
+            self.advance(timeout)
+        return event.is_set()
+
+
+# -- builders ---------------------------------------------------------------------------------
+
+
+def compute_domain(name: str = "cd1", ns: str = "team", **spec: Any) -> JSON:
+    body: JSON = {"channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}}
+    body.update(spec)
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"name": name, "namespace": ns},
+        "spec": body,
+    }
+
+
+def node(name: str, *, ready: str = "True", labels: JSON | None = None, taints: Any = None) -> JSON:
+    obj: JSON = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "spec": {"taints": taints} if taints else {},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }
+    return obj
+
+
+def daemon_pod(
+    uid: str, node_name: str, *, ip: str = "10.0.0.1", clique: str | None = None,
+    ready: bool = True, ns: str = DRIVER_NS,
+) -> JSON:  # fmt: skip
+    labels = {c.COMPUTE_DOMAIN_LABEL: uid}
+    if clique is not None:
+        labels[c.CLIQUE_ID_LABEL] = clique
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"daemon-{node_name}", "namespace": ns, "labels": labels},
+        "spec": {"nodeName": node_name, "containers": [{"name": "d", "image": "i"}]},
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def clique(uid: str, clique_id: str, daemons: list[JSON], *, ns: str = DRIVER_NS) -> JSON:
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {
+            "name": c.clique_object_name(uid, clique_id),
+            "namespace": ns,
+            "labels": {c.COMPUTE_DOMAIN_LABEL: uid, c.CLIQUE_ID_LABEL: clique_id},
+        },
+        "daemons": daemons,
+    }
+
+
+def daemon_entry(
+    node_name: str, *, index: int, status: str = "Ready", clique_id: str = "cl.1"
+) -> JSON:
+    return {
+        "nodeName": node_name,
+        "ipAddress": f"10.1.0.{index + 1}",
+        "cliqueID": clique_id,
+        "index": index,
+        "status": status,
+    }
+
+
+def channel_claim(
+    name: str, *, ns: str, uid: str, node_name: str | None, allocated: bool = True
+) -> JSON:
+    obj: JSON = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {"requests": [{"name": "channel"}]}},
+        "status": {},
+    }
+    if allocated:
+        obj["status"]["allocation"] = {
+            "devices": {
+                "results": [
+                    {"request": "channel", "driver": c.DRIVER_NAME, "pool": node_name,
+                     "device": c.CHANNEL_DEVICE_NAME},
+                ],
+                "config": [
+                    {
+                        "source": "FromClaim",
+                        "requests": ["channel"],
+                        "opaque": {
+                            "driver": c.DRIVER_NAME,
+                            "parameters": {
+                                "apiVersion": c.API_VERSION,
+                                "kind": c.CHANNEL_CONFIG_KIND,
+                                "domainID": uid,
+                            },
+                        },
+                    }
+                ],
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [node_name]}
+                    ]}
+                ]
+            },
+        }  # fmt: skip
+    return obj
+
+
+def resource_slice(node_name: str, *, clique_id: str | None, qualified: bool = False) -> JSON:
+    attrs: JSON = {"type": {"string": "channel"}, "id": {"int": 0}}
+    if clique_id is not None:
+        key = f"{c.DRIVER_NAME}/cliqueID" if qualified else "cliqueID"
+        attrs[key] = {"string": clique_id}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node_name}-cd"},
+        "spec": {
+            "driver": c.DRIVER_NAME,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": c.CHANNEL_DEVICE_NAME, "attributes": attrs}],
+        },
+    }

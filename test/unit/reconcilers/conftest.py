@@ -1,0 +1,56 @@
+"""Fixtures: a fake API server per test, its client, live caches and a never-sleeping clock."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, live_caches
+from prometheus_client import CollectorRegistry
+
+from pkg.kube.client import RestClient
+from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.config import ControllerConfig
+from pkg.testing.fakeapiserver import FakeApiServer
+
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server: FakeApiServer) -> RestClient:
+    return server.client()
+
+
+@pytest.fixture
+def caches(server: FakeApiServer) -> Caches:
+    return live_caches(server)
+
+
+@pytest.fixture
+def events() -> RecordedEvents:
+    return RecordedEvents()
+
+
+@pytest.fixture
+def clock() -> StepClock:
+    return StepClock()
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def config() -> ControllerConfig:
+    return ControllerConfig(
+        namespace=DRIVER_NS,
+        image_name="registry.local/cd:1",
+        log_verbosity_cd_daemon=2,
+        feature_gates="ComputeDomainCliques=true,IMEXDaemonsWithDNSNames=true",
+        image_pull_secret_names=("pull",),
+    ).validate()

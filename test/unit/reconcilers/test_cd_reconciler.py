@@ -1,0 +1,321 @@
+"""ComputeDomainReconciler against the fake API server: create, adopt, status, delete, errors."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from cdctl_fakes import (
+    DRIVER_NS,
+    RecordedEvents,
+    StepClock,
+    clique,
+    compute_domain,
+    daemon_entry,
+    daemon_pod,
+    node,
+)
+from prometheus_client import CollectorRegistry
+
+from pkg.api import constants as c
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.kube.errors import ConflictError
+from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.computedomain import ComputeDomainReconciler
+from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.controller import TerminalError
+from pkg.reconcilers.metrics import DomainMetrics
+from pkg.testing.fakeapiserver import FakeApiServer
+
+JSON = dict[str, Any]
+
+
+@pytest.fixture
+def reconciler(
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: StepClock,
+    registry: CollectorRegistry,
+) -> ComputeDomainReconciler:
+    return ComputeDomainReconciler(
+        client=client, caches=caches, config=config, events=events,
+        metrics=DomainMetrics(registry), clock=clock,
+    )  # fmt: skip
+
+
+def get_cd(server: FakeApiServer, name: str = "cd1") -> JSON:
+    return next(o for o in server.objects(res.COMPUTE_DOMAINS) if o["metadata"]["name"] == name)
+
+
+def ready_condition(cd: JSON) -> JSON:
+    return next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
+
+
+def writes(server: FakeApiServer) -> list[tuple[str, str]]:
+    return [(m, p) for m, p in server.request_log if m in ("POST", "PUT", "PATCH", "DELETE")]
+
+
+def created_domain(server: FakeApiServer, reconciler: ComputeDomainReconciler, **spec: Any) -> str:
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain(**spec))["metadata"]["uid"])
+    reconciler.reconcile("team/cd1")
+    return uid
+
+
+def test_creation_renders_every_dependent_and_reports_waiting(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
+) -> None:
+    uid = created_domain(server, reconciler, numNodes=2)
+    cd = get_cd(server)
+    assert cd["metadata"]["finalizers"] == [c.FINALIZER]
+    rcts = {(o["metadata"]["namespace"], o["metadata"]["name"]): o
+            for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)}  # fmt: skip
+    workload = rcts[("team", "cd1-channel")]
+    assert workload["metadata"]["labels"] == {
+        c.COMPUTE_DOMAIN_LABEL: uid, c.TARGET_LABEL: c.TARGET_WORKLOAD,
+    }  # fmt: skip
+    params = workload["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert params == {
+        "apiVersion": c.API_VERSION, "kind": c.CHANNEL_CONFIG_KIND,
+        "domainID": uid, "allocationMode": "Single",
+    }  # fmt: skip
+    assert (DRIVER_NS, f"computedomain-daemon-{uid}") in rcts
+    (ds,) = server.objects(res.DAEMONSETS)
+    assert ds["metadata"]["name"] == f"computedomain-daemon-{uid}"
+    assert ds["spec"]["template"]["spec"]["nodeSelector"] == {c.COMPUTE_DOMAIN_LABEL: uid}
+    assert cd["status"]["status"] == "NotReady"
+    cond = ready_condition(cd)
+    assert (cond["status"], cond["reason"], cond["observedGeneration"]) == (
+        "False", "WaitingForNodes", cd["metadata"]["generation"],
+    )  # fmt: skip
+    assert cd["status"]["nodeCount"] == 0
+    assert events.reasons().count("ResourceClaimTemplateCreated") == 2
+    assert "DaemonSetCreated" in events.reasons()
+
+
+def test_rereconcile_is_idempotent_and_writes_nothing(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
+) -> None:
+    created_domain(server, reconciler)
+    n_events = len(events.items)
+    server.clear_log()
+    for _ in range(3):
+        reconciler.reconcile("team/cd1")
+    assert writes(server) == []
+    assert len(events.items) == n_events
+
+
+def test_numnodes_zero_without_nodes_is_not_ready(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler
+) -> None:
+    created_domain(server, reconciler, numNodes=0)
+    assert get_cd(server)["status"]["status"] == "NotReady"
+
+
+def test_adopts_existing_dependents_of_the_same_domain(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
+) -> None:
+    uid = created_domain(server, reconciler)
+    server.seed(res.COMPUTE_DOMAINS, {**get_cd(server), "status": None})
+    events.items.clear()
+    server.clear_log()
+    reconciler.reconcile("team/cd1")
+    assert not any(m == "POST" and "resourceclaimtemplates" in p for m, p in writes(server))
+    assert len(server.objects(res.DAEMONSETS)) == 1
+    assert server.objects(res.DAEMONSETS)[0]["metadata"]["labels"][c.COMPUTE_DOMAIN_LABEL] == uid
+
+
+def test_changed_config_updates_the_daemonset(
+    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    events: RecordedEvents, clock: StepClock, reconciler: ComputeDomainReconciler,
+) -> None:  # fmt: skip
+    created_domain(server, reconciler)
+    from dataclasses import replace
+
+    newer = ComputeDomainReconciler(
+        client=client, caches=caches, config=replace(config, image_name="registry.local/cd:2"),
+        events=events, metrics=DomainMetrics(CollectorRegistry()), clock=clock,
+    )  # fmt: skip
+    newer.reconcile("team/cd1")
+    (ds,) = server.objects(res.DAEMONSETS)
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/cd:2"
+    assert "DaemonSetUpdated" in events.reasons()
+
+
+def test_status_aggregates_cliques_and_non_fabric_pods(
+    server: FakeApiServer,
+    reconciler: ComputeDomainReconciler,
+    events: RecordedEvents,
+    registry: CollectorRegistry,
+    clock: StepClock,
+) -> None:
+    uid = created_domain(server, reconciler, numNodes=3)
+    for n in ("a", "b", "c"):
+        server.seed(res.NODES, node(n, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+    server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1"))
+    server.seed(res.PODS, daemon_pod(uid, "b", clique="cl.1"))
+    server.seed(res.PODS, daemon_pod(uid, "c", clique="", ip="10.9.9.9"))
+    server.seed(res.PODS, daemon_pod("other-uid", "z", clique="cl.1"))
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
+        daemon_entry("a", index=0), daemon_entry("b", index=1, status="NotReady"),
+        daemon_entry("gone", index=2),  # stale: no daemon pod of this domain there
+    ]))  # fmt: skip
+    clock.advance(42)
+    reconciler.reconcile("team/cd1")
+    status = get_cd(server)["status"]
+    assert [(n["name"], n["status"], n["index"]) for n in status["nodes"]] == [
+        ("a", "Ready", 0), ("b", "NotReady", 1), ("c", "Ready", -1),
+    ]  # fmt: skip
+    assert status["nodes"][2]["ipAddress"] == "10.9.9.9"
+    assert (status["readyNodes"], status["nodeCount"], status["status"]) == (2, 3, "NotReady")
+    assert ready_condition(get_cd(server))["reason"] == "DaemonsNotReady"
+    assert events.reasons().count("NodeJoined") == 3
+    # b's daemon turns Ready: the domain turns Ready with one event and one sample.
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
+        daemon_entry("a", index=0), daemon_entry("b", index=1),
+    ]))  # fmt: skip
+    reconciler.reconcile("team/cd1")
+    cd = get_cd(server)
+    assert cd["status"]["status"] == "Ready"
+    assert ready_condition(cd)["reason"] == "AllNodesReady"
+    assert events.reasons()[-2:] == ["NodeReady", "Ready"]
+    assert registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 1
+    assert registry.get_sample_value(
+        "nvidia_dra_compute_domain_time_to_ready_seconds_count"
+    ) == 1
+
+
+def test_node_loss_turns_entry_not_ready_with_reason(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
+) -> None:
+    uid = created_domain(server, reconciler)
+    for n in ("a", "b"):
+        server.seed(res.NODES, node(n, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+        server.seed(res.PODS, daemon_pod(uid, n, clique="cl.1"))
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
+        daemon_entry("a", index=0), daemon_entry("b", index=1),
+    ]))  # fmt: skip
+    reconciler.reconcile("team/cd1")
+    assert get_cd(server)["status"]["status"] == "Ready"
+    server.seed(res.NODES, node("b", ready="Unknown", labels={c.COMPUTE_DOMAIN_LABEL: uid},
+                                taints=[{"key": "node.kubernetes.io/unreachable",
+                                         "effect": "NoExecute"}]))  # fmt: skip
+    reconciler.reconcile("team/cd1")
+    cd = get_cd(server)
+    assert [n["status"] for n in cd["status"]["nodes"]] == ["Ready", "NotReady"]
+    cond = ready_condition(cd)
+    assert (cond["status"], cond["reason"]) == ("False", "NodeUnreachable")
+    assert "b (NodeUnreachable)" in cond["message"]
+    assert "NodeUnreachable" in events.reasons() and "NotReady" in events.reasons()
+
+
+def test_invalid_spec_is_terminal_with_condition_and_event(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
+) -> None:
+    server.seed(res.COMPUTE_DOMAINS, compute_domain(channel={
+        "resourceClaimTemplate": {"name": "x"}, "allocationMode": "Bogus"}))  # fmt: skip
+    with pytest.raises(TerminalError):
+        reconciler.reconcile("team/cd1")
+    cd = get_cd(server)
+    cond = ready_condition(cd)
+    assert cond["reason"] == "InvalidSpec" and "spec.channel.allocationMode" in cond["message"]
+    assert events.reasons() == ["InvalidSpec"]
+    assert server.objects(res.DAEMONSETS) == []
+
+
+def test_rct_name_clash_with_foreign_object_is_reported_not_touched(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
+) -> None:
+    foreign = server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "cd1-channel", "namespace": "team"}, "spec": {"spec": {}},
+    })  # fmt: skip
+    created_domain(server, reconciler)
+    cond = ready_condition(get_cd(server))
+    assert cond["reason"] == "ResourceClaimTemplateConflict"
+    assert "spec.channel.resourceClaimTemplate.name" in cond["message"]
+    assert "ResourceClaimTemplateConflict" in events.reasons()
+    (rct,) = [o for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)
+              if o["metadata"]["namespace"] == "team"]  # fmt: skip
+    assert rct["metadata"]["resourceVersion"] == foreign["metadata"]["resourceVersion"]
+
+
+def test_missing_driver_namespace_is_reported_and_retried_slowly(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
+) -> None:
+    uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
+    server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
+        "metadata": {"name": "cd1-channel", "namespace": "team", "labels": {
+            c.COMPUTE_DOMAIN_LABEL: uid, c.TARGET_LABEL: c.TARGET_WORKLOAD}},
+        "spec": {"spec": {}},
+    })  # fmt: skip
+    server.inject_error("POST", res.RESOURCE_CLAIM_TEMPLATES, 404, count=1)
+    result = reconciler.reconcile("team/cd1")
+    assert result.requeue_after == 60.0
+    assert ready_condition(get_cd(server))["reason"] == "DriverNamespaceUnavailable"
+    assert "DriverNamespaceUnavailable" in events.reasons()
+    assert reconciler.reconcile("team/cd1").requeue_after == 0  # namespace is back
+    assert len(server.objects(res.DAEMONSETS)) == 1
+
+
+def test_status_conflict_is_retried_on_a_fresh_read(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler
+) -> None:
+    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    server.inject_error("PUT", res.COMPUTE_DOMAINS, 409, count=1, name="cd1")
+    with pytest.raises(ConflictError):
+        reconciler.reconcile("team/cd1")  # the finalizer PUT hits the 409: retried by the queue
+    uid = get_cd(server)["metadata"]["uid"]
+    reconciler.reconcile("team/cd1")
+    server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+    server.seed(res.PODS, daemon_pod(uid, "a", clique=""))
+    server.inject_error("PUT", res.COMPUTE_DOMAINS, 409, count=1, name="cd1")
+    reconciler.reconcile("team/cd1")  # status PUT: a 409, then a re-read and success
+    assert get_cd(server)["status"]["status"] == "Ready"
+    puts = [p for m, p in server.request_log if m == "PUT" and p.endswith("/status")]
+    assert len(puts) == 3  # first status, the conflicting write, its retry
+
+
+def test_many_concurrent_daemon_writers_never_lose_an_entry(
+    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler
+) -> None:
+    uid = created_domain(server, reconciler)
+    n_nodes = 24
+    name = c.clique_object_name(uid, "cl.1")
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", []))
+    for i in range(n_nodes):
+        server.seed(res.NODES, node(f"n{i:02d}", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+        server.seed(res.PODS, daemon_pod(uid, f"n{i:02d}", clique="cl.1"))
+
+    def daemon(i: int) -> None:
+        # What each daemon does: read-modify-write of its own entry with an RV precondition.
+        while True:
+            obj = client.get(res.COMPUTE_DOMAIN_CLIQUES, name, namespace=DRIVER_NS)
+            obj["daemons"] = [*(obj.get("daemons") or []), daemon_entry(f"n{i:02d}", index=i)]
+            try:
+                client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
+                return
+            except ConflictError:
+                continue
+
+    stop = threading.Event()
+
+    def aggregate() -> None:
+        while not stop.is_set():
+            reconciler.reconcile("team/cd1")
+
+    threads = [threading.Thread(target=daemon, args=(i,)) for i in range(n_nodes)]
+    agg = threading.Thread(target=aggregate)
+    agg.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    agg.join()
+    reconciler.reconcile("team/cd1")
+    status = get_cd(server)["status"]
+    assert status["nodeCount"] == n_nodes and status["status"] == "Ready"

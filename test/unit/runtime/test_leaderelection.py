@@ -1,0 +1,157 @@
+"""Leader election: acquire, renew, handover between two electors, loss, release, MicroTime."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+from runtime_fakes import LeaseStore, ManualClock
+
+from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector, format_micro_time
+
+MICRO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+def elector(store: LeaseStore, clock: ManualClock, identity: str) -> LeaderElector:
+    cfg = LeaderElectionConfig(namespace="drv", name="cd-controller", identity=identity)
+    return LeaderElector(store, cfg, clock=clock)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "expected"),
+    [
+        (1_700_000_000.0, "2023-11-14T22:13:20.000000Z"),
+        (1_700_000_000.5, "2023-11-14T22:13:20.500000Z"),
+        (0.000001, "1970-01-01T00:00:00.000001Z"),
+    ],
+    ids=["zero-micros", "half", "one-micro"],
+)
+def test_micro_time_always_has_six_digits(epoch: float, expected: str) -> None:
+    assert format_micro_time(epoch) == expected
+
+
+def test_config_validation_mirrors_client_go() -> None:
+    with pytest.raises(ValueError, match="exceed renew deadline"):
+        LeaderElectionConfig("ns", "n", "me", lease_duration=10, renew_deadline=10).validate()
+    with pytest.raises(ValueError, match="retry period"):
+        LeaderElectionConfig("ns", "n", "me", renew_deadline=2, retry_period=2).validate()
+    with pytest.raises(ValueError, match="identity"):
+        LeaderElectionConfig("ns", "n", "").validate()
+
+
+def test_first_candidate_creates_lease_with_micro_times() -> None:
+    store, clock = LeaseStore(), ManualClock()
+    a = elector(store, clock, "a")
+    assert a.try_acquire_or_renew()
+    spec = store.objects[("drv", "cd-controller")]["spec"]
+    assert spec["holderIdentity"] == "a"
+    assert spec["leaseDurationSeconds"] == 15
+    assert spec["leaseTransitions"] == 0
+    assert MICRO.match(spec["renewTime"]) and MICRO.match(spec["acquireTime"])
+
+
+def test_second_candidate_waits_for_expiry_on_its_own_clock_then_takes_over() -> None:
+    store, clock = LeaseStore(), ManualClock()
+    a, b = elector(store, clock, "a"), elector(store, clock, "b")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew()  # b first sees the record at t=0
+    clock.advance(10)
+    assert a.try_acquire_or_renew()  # renewal at t=10
+    assert not b.try_acquire_or_renew()  # b sees the change at t=10: valid until t=25
+    clock.advance(14)
+    assert not b.try_acquire_or_renew()
+    clock.advance(2)
+    assert b.try_acquire_or_renew()
+    spec = store.objects[("drv", "cd-controller")]["spec"]
+    assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("b", 1)
+    assert spec["acquireTime"] == spec["renewTime"]
+    assert not a.try_acquire_or_renew()  # the old leader cannot renew over the new one
+
+
+def test_conflicting_takeovers_have_exactly_one_winner() -> None:
+    store, clock = LeaseStore(), ManualClock()
+    a, b, c = (elector(store, clock, x) for x in "abc")
+    assert a.try_acquire_or_renew()
+    assert not b.try_acquire_or_renew() and not c.try_acquire_or_renew()
+    clock.advance(16)
+    stale = store.get(None, "cd-controller", namespace="drv")  # type: ignore[arg-type]
+    assert b.try_acquire_or_renew()
+    real_get = store.get
+    store.get = lambda *args, **kw: stale  # type: ignore[assignment, method-assign]
+    assert not c.try_acquire_or_renew()  # c read before b's write: its update is a 409
+    store.get = real_get  # type: ignore[method-assign]
+    assert store.objects[("drv", "cd-controller")]["spec"]["holderIdentity"] == "b"
+
+
+def test_run_releases_the_lease_on_stop_so_the_successor_takes_over_at_once() -> None:
+    store, clock = LeaseStore(), ManualClock()
+    a, b = elector(store, clock, "a"), elector(store, clock, "b")
+    stop = threading.Event()
+    calls: list[str] = []
+
+    def started() -> None:
+        calls.append("started")
+        assert a.is_leader()
+
+    original_wait = clock.wait
+
+    def wait(event: threading.Event, timeout: float) -> bool:
+        if len(clock.waits) >= 5:
+            stop.set()
+        return original_wait(event, timeout)
+
+    clock.wait = wait  # type: ignore[method-assign]
+    kept = a.run(stop, on_started_leading=started, on_stopped_leading=lambda: calls.append("x"))
+    assert kept is True
+    assert calls == ["started", "x"]
+    spec = store.objects[("drv", "cd-controller")]["spec"]
+    assert spec["holderIdentity"] == ""
+    assert MICRO.match(spec["renewTime"])
+    assert not a.is_leader()
+    assert b.try_acquire_or_renew()  # no need to wait out the 15 s lease
+
+
+def test_leader_that_cannot_renew_within_deadline_steps_down() -> None:
+    store, clock = LeaseStore(), ManualClock()
+    a = elector(store, clock, "a")
+    stop = threading.Event()
+    events: list[str] = []
+
+    def started() -> None:
+        events.append("started")
+        store.fail_next = 100  # API server unreachable from now on
+
+    kept = a.run(stop, on_started_leading=started, on_stopped_leading=lambda: events.append("x"))
+    assert kept is False
+    assert events == ["started", "x"]
+    assert not a.is_leader()
+    # Lost after the renew deadline (10 s) at the 2 s retry period, not earlier.
+    assert 10 <= sum(clock.waits) <= 12
+
+
+def test_leader_steps_down_immediately_when_someone_else_holds_the_lease() -> None:
+    store, clock = LeaseStore(), ManualClock()
+    a = elector(store, clock, "a")
+    stop = threading.Event()
+
+    def started() -> None:
+        store.objects[("drv", "cd-controller")]["spec"]["holderIdentity"] = "intruder"
+
+    assert a.run(stop, on_started_leading=started, on_stopped_leading=lambda: None) is False
+    assert sum(clock.waits) == 2.0
+
+
+def test_acquire_returns_false_when_stopped_while_waiting() -> None:
+    store, clock = LeaseStore(), ManualClock()
+    assert elector(store, clock, "a").try_acquire_or_renew()
+    b = elector(store, clock, "b")
+    stop = threading.Event()
+    original_wait = clock.wait
+
+    def wait(event: threading.Event, timeout: float) -> bool:
+        stop.set()
+        return original_wait(event, timeout)
+
+    clock.wait = wait  # type: ignore[method-assign]
+    assert b.run(stop, on_started_leading=pytest.fail, on_stopped_leading=pytest.fail) is True

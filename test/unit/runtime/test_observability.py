@@ -1,0 +1,122 @@
+"""HTTP probes and metrics endpoint, key=value log lines, no-op vs exporting tracing."""
+
+from __future__ import annotations
+
+import io
+import logging
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from pkg.runtime.httpserver import HealthChecks, ObservabilityServer, parse_endpoint
+from pkg.runtime.logsetup import KeyValueFormatter, setup_logging, verbosity_to_level
+from pkg.runtime.tracing import setup_tracing
+
+
+def fetch(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [(":8080", ("", 8080)), ("127.0.0.1:0", ("127.0.0.1", 0)), ("[::1]:9", ("::1", 9))],
+)
+def test_parse_endpoint(endpoint: str, expected: tuple[str, int]) -> None:
+    assert parse_endpoint(endpoint) == expected
+
+
+def test_parse_endpoint_rejects_garbage() -> None:
+    with pytest.raises(ValueError, match="invalid HTTP endpoint"):
+        parse_endpoint("localhost")
+
+
+def test_server_serves_metrics_and_probes() -> None:
+    registry = CollectorRegistry()
+    Counter("demo_total", "demo", registry=registry).inc()
+    live, ready = HealthChecks(), HealthChecks()
+    state = {"synced": False}
+    ready.add("caches-synced", lambda: state["synced"])
+    ready.add("boom", lambda: 1 / 0 == 0)
+    server = ObservabilityServer(
+        "127.0.0.1:0", registry=registry, metrics_path="/metrics", liveness=live, readiness=ready
+    )
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        code, body = fetch(base + "/metrics")
+        assert code == 200 and "demo_total 1.0" in body
+        assert fetch(base + "/healthz") == (200, "ok")
+        code, body = fetch(base + "/readyz")
+        assert code == 503
+        assert "[-]caches-synced failed" in body and "[-]boom failed" in body
+        state["synced"] = True
+        ready.add("boom", lambda: True)
+        assert fetch(base + "/readyz") == (200, "ok")
+        assert fetch(base + "/nope")[0] == 404
+    finally:
+        server.stop()
+        server.stop()
+
+
+def test_key_value_lines_carry_extra_fields_and_quote() -> None:
+    record = logging.LogRecord("pkg.x", logging.INFO, "f", 1, "hello %s", ("world",), None)
+    record.key = "ns/cd 1"
+    record.controller = "computedomain"
+    line = KeyValueFormatter().format(record)
+    assert 'msg="hello world"' in line
+    assert 'key="ns/cd 1"' in line and "controller=computedomain" in line
+    assert line.startswith("ts=") and " level=info logger=pkg.x " in line
+
+
+def test_setup_logging_is_idempotent_and_maps_verbosity() -> None:
+    root = logging.getLogger()
+    before_level, before = root.level, list(root.handlers)
+    try:
+        out = io.StringIO()
+        setup_logging(0, stream=out)
+        setup_logging(5, stream=out)
+        assert len(root.handlers) == len(before) + 1
+        assert root.level == logging.DEBUG
+        logging.getLogger("t").debug("x", extra={"key": "a/b"})
+        assert "key=a/b" in out.getvalue()
+    finally:
+        for h in list(root.handlers):
+            if h not in before:
+                root.removeHandler(h)
+        root.setLevel(before_level)
+    assert verbosity_to_level(1) == logging.INFO
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_SDK_DISABLED": "true"},
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": "none"},
+    ],
+    ids=["unset", "sdk-disabled", "exporter-none"],
+)
+def test_tracing_is_noop_unless_configured(env: dict[str, str]) -> None:
+    tracing = setup_tracing("svc", env=env)
+    assert not tracing.enabled
+    with tracing.tracer.start_as_current_span("x") as span:
+        assert not span.is_recording()
+    tracing.shutdown()
+
+
+def test_tracing_exports_when_endpoint_configured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Port 9 on loopback: nothing listens; a short exporter timeout keeps shutdown prompt.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0.2")
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"}
+    tracing = setup_tracing("svc", env=env)
+    assert tracing.enabled
+    with tracing.tracer.start_as_current_span("x") as span:
+        assert span.is_recording()
+    tracing.shutdown()
+    tracing.shutdown()

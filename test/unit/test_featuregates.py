@@ -1,0 +1,83 @@
+"""Feature-gate parsing, defaults, dependency validation and rendering."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pkg import featuregates as fg
+from pkg.featuregates import FeatureGateError, FeatureGates
+
+
+def test_defaults_match_upstream() -> None:
+    gates = FeatureGates.parse(None).validate()
+    assert gates.enabled(fg.IMEX_DAEMONS_WITH_DNS_NAMES)
+    assert gates.enabled(fg.COMPUTE_DOMAIN_CLIQUES)
+    assert gates.enabled(fg.CRASH_ON_NVLINK_FABRIC_ERRORS)
+
+
+@pytest.mark.parametrize(
+    ("spec", "gate", "expected"),
+    [
+        (
+            "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false",
+            "IMEXDaemonsWithDNSNames",
+            False,
+        ),
+        (" CrashOnNVLinkFabricErrors = False , ", "CrashOnNVLinkFabricErrors", False),
+        ("ComputeDomainCliques=1", "ComputeDomainCliques", True),
+        ("", "ComputeDomainCliques", True),
+    ],
+    ids=["ip-mode", "whitespace-trailing-comma", "numeric-bool", "empty"],
+)
+def test_parse(spec: str, gate: str, expected: bool) -> None:
+    assert FeatureGates.parse(spec).validate().enabled(gate) is expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("NoSuchGate=true", 'unknown feature gate "NoSuchGate"'),
+        ("ComputeDomainCliques=maybe", 'invalid value "maybe"'),
+        ("ComputeDomainCliques", "expected Name=bool"),
+        ("=true", "expected Name=bool"),
+    ],
+    ids=["unknown", "bad-bool", "no-value", "no-name"],
+)
+def test_parse_errors(spec: str, message: str) -> None:
+    with pytest.raises(FeatureGateError, match=message):
+        FeatureGates.parse(spec)
+
+
+def test_unknown_gate_error_lists_known_gates() -> None:
+    with pytest.raises(FeatureGateError, match="IMEXDaemonsWithDNSNames"):
+        FeatureGates.parse("Typo=true")
+
+
+def test_cliques_require_dns_names() -> None:
+    gates = FeatureGates.parse("IMEXDaemonsWithDNSNames=false")
+    with pytest.raises(
+        FeatureGateError, match="ComputeDomainCliques requires IMEXDaemonsWithDNSNames"
+    ):
+        gates.validate()
+
+
+def test_enabled_unknown_name_raises() -> None:
+    with pytest.raises(FeatureGateError):
+        FeatureGates().enabled("Nope")
+
+
+def test_overrides_are_copied() -> None:
+    src = {fg.COMPUTE_DOMAIN_CLIQUES: False}
+    gates = FeatureGates(overrides=src)
+    src[fg.COMPUTE_DOMAIN_CLIQUES] = True
+    assert not gates.enabled(fg.COMPUTE_DOMAIN_CLIQUES)
+
+
+@given(st.dictionaries(st.sampled_from(sorted(fg.DEFAULTS)), st.booleans()))
+def test_render_round_trips(overrides: dict[str, bool]) -> None:
+    gates = FeatureGates(overrides=overrides)
+    again = FeatureGates.parse(gates.render())
+    assert again.as_dict() == gates.as_dict()
+    assert set(again.as_dict()) == set(fg.DEFAULTS)
