@@ -41,7 +41,7 @@ CACHE_ROOT="${CD_E2E_CACHE:-$HOME/.cache/compute-domain-e2e}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION/bin"
 
 # Bump when the build recipe (flags, ldflags) changes, to force a rebuild.
-RECIPE=1
+RECIPE=2
 stamp_of() { # <module dir> <extra key> -> hash of the files that define the build
   { echo "$RECIPE $2"; cat "$1"/go.mod "$1"/go.sum "$1"/*.go; } | sha256sum | cut -d' ' -f1
 }
@@ -90,6 +90,7 @@ install_from() { # <tmp dir> <binaries...> : move built binaries into place atom
 }
 
 mkdir -p "$BIN_DIR"
+trap 'rm -rf "$BIN_DIR"/.build.*' EXIT  # half-built binaries never land in $BIN_DIR
 T_ALL=$SECONDS
 
 if fresh kube "$KUBE_STAMP" "${KUBE_BINS[@]}"; then
@@ -99,7 +100,8 @@ else
   log "kubernetes $K8S_VERSION: downloading modules"
   download "$HACK_DIR/kube"
   minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
-  build_date="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+  # buildDate = the release's publication time from the proxy (reproducible, unlike `date`).
+  build_date="$(cd "$HACK_DIR/kube" && go list -m -json k8s.io/kubernetes |
     python3 -c 'import json,sys; print(json.load(sys.stdin).get("Time",""))' 2>/dev/null || true)"
   ld="-s -w"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do

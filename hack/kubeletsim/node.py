@@ -90,10 +90,9 @@ class SimulatedNode:
         node_api = load_api_client(str(config.node_kubeconfig(spec.name)))
         self.client: KubeClient = RestClient(node_api, user_agent=f"kubeletsim/{spec.name}")
         server, ca_data = cluster_of(config.admin_kubeconfig)
-        self._pod_tokens = TokenMinter(node_api, server=server, ca_data=ca_data)
-        self._admin_tokens = TokenMinter(
-            load_api_client(str(config.admin_kubeconfig)), server=server, ca_data=ca_data
-        )
+        self._pod_tokens = TokenMinter(self.client, server=server, ca_data=ca_data)
+        admin = RestClient(load_api_client(str(config.admin_kubeconfig)), user_agent="kubeletsim")
+        self._admin_tokens = TokenMinter(admin, server=server, ca_data=ca_data)
         self.plugin_kubeconfig = self.dirs.root / "plugin.kubeconfig"
         labels = dict(spec.labels)
         if config.gfd_clique_label and spec.clique is not None:

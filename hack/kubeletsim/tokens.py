@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client as k8s
+
+from pkg.kube.client import KubeClient
+from pkg.kube.resources import Resource
 
 TOKEN_SECONDS = 24 * 3600
 
@@ -53,10 +55,10 @@ def write_token_kubeconfig(path: Path, *, server: str, ca_data: str, user: str, 
 
 
 class TokenMinter:
-    """Requests bound tokens through ``api`` and writes kubeconfigs for ``server``."""
+    """Requests bound tokens through ``client`` and writes kubeconfigs for ``server``."""
 
-    def __init__(self, api: k8s.ApiClient, *, server: str, ca_data: str) -> None:
-        self._api = api
+    def __init__(self, client: KubeClient, *, server: str, ca_data: str) -> None:
+        self._client = client
         self._server = server
         self._ca = ca_data
 
@@ -64,14 +66,12 @@ class TokenMinter:
         body = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
-            "spec": {
-                "audiences": None,
-                "expirationSeconds": TOKEN_SECONDS,
-                "boundObjectRef": bound,
-            },
+            "spec": {"expirationSeconds": TOKEN_SECONDS, "boundObjectRef": bound},
         }
-        out = self._core.create_namespaced_service_account_token(sa, namespace, body)
-        return str(out.status.token)
+        # POST .../serviceaccounts/<sa>/token: a create on the subresource path.
+        token_request = Resource("", "v1", f"serviceaccounts/{sa}/token", "TokenRequest", True)
+        out = self._client.create(token_request, body, namespace=namespace)
+        return str(out["status"]["token"])
 
     def for_pod(self, pod: dict[str, Any], path: Path) -> Path:
         meta, spec = pod["metadata"], pod["spec"]

@@ -38,6 +38,12 @@ DRIVER = "smoke.example.com"
 NS = "smoke"
 
 
+class ApiError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:500]}")
+        self.status = status
+
+
 class Api:
     """Minimal raw-JSON access through the official client's transport and auth."""
 
@@ -45,27 +51,23 @@ class Api:
         self.client = kubernetes.config.new_client_from_config(str(kubeconfig))  # type: ignore[no-untyped-call]
 
     def call(self, method: str, path: str, body: Any = None, ok404: bool = False) -> Any:
-        try:
-            resp = self.client.call_api(
-                path,
-                method,
-                body=body,
-                auth_settings=["BearerToken"],
-                header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                _preload_content=False,
-                _return_http_data_only=True,
-            )
-        except kubernetes.client.ApiException as e:
-            if ok404 and e.status == 404:
-                return None
-            raise
-        return json.loads(resp.data) if resp.data else None
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        m, url, hdrs, data, post = self.client.param_serialize(
+            method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        resp = self.client.call_api(m, url, header_params=hdrs, body=data, post_params=post)
+        raw = resp.read()
+        if resp.status == 404 and ok404:
+            return None
+        if resp.status >= 300:
+            raise ApiError(resp.status, raw.decode(errors="replace"))
+        return json.loads(raw) if raw else None
 
     def status(self, method: str, path: str, body: Any = None) -> int:
         try:
             self.call(method, path, body)
-        except kubernetes.client.ApiException as e:
-            return int(e.status)
+        except ApiError as e:
+            return e.status
         return 200
 
 

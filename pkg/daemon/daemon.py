@@ -183,6 +183,7 @@ class Daemon:
         if snap is None or own is None or own.ip_address != self.me.pod_ip:
             entries = self.membership.join()
             own = self.membership.own_entry(entries)
+            obj = self.membership.last_object
         num_nodes = int(((obj or {}).get("spec") or {}).get("numNodes") or 0)
         self.sync.apply(entries, num_nodes=num_nodes)
         self._ready = self._check_ready()
@@ -205,7 +206,10 @@ class Daemon:
         def leave() -> None:
             try:
                 self.membership.leave()
-                log.info("removed own entry (IP %s) from %s", self.me.pod_ip, self._where())
+                # Upstream's wording: its e2e tests grep for it.
+                log.info(
+                    "Successfully removed daemon with IP %s from %s", self.me.pod_ip, self._where()
+                )
             except (MembershipError, ApiError, ConnectionFailedError) as err:
                 log.error("could not remove own entry from %s: %s", self._where(), err)
             finally:

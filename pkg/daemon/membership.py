@@ -92,8 +92,9 @@ class EntryStore(Protocol):
     def create(self) -> None:
         """Create the (empty) object; AlreadyExistsError if it exists."""
 
-    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> None:
-        """Replace the entries; ConflictError if the object changed since ``snap``."""
+    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> JSON:
+        """Replace the entries and return the written object; ConflictError if the object
+        changed since ``snap``."""
 
     def decode(self, obj: JSON) -> Snapshot:
         """Decode an object received elsewhere (a watch event)."""
@@ -172,13 +173,13 @@ class CliqueStore:
         }
         self._client.create(res.COMPUTE_DOMAIN_CLIQUES, obj, namespace=self.namespace)
 
-    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> None:
+    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> JSON:
         obj = dict(snap.obj)
         meta = dict(obj.get("metadata") or {})
         meta["ownerReferences"] = self._owner_refs(list(meta.get("ownerReferences") or []))
         obj["metadata"] = meta
         obj["daemons"] = [_encode(e, name_key="nodeName") for e in entries]
-        self._client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
+        return self._client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
 
 
 class StatusStore:
@@ -210,13 +211,13 @@ class StatusStore:
     def create(self) -> None:
         raise MembershipError(f"ComputeDomain {self.namespace}/{self.name} does not exist")
 
-    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> None:
+    def write(self, snap: Snapshot, entries: list[DaemonEntry]) -> JSON:
         obj = dict(snap.obj)
         status = dict(obj.get("status") or {})
         status.setdefault("status", c.STATUS_NOT_READY)
         status["nodes"] = [_encode(e, name_key="name") for e in entries]
         obj["status"] = status
-        self._client.update(res.COMPUTE_DOMAINS, obj, subresource="status")
+        return self._client.update(res.COMPUTE_DOMAINS, obj, subresource="status")
 
 
 # -- pure list edits (None = nothing to change) --------------------------------------------------
@@ -311,6 +312,8 @@ class Membership:
         self._max = max_delay
         self._attempts = max_attempts
         self._on_conflict = on_conflict or (lambda: None)
+        # The membership object as last read or written (IP mode needs its spec.numNodes).
+        self.last_object: JSON | None = None
 
     def join(self) -> list[DaemonEntry]:
         """Ensure our entry (index, IP); returns the list as written or read."""
@@ -348,10 +351,11 @@ class Membership:
                         self.store.create()
                     continue
                 entries = list(snap.entries)
+                self.last_object = snap.obj
                 new = edit(entries)
                 if new is None:
                     return entries
-                self.store.write(snap, new)
+                self.last_object = self.store.write(snap, new)
                 log.debug("membership %s done after %d attempt(s)", what, attempt + 1)
                 return new
             except _RETRYABLE as err:

@@ -128,7 +128,7 @@ class Supervisor:
         env: Mapping[str, str] | None = None,
         backoff: BackoffPolicy | None = None,
         stop_timeout: float = 10.0,
-        reload_grace: float = 1.0,
+        reload_grace: float = 2.0,
         observer: SupervisorObserver | None = None,
         name: str = "nvidia-imex",
     ) -> None:

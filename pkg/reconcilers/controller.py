@@ -27,8 +27,6 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from pkg.runtime.clock import Clock
-
 __all__ = [
     "Controller",
     "ReconcileMetrics",
@@ -114,7 +112,6 @@ class Controller:
         queue: WorkQueue,
         metrics: ReconcileMetrics,
         tracer: trace.Tracer,
-        clock: Clock,
         workers: int = 1,
     ) -> None:
         self.name = name
@@ -122,7 +119,6 @@ class Controller:
         self._queue = queue
         self._metrics = metrics
         self._tracer = tracer
-        self._clock = clock
         self._workers = workers
         self._threads: list[threading.Thread] = []
 

@@ -201,28 +201,26 @@ class Dependents:
 
     def teardown(self, uid: str) -> list[str]:
         """One pass of ordered deletion; returns what is still pending (empty when done)."""
-        rcts = self._caches.rcts.by_index(BY_DOMAIN, uid)
-        workload = [r for r in rcts if _labels(r).get(c.TARGET_LABEL) != c.TARGET_DAEMON]
-        daemon = [r for r in rcts if _labels(r).get(c.TARGET_LABEL) == c.TARGET_DAEMON]
-        for rct in workload:
-            self.delete(RESOURCE_CLAIM_TEMPLATES, rct)
-        for node in self._caches.nodes.by_index(BY_DOMAIN, uid):
+        caches = self._caches
+        rcts = caches.rcts.by_index(BY_DOMAIN, uid)
+        for rct in rcts:
+            if _labels(rct).get(c.TARGET_LABEL) != c.TARGET_DAEMON:
+                self.delete(RESOURCE_CLAIM_TEMPLATES, rct)
+        for node in caches.nodes.by_index(BY_DOMAIN, uid):
             remove_domain_label(self._client, node, uid=uid)
-        for ds in self._caches.daemonsets.by_index(BY_DOMAIN, uid):
+        for ds in caches.daemonsets.by_index(BY_DOMAIN, uid):
             self.delete(DAEMONSETS, ds)
-        pending = [f"ResourceClaimTemplate {_key(r)}" for r in workload]
-        pending += [
-            f"DaemonSet {_key(d)}" for d in self._caches.daemonsets.by_index(BY_DOMAIN, uid)
-        ]
+        # Pods on lost nodes cannot terminate until the node returns; do not wait for them.
         pods = [
             p
-            for p in self._caches.pods.by_index(BY_DOMAIN, uid)
-            if not node_problem(self._caches.nodes.get_by_key(str(p.get("spec", {}).get("nodeName"))))
+            for p in caches.pods.by_index(BY_DOMAIN, uid)
+            if not node_problem(caches.nodes.get_by_key(str(p.get("spec", {}).get("nodeName"))))
         ]
+        if not pods:
+            for rct in rcts:
+                if _labels(rct).get(c.TARGET_LABEL) == c.TARGET_DAEMON:
+                    self.delete(RESOURCE_CLAIM_TEMPLATES, rct)
+        pending = [f"ResourceClaimTemplate {_key(r)}" for r in caches.rcts.by_index(BY_DOMAIN, uid)]
+        pending += [f"DaemonSet {_key(d)}" for d in caches.daemonsets.by_index(BY_DOMAIN, uid)]
         pending += [f"daemon pod {_key(p)}" for p in pods]
-        if pods:
-            return pending
-        for rct in daemon:
-            self.delete(RESOURCE_CLAIM_TEMPLATES, rct)
-        pending += [f"ResourceClaimTemplate {_key(r)}" for r in daemon]
         return pending

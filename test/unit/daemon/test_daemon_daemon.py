@@ -133,7 +133,7 @@ def test_step_joins_starts_imex_and_tracks_readiness(api: FakeApiServer, tmp_pat
     assert env is not None and env["IMEX_HOSTS_FILE"] == str(tmp_path / "hosts")
     assert env["IMEX_DOMAIN_ID"] == UID and env["PATH"] == "/bin"
     assert own_entry(api)["status"] == c.STATUS_READY
-    assert metrics.ready._value.get() == 1  # type: ignore[attr-defined]
+    assert metrics.registry.get_sample_value("compute_domain_daemon_imex_ready") == 1
     pod = api.objects(res.PODS)[0]
     assert pod["metadata"]["labels"] == {c.CLIQUE_ID_LABEL: CLIQUE}
 
@@ -145,7 +145,7 @@ def test_step_joins_starts_imex_and_tracks_readiness(api: FakeApiServer, tmp_pat
     daemon.step()
     daemon.step()
     assert len(runner.procs) == 2 and own_entry(api)["status"] == c.STATUS_READY
-    assert metrics.restarts._value.get() == 1  # type: ignore[attr-defined]
+    assert metrics.registry.get_sample_value("compute_domain_daemon_imex_restarts_total") == 1
 
 
 def test_entry_removed_externally_is_restored(api: FakeApiServer, tmp_path: Path) -> None:

@@ -75,7 +75,9 @@ def resolve(hosts_path: Path, index: int) -> str | None:
 
 def test_dns_mode_starts_immediately_and_reloads_only_on_change(tmp_path: Path) -> None:
     sync, proc, gauge, hosts_path = make(tmp_path, dns=True)
-    assert (tmp_path / "nodes.cfg").read_text() == nodesconfig.render_dns_nodes_config(UID, max_nodes=4)
+    assert (tmp_path / "nodes.cfg").read_text() == nodesconfig.render_dns_nodes_config(
+        UID, max_nodes=4
+    )
     sync.apply([])  # not a member yet: nothing starts
     assert proc.calls == []
     sync.apply([e("n0", "10.0.0.1", 0)])

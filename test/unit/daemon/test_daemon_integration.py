@@ -171,7 +171,7 @@ def test_domains_form_reform_and_stay_apart(cluster: Cluster) -> None:
     wait_for(lambda: formed(a), "domain A re-formed around the new IP")
     entries = cluster.clique(UID_A)
     assert len(entries) == 3
-    assert next(e for e in entries if e["nodeName"] == "a2") ["index"] == index_a2
+    assert next(e for e in entries if e["nodeName"] == "a2")["index"] == index_a2
     assert "127.0.0.43" not in {e["ipAddress"] for e in entries}
     for node in a:
         for peer in cluster.status(node)["nodes"]:

@@ -94,7 +94,9 @@ def server() -> Iterator[FakeApiServer]:
 def client(server: FakeApiServer) -> RestClient:
     for obj in server.objects(res.COMPUTE_DOMAIN_CLIQUES):
         meta = obj["metadata"]
-        server.client().delete(res.COMPUTE_DOMAIN_CLIQUES, meta["name"], namespace=meta["namespace"])
+        server.client().delete(
+            res.COMPUTE_DOMAIN_CLIQUES, meta["name"], namespace=meta["namespace"]
+        )
     return server.client()
 
 

@@ -23,7 +23,9 @@ def _check_golden(name: str, content: str) -> None:
     path = GOLDEN / name
     if UPDATE:
         path.write_text(content, encoding="utf-8")
-    assert content == path.read_text(encoding="utf-8"), f"re-run with UPDATE_GOLDEN=1 to update {path}"
+    assert content == path.read_text(encoding="utf-8"), (
+        f"re-run with UPDATE_GOLDEN=1 to update {path}"
+    )
 
 
 @pytest.mark.parametrize(

@@ -88,6 +88,7 @@ def parts() -> tuple[Supervisor, FakeRunner, FakeClock, RecordingObserver]:
         env={"IMEX_HOSTS_FILE": "/h"},
         backoff=BackoffPolicy(initial=1.0, factor=2.0, cap=8.0, stable_after=60.0),
         observer=obs,
+        reload_grace=1.0,
     )
     return sup, runner, clock, obs
 

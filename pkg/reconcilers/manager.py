@@ -1,0 +1,192 @@
+"""ControllerManager: wires informers, event handlers, queues, reconcilers and the orphan sweep.
+
+Owns the process-wide object graph of the ComputeDomain controller. One shared informer per
+watched slice of the API feeds the caches (:class:`pkg.reconcilers.cache.Caches`); event
+handlers only map objects to keys and enqueue them (never call the API); three controllers
+with their own named queues run the reconcilers:
+
+* ``computedomain`` (key ``ns/name``): from ComputeDomains, and from the DaemonSets, daemon
+  pods, cliques, RCTs and Nodes labelled with a domain UID — so status aggregation is driven
+  by membership events, with no polling;
+* ``resourceclaim`` (key node name): from ResourceClaims (old and new allocation node),
+  Nodes, and ComputeDomains appearing after their claims;
+* ``cliquelabel`` (key node name): from ResourceSlices and Nodes.
+
+Invariants: workers start only after every cache has synced (:meth:`ControllerManager.start`
+blocks until then); :meth:`stop` stops the queues, the sweep and the informers, in that order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry
+
+from pkg.api import constants as c
+from pkg.informers import DeletedFinalStateUnknown, RateLimitingQueue, SharedInformerFactory
+from pkg.informers.clock import Clock as InformerClock
+from pkg.informers.informer import SharedInformer
+from pkg.kube import resources as res
+from pkg.kube.client import KubeClient
+from pkg.reconcilers.cache import BY_UID, INDEXES, Caches, allocated_node
+from pkg.reconcilers.cleanup import OrphanCleaner
+from pkg.reconcilers.cliquelabel import CliqueLabelReconciler
+from pkg.reconcilers.computedomain import ComputeDomainReconciler
+from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.controller import Controller, ReconcileMetrics, Reconciler
+from pkg.reconcilers.events import EventSink, OnceEvents
+from pkg.reconcilers.metrics import DomainMetrics
+from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
+from pkg.runtime.clock import Clock
+
+__all__ = ["ControllerManager"]
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+Mapper = Callable[[JSON], Iterable[str]]
+RESYNC_PERIOD = 600.0
+
+
+def _unwrap(obj: JSON | DeletedFinalStateUnknown) -> JSON:
+    return obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
+
+
+def _key(obj: JSON) -> str:
+    meta = obj["metadata"]
+    ns = meta.get("namespace")
+    return f"{ns}/{meta['name']}" if ns else str(meta["name"])
+
+
+class ControllerManager:
+    """Builds and runs everything the controller binary does while it is the leader."""
+
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        config: ControllerConfig,
+        registry: CollectorRegistry,
+        tracer: trace.Tracer,
+        clock: Clock,
+        informer_clock: InformerClock,
+        events: EventSink,
+        cd_workers: int = 2,
+    ) -> None:
+        self._factory = SharedInformerFactory(
+            client, clock=informer_clock, resync_period=RESYNC_PERIOD
+        )
+        ns, label = config.namespace, c.COMPUTE_DOMAIN_LABEL
+        f = self._factory
+        informers: dict[str, SharedInformer] = {
+            "compute_domains": f.informer_for(res.COMPUTE_DOMAINS),
+            "daemonsets": f.informer_for(res.DAEMONSETS, ns, label_selector=label),
+            "pods": f.informer_for(res.PODS, ns, label_selector=label),
+            "cliques": f.informer_for(res.COMPUTE_DOMAIN_CLIQUES, ns, label_selector=label),
+            "rcts": f.informer_for(res.RESOURCE_CLAIM_TEMPLATES, label_selector=label),
+            "nodes": f.informer_for(res.NODES),
+            "claims": f.informer_for(res.RESOURCE_CLAIMS),
+            "slices": f.informer_for(res.RESOURCE_SLICES),
+        }
+        for name, inf in informers.items():
+            inf.add_indexers(INDEXES[name])
+        self.caches = Caches(**{name: inf.indexer for name, inf in informers.items()})
+        self._informers = informers
+        once = OnceEvents(events)
+        reconcile_metrics = ReconcileMetrics(registry)
+
+        def controller(name: str, reconciler: Reconciler, workers: int) -> Controller:
+            queue: RateLimitingQueue[str] = RateLimitingQueue(
+                name=name, clock=informer_clock, registry=registry
+            )
+            return Controller(
+                name=name, reconciler=reconciler, queue=queue, metrics=reconcile_metrics,
+                tracer=tracer, workers=workers,
+            )  # fmt: skip
+
+        self.domains = ComputeDomainReconciler(
+            client=client, caches=self.caches, config=config, events=events,
+            metrics=DomainMetrics(registry), clock=clock,
+        )  # fmt: skip
+        self.claims = ResourceClaimReconciler(client=client, caches=self.caches, events=once)
+        self.cliques = CliqueLabelReconciler(client=client, caches=self.caches, events=once)
+        self.controllers = [
+            controller("computedomain", self.domains, cd_workers),
+            controller("resourceclaim", self.claims, 1),
+            controller("cliquelabel", self.cliques, 1),
+        ]
+        self.cleaner = OrphanCleaner(
+            client=client, caches=self.caches, config=config, events=events, clock=clock
+        )
+        self._stop = threading.Event()
+        self._cleanup_thread: threading.Thread | None = None
+        self._wire()
+
+    # -- event handlers → keys --------------------------------------------------------------
+
+    def _domain_keys(self, obj: JSON) -> list[str]:
+        uid = (obj["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
+        if not uid:
+            return []
+        return [_key(cd) for cd in self.caches.compute_domains.by_index(BY_UID, uid)]
+
+    def _watch(self, informer: SharedInformer, controller: Controller, mapper: Mapper) -> None:
+        enqueue = controller.handler(mapper)
+
+        def on_update(old: JSON, new: JSON) -> None:
+            enqueue(old)
+            enqueue(new)
+
+        informer.add_event_handler(
+            on_add=enqueue, on_update=on_update, on_delete=lambda o: enqueue(_unwrap(o))
+        )
+
+    def _wire(self) -> None:
+        cd_ctl, claim_ctl, clique_ctl = self.controllers
+        inf = self._informers
+        self._watch(inf["compute_domains"], cd_ctl, lambda o: [_key(o)])
+        self._watch(
+            inf["compute_domains"], claim_ctl,
+            lambda o: self.claims.nodes_of_domain(str(o["metadata"].get("uid"))),
+        )  # fmt: skip
+        for name in ("daemonsets", "pods", "cliques", "rcts", "nodes"):
+            self._watch(inf[name], cd_ctl, self._domain_keys)
+        self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
+        self._watch(inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])])
+        self._watch(inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])])
+        self._watch(
+            inf["slices"], clique_ctl,
+            lambda o: [str(n)] if (n := (o.get("spec") or {}).get("nodeName")) else [],
+        )  # fmt: skip
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def synced(self) -> bool:
+        return all(i.has_synced() for i in self._informers.values())
+
+    def start(self, *, sync_timeout: float = 120.0) -> bool:
+        """Start informers, wait for their caches, then workers and the sweep; False on timeout."""
+        self._factory.start()
+        if not self._factory.wait_for_cache_sync(sync_timeout):
+            log.error("caches did not sync within %.0f s", sync_timeout)
+            return False
+        log.info("caches synced; starting workers")
+        for ctl in self.controllers:
+            ctl.start()
+        self._cleanup_thread = threading.Thread(
+            target=self.cleaner.run, args=(self._stop,), name="orphan-cleanup", daemon=True
+        )
+        self._cleanup_thread.start()
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        for ctl in self.controllers:
+            ctl.stop()
+        if self._cleanup_thread is not None:
+            self._cleanup_thread.join(timeout=10)
+        self._factory.shutdown()

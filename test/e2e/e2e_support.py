@@ -1,0 +1,275 @@
+"""Shared machinery of the e2e suite (also used by ``hack/demo.py`` and the benchmark).
+
+Owns: deploying the driver from ``config/`` (``kubectl kustomize config/default``, applied with
+the real kubectl except the controller Deployment and the plugin DaemonSet, which run as local
+processes: the controller here, the plugins inside each simulated node), the controller process
+(env taken from its Deployment manifest), small API helpers over raw JSON, and the leak report
+every scenario ends with. Everything takes its dependencies as arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubeletsim import NodeFleet
+
+from pkg.api import constants as c
+from pkg.kube.client import KubeClient
+from pkg.kube.errors import NotFoundError
+from pkg.kube.resources import (
+    COMPUTE_DOMAIN_CLIQUES,
+    COMPUTE_DOMAINS,
+    DAEMONSETS,
+    EVENTS,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+KUBECTL = Path(sys.executable).parent / "kubectl"
+CONTROLLER_SCRIPT = REPO / "cmd" / "compute-domain-controller" / "compute_domain_controller.py"
+LOCAL_KINDS = {"Deployment", "DaemonSet"}  # run as local processes, not applied
+T = TypeVar("T")
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2) -> T:
+    """Poll ``fn`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    done = subprocess.run(
+        [str(KUBECTL), f"--kubeconfig={kubeconfig}", *args],
+        input=stdin, capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    if check and done.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout + (done.stderr if not check else "")
+
+
+def render_config(kustomization: Path = REPO / "config" / "default") -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [str(KUBECTL), "kustomize", str(kustomization)],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@dataclass
+class Driver:
+    """The deployed driver: rendered manifests plus the local controller process."""
+
+    kubeconfig: Path  # admin
+    namespace: str
+    docs: list[dict[str, Any]]
+    controller: subprocess.Popen[bytes] | None = None
+    controller_log: Path | None = None
+
+    @classmethod
+    def deploy(cls, admin_kubeconfig: Path) -> Driver:
+        docs = render_config()
+        applied = [d for d in docs if d["kind"] not in LOCAL_KINDS]
+        ns = next(d["metadata"]["name"] for d in docs if d["kind"] == "Namespace")
+        crds = [d for d in applied if d["kind"] == "CustomResourceDefinition"]
+        kubectl(admin_kubeconfig, "apply", "--server-side", "-f", "-",
+                stdin=yaml.safe_dump_all(crds))  # fmt: skip
+        for crd in crds:
+            kubectl(admin_kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
+                    f"crd/{crd['metadata']['name']}")  # fmt: skip
+        rest = [d for d in applied if d["kind"] != "CustomResourceDefinition"]
+        kubectl(admin_kubeconfig, "apply", "--server-side", "-f", "-",
+                stdin=yaml.safe_dump_all(rest))  # fmt: skip
+        return cls(kubeconfig=admin_kubeconfig, namespace=ns, docs=docs)
+
+    def manifest(self, kind: str) -> dict[str, Any]:
+        return next(d for d in self.docs if d["kind"] == kind)
+
+    def controller_env(self, *, kubeconfig: Path, http_port: int) -> dict[str, str]:
+        """Env of the controller container in the rendered Deployment, resolved locally."""
+        deploy = self.manifest("Deployment")
+        config_maps = {d["metadata"]["name"]: d.get("data", {}) for d in self.docs
+                       if d["kind"] == "ConfigMap"}  # fmt: skip
+        env: dict[str, str] = {}
+        container = deploy["spec"]["template"]["spec"]["containers"][0]
+        for item in container.get("env", []):
+            src = item.get("valueFrom", {})
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+            elif "configMapKeyRef" in src:
+                ref = src["configMapKeyRef"]
+                env[item["name"]] = str(config_maps[ref["name"]].get(ref["key"], ""))
+            elif "fieldRef" in src:
+                fields = {"metadata.name": "compute-domain-controller-local",
+                          "metadata.namespace": self.namespace}  # fmt: skip
+                env[item["name"]] = fields.get(src["fieldRef"]["fieldPath"], "")
+        env.update({
+            "HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+            "KUBECONFIG": str(kubeconfig),
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        })  # fmt: skip
+        return env
+
+    def controller_args(self) -> list[str]:
+        deploy = self.manifest("Deployment")
+        container = deploy["spec"]["template"]["spec"]["containers"][0]
+        return [str(a) for a in container.get("args", [])]
+
+    def start_controller(self, *, kubeconfig: Path, log_file: Path, http_port: int) -> None:
+        env = self.controller_env(kubeconfig=kubeconfig, http_port=http_port)
+        args = [a.replace("$(LOG_VERBOSITY)", env.get("LOG_VERBOSITY", "1"))
+                for a in self.controller_args()]  # fmt: skip
+        self.controller_log = log_file
+        with log_file.open("ab") as log:
+            log.write(f"=== {time.strftime('%H:%M:%S')} starting controller\n".encode())
+            log.flush()
+            self.controller = subprocess.Popen(
+                [sys.executable, str(CONTROLLER_SCRIPT), *args], env=env, cwd=REPO,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def kill_controller(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        p = self.controller
+        if p is not None and p.poll() is None:
+            os.killpg(p.pid, sig)
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=5)
+
+    def controller_alive(self) -> bool:
+        return self.controller is not None and self.controller.poll() is None
+
+
+# -- objects ---------------------------------------------------------------------------------
+
+
+def compute_domain(name: str, namespace: str, *, rct: str, mode: str = "Single",
+                   num_nodes: int | None = None) -> dict[str, Any]:  # fmt: skip
+    spec: dict[str, Any] = {"channel": {"resourceClaimTemplate": {"name": rct},
+                                        "allocationMode": mode}}  # fmt: skip
+    if num_nodes is not None:
+        spec["numNodes"] = num_nodes
+    return {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
+
+
+def workload_pod(name: str, namespace: str, *, rct: str | None = None, claim: str | None = None,
+                 node: str | None = None, labels: dict[str, str] | None = None,
+                 affinity: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A pod like the upstream channel-injection example (``ls /dev/nvidia-caps-imex-channels``)."""
+    source = {"resourceClaimTemplateName": rct} if rct else {"resourceClaimName": claim}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "containers": [{
+            "name": "ctr", "image": "ubuntu:22.04",
+            "command": ["bash", "-c", "ls -la /dev/nvidia-caps-imex-channels; sleep 3600"],
+            "resources": {"claims": [{"name": "compute-domain-channel"}]},
+        }],
+        "resourceClaims": [{"name": "compute-domain-channel", **source}],
+    }  # fmt: skip
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if affinity:
+        spec["affinity"] = affinity
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+            "spec": spec}  # fmt: skip
+
+
+def spread_affinity(label: dict[str, str]) -> dict[str, Any]:
+    """One pod per node (hostname anti-affinity among pods with ``label``)."""
+    return {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": label}}
+            ]
+        }
+    }
+
+
+def channels_seen(fleet: NodeFleet, namespace: str, pod: str, container: str = "ctr") -> list[str]:
+    rec = fleet.container_record(namespace, pod, container)
+    if rec is None:
+        return []
+    prefix = "/dev/nvidia-caps-imex-channels/"
+    return [p.removeprefix(prefix) for p in (d["path"] for d in rec["deviceNodes"])
+            if p.startswith(prefix)]  # fmt: skip
+
+
+def pod_phase(client: KubeClient, ns: str, name: str) -> str:
+    try:
+        return str(client.get(PODS, name, namespace=ns).get("status", {}).get("phase", ""))
+    except NotFoundError:
+        return "<gone>"
+
+
+def pod_ready(client: KubeClient, ns: str, name: str) -> bool:
+    try:
+        pod = client.get(PODS, name, namespace=ns)
+    except NotFoundError:
+        return False
+    conds = {x["type"]: x["status"] for x in pod.get("status", {}).get("conditions", [])}
+    return conds.get("Ready") == "True"
+
+
+def events_for(client: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
+    items = client.list(EVENTS, namespace=ns, field_selector=f"involvedObject.name={name}")
+    return list(items.get("items", []))
+
+
+# -- leaks -----------------------------------------------------------------------------------
+
+
+def leak_report(client: KubeClient, fleet: NodeFleet, driver_ns: str,
+                namespaces: Iterable[str] = ()) -> dict[str, Any]:  # fmt: skip
+    """Everything a finished scenario must not leave behind (empty dict = clean)."""
+    leaks: dict[str, Any] = {}
+
+    def names(items: dict[str, Any]) -> list[str]:
+        return [i["metadata"]["name"] for i in items.get("items", [])]
+
+    ds = names(client.list(DAEMONSETS, namespace=driver_ns, label_selector=c.COMPUTE_DOMAIN_LABEL))
+    rcts = names(client.list(RESOURCE_CLAIM_TEMPLATES, namespace=driver_ns))
+    claims = names(client.list(RESOURCE_CLAIMS, namespace=driver_ns))
+    cliques = names(client.list(COMPUTE_DOMAIN_CLIQUES, namespace=driver_ns))
+    labeled = names(client.list(NODES, label_selector=c.COMPUTE_DOMAIN_LABEL))
+    for ns in namespaces:
+        for key, res in (("rcts", RESOURCE_CLAIM_TEMPLATES), ("cds", COMPUTE_DOMAINS)):
+            left = names(client.list(res, namespace=ns))
+            if left:
+                leaks[f"{key}[{ns}]"] = left
+    for key, value in (("daemonsets", ds), ("driver-rcts", rcts), ("driver-claims", claims),
+                       ("cliques", cliques), ("labeled-nodes", labeled),
+                       ("cdi-claim-specs", fleet.cdi_claim_specs()),
+                       ("checkpoints", fleet.checkpoint_claims())):  # fmt: skip
+        if value:
+            leaks[key] = value
+    return leaks
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)

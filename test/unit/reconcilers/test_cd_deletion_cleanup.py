@@ -1,0 +1,182 @@
+"""Ordered deletion of a ComputeDomain and the orphan sweep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, compute_domain, daemon_pod, node
+from prometheus_client import CollectorRegistry
+
+from pkg.api import constants as c
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.cleanup import OrphanCleaner
+from pkg.reconcilers.computedomain import ComputeDomainReconciler
+from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.metrics import DomainMetrics
+from pkg.testing.fakeapiserver import FakeApiServer
+
+JSON = dict[str, Any]
+
+
+@pytest.fixture
+def reconciler(
+    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
+    clock: StepClock, registry: CollectorRegistry,
+) -> ComputeDomainReconciler:  # fmt: skip
+    return ComputeDomainReconciler(
+        client=client, caches=caches, config=config, events=events,
+        metrics=DomainMetrics(registry), clock=clock,
+    )  # fmt: skip
+
+
+def names(server: FakeApiServer, resource: res.Resource) -> list[str]:
+    return sorted(o["metadata"]["name"] for o in server.objects(resource))
+
+
+def setup_domain(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, *, node_ready: str = "True"
+) -> str:
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    reconciler.reconcile("team/cd1")
+    server.seed(res.NODES, node("a", ready=node_ready, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+    server.seed(res.PODS, daemon_pod(uid, "a", clique=""))
+    reconciler.reconcile("team/cd1")
+    return uid
+
+
+def test_finalizer_is_removed_only_after_daemon_pods_are_gone(
+    server: FakeApiServer,
+    client: RestClient,
+    reconciler: ComputeDomainReconciler,
+    events: RecordedEvents,
+    registry: CollectorRegistry,
+) -> None:
+    uid = setup_domain(server, reconciler)
+    assert registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 1
+    client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")
+    result = reconciler.reconcile("team/cd1")
+    assert result.requeue_after > 0
+    # Workload RCT, node label and DaemonSet are gone; the CD and the daemon RCT wait.
+    assert names(server, res.RESOURCE_CLAIM_TEMPLATES) == [f"computedomain-daemon-{uid}"]
+    assert names(server, res.DAEMONSETS) == []
+    (a,) = server.objects(res.NODES)
+    assert c.COMPUTE_DOMAIN_LABEL not in a["metadata"]["labels"]
+    (cd,) = server.objects(res.COMPUTE_DOMAINS)
+    assert cd["metadata"]["finalizers"] == [c.FINALIZER]
+    assert "daemon pod" in events.items[-1][3]
+    reconciler.reconcile("team/cd1")
+    assert len(server.objects(res.COMPUTE_DOMAINS)) == 1
+    client.delete(res.PODS, "daemon-a", namespace=DRIVER_NS)
+    assert reconciler.reconcile("team/cd1").requeue_after == 0
+    assert names(server, res.RESOURCE_CLAIM_TEMPLATES) == []
+    assert server.objects(res.COMPUTE_DOMAINS) == []
+    assert registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 0
+
+
+def test_pods_on_unreachable_nodes_do_not_block_deletion(
+    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler
+) -> None:
+    setup_domain(server, reconciler, node_ready="Unknown")
+    client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")
+    reconciler.reconcile("team/cd1")
+    assert server.objects(res.COMPUTE_DOMAINS) == []
+
+
+def test_upstream_finalizers_on_dependents_are_stripped(
+    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler
+) -> None:
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    reconciler.reconcile("team/cd1")
+    for resource in (res.DAEMONSETS, res.RESOURCE_CLAIM_TEMPLATES):
+        for obj in server.objects(resource):
+            obj["metadata"]["finalizers"] = [c.FINALIZER]
+            server.seed(resource, obj)
+    client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")
+    reconciler.reconcile("team/cd1")
+    reconciler.reconcile("team/cd1")
+    assert server.objects(res.DAEMONSETS) == []
+    assert server.objects(res.RESOURCE_CLAIM_TEMPLATES) == []
+    assert server.objects(res.COMPUTE_DOMAINS) == []
+    assert uid
+
+
+def test_deleted_domain_without_our_finalizer_is_ignored(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler
+) -> None:
+    obj = compute_domain()
+    obj["metadata"]["finalizers"] = ["someone.else/keep"]
+    server.seed(res.COMPUTE_DOMAINS, obj)
+    server.objects(res.COMPUTE_DOMAINS)
+    server.store.delete(res.COMPUTE_DOMAINS, "team", "cd1")
+    server.clear_log()
+    reconciler.reconcile("team/cd1")
+    assert [m for m, _ in server.request_log if m != "GET"] == []
+
+
+@pytest.fixture
+def cleaner(
+    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
+    clock: StepClock,
+) -> OrphanCleaner:  # fmt: skip
+    return OrphanCleaner(client=client, caches=caches, config=config, events=events, clock=clock)
+
+
+def orphan_objects(server: FakeApiServer, uid: str) -> None:
+    labels = {c.COMPUTE_DOMAIN_LABEL: uid}
+    server.seed(res.DAEMONSETS, {"metadata": {"name": f"computedomain-daemon-{uid}",
+                                              "namespace": DRIVER_NS, "labels": labels},
+                                 "spec": {}})  # fmt: skip
+    server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
+        "metadata": {"name": "chan", "namespace": "team",
+                     "labels": {**labels, c.TARGET_LABEL: c.TARGET_WORKLOAD},
+                     "finalizers": [c.FINALIZER]},
+        "spec": {"spec": {}},
+    })  # fmt: skip
+    server.seed(res.NODES, node(f"n-{uid}", labels=labels))
+
+
+def test_orphan_sweep_removes_what_dead_domains_left(
+    server: FakeApiServer, cleaner: OrphanCleaner, reconciler: ComputeDomainReconciler
+) -> None:
+    live = setup_domain(server, reconciler)
+    orphan_objects(server, "dead-uid")
+    assert cleaner.sweep() == 3
+    assert names(server, res.DAEMONSETS) == [f"computedomain-daemon-{live}"]
+    assert sorted(o["metadata"]["labels"].get(c.COMPUTE_DOMAIN_LABEL, "")
+                  for o in server.objects(res.NODES)) == ["", live]  # fmt: skip
+    assert all(o["metadata"]["labels"][c.COMPUTE_DOMAIN_LABEL] == live
+               for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES))  # fmt: skip
+    assert cleaner.sweep() == 0
+
+
+def test_orphan_sweep_confirms_with_the_api_before_deleting(
+    server: FakeApiServer, caches: Caches, cleaner: OrphanCleaner
+) -> None:
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    orphan_objects(server, uid)
+    caches.compute_domains.hidden.add("team/cd1")  # type: ignore[attr-defined]
+    assert cleaner.sweep() == 0
+    assert len(server.objects(res.DAEMONSETS)) == 1
+
+
+def test_orphan_sweep_runs_periodically_until_stopped(
+    server: FakeApiServer, cleaner: OrphanCleaner, clock: StepClock
+) -> None:
+    import threading
+
+    stop = threading.Event()
+    calls: list[float] = []
+    real = cleaner.sweep
+
+    def sweep() -> int:
+        calls.append(clock.monotonic())
+        if len(calls) == 3:
+            stop.set()
+        return real()
+
+    cleaner.sweep = sweep  # type: ignore[method-assign]
+    cleaner.run(stop)
+    assert calls == [0.0, 600.0, 1200.0]

@@ -1,0 +1,98 @@
+"""The wired controller (real informers, queues and workers) against the fake API server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import pytest
+from cdctl_fakes import (
+    DRIVER_NS,
+    RecordedEvents,
+    channel_claim,
+    clique,
+    compute_domain,
+    daemon_entry,
+    daemon_pod,
+    node,
+    resource_slice,
+)
+from opentelemetry import trace
+from prometheus_client import CollectorRegistry
+
+from pkg.api import constants as c
+from pkg.informers import RealClock
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.manager import ControllerManager
+from pkg.runtime.clock import SystemClock
+from pkg.testing.fakeapiserver import FakeApiServer
+
+
+def eventually(pred: Callable[[], object], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.02)  # polling other threads' progress, not a backoff
+    raise AssertionError("condition not reached in time")
+
+
+@pytest.fixture
+def manager(
+    client: RestClient, config: ControllerConfig, registry: CollectorRegistry,
+    events: RecordedEvents,
+) -> Iterator[ControllerManager]:  # fmt: skip
+    mgr = ControllerManager(
+        client=client, config=replace(config, cleanup_interval=3600), registry=registry,
+        tracer=trace.NoOpTracer(), clock=SystemClock(), informer_clock=RealClock(),
+        events=events,
+    )  # fmt: skip
+    yield mgr
+    mgr.stop()
+
+
+def test_domain_lifecycle_is_event_driven_end_to_end(
+    server: FakeApiServer,
+    client: RestClient,
+    manager: ControllerManager,
+    registry: CollectorRegistry,
+) -> None:
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id="uuid.3"))
+    assert manager.start(sync_timeout=10)
+    assert manager.synced()
+
+    def cd() -> dict[str, object] | None:
+        objs = server.objects(res.COMPUTE_DOMAINS)
+        return objs[0] if objs else None
+
+    def node_labels() -> dict[str, str]:
+        return dict(server.objects(res.NODES)[0]["metadata"].get("labels") or {})
+
+    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+    eventually(lambda: node_labels().get(c.GPU_CLIQUE_NODE_LABEL) == "uuid.3")
+    # The scheduler allocates a workload claim on node a: the node is labelled at once.
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
+    eventually(lambda: node_labels().get(c.COMPUTE_DOMAIN_LABEL) == uid)
+    # The DaemonSet's pod starts there and its daemon registers Ready in its clique.
+    server.seed(res.PODS, daemon_pod(uid, "a", clique="uuid.3"))
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "uuid.3", [daemon_entry("a", index=0)]))
+    eventually(lambda: (cd() or {}).get("status", {}).get("status") == "Ready")  # type: ignore[union-attr]
+    eventually(
+        lambda: registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "Ready"})
+    )
+    assert registry.get_sample_value(
+        "workqueue_adds_total", {"name": "computedomain"}
+    )  # named queues export metrics
+    # Delete: the finalizer stays until the daemon pod is gone.
+    client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")
+    eventually(lambda: server.objects(res.DAEMONSETS) == [])
+    eventually(lambda: c.COMPUTE_DOMAIN_LABEL not in node_labels())
+    assert cd() is not None
+    client.delete(res.PODS, "daemon-a", namespace=DRIVER_NS)
+    eventually(lambda: cd() is None)
+    assert server.objects(res.RESOURCE_CLAIM_TEMPLATES) == []

@@ -1,0 +1,161 @@
+"""Node labels: domain label from allocated channel claims; clique label from ResourceSlices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cdctl_fakes import RecordedEvents, channel_claim, compute_domain, node, resource_slice
+
+from pkg.api import constants as c
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.cliquelabel import MANAGED_ANNOTATION, CliqueLabelReconciler
+from pkg.reconcilers.events import OnceEvents
+from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
+from pkg.testing.fakeapiserver import FakeApiServer
+
+JSON = dict[str, Any]
+
+
+def labels(server: FakeApiServer, name: str) -> dict[str, str]:
+    obj = next(o for o in server.objects(res.NODES) if o["metadata"]["name"] == name)
+    return dict(obj["metadata"].get("labels") or {})
+
+
+def annotations(server: FakeApiServer, name: str) -> dict[str, str]:
+    obj = next(o for o in server.objects(res.NODES) if o["metadata"]["name"] == name)
+    return dict(obj["metadata"].get("annotations") or {})
+
+
+@pytest.fixture
+def claims(client: RestClient, caches: Caches, events: RecordedEvents) -> ResourceClaimReconciler:
+    return ResourceClaimReconciler(client=client, caches=caches, events=OnceEvents(events))
+
+
+@pytest.fixture
+def cliques(client: RestClient, caches: Caches, events: RecordedEvents) -> CliqueLabelReconciler:
+    return CliqueLabelReconciler(client=client, caches=caches, events=OnceEvents(events))
+
+
+def domain(server: FakeApiServer, name: str = "cd1", ns: str = "team") -> str:
+    return str(server.seed(res.COMPUTE_DOMAINS, compute_domain(name, ns))["metadata"]["uid"])
+
+
+def test_allocation_labels_node_and_deallocation_unlabels(
+    server: FakeApiServer, client: RestClient, claims: ResourceClaimReconciler
+) -> None:
+    uid = domain(server)
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w1", ns="team", uid=uid, node_name="a"))
+    assert claims.nodes_of_domain(uid) == ["a"]
+    claims.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == uid
+    claims.reconcile("a")  # idempotent
+    w0 = client.get(res.RESOURCE_CLAIMS, "w0", namespace="team")
+    w0["status"] = {}
+    client.update(res.RESOURCE_CLAIMS, w0, subresource="status")
+    claims.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == uid  # w1 still allocated there
+    server.store.delete(res.RESOURCE_CLAIMS, "team", "w1")
+    claims.reconcile("a")
+    assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
+
+
+def test_label_never_seen_allocated_is_left_alone(
+    server: FakeApiServer, claims: ResourceClaimReconciler
+) -> None:
+    uid = domain(server)
+    server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+    claims.reconcile("a")  # e.g. the plugin labelled it; we never saw a claim here
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == uid
+
+
+def test_cross_namespace_claim_warns_once_and_labels_nothing(
+    server: FakeApiServer, claims: ResourceClaimReconciler, events: RecordedEvents
+) -> None:
+    uid = domain(server)
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="intruder", uid=uid, node_name="a"))
+    claims.reconcile("a")
+    claims.reconcile("a")
+    assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
+    assert events.reasons() == ["ComputeDomainNamespaceMismatch"] * 2  # claim and domain
+    assert {e[0] for e in events.items} == {"w0", "cd1"}
+
+
+def test_node_of_another_live_domain_is_not_taken(
+    server: FakeApiServer, claims: ResourceClaimReconciler, events: RecordedEvents
+) -> None:
+    first, second = domain(server, "cd1"), domain(server, "cd2")
+    server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: first}))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=second, node_name="a"))
+    claims.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == first
+    assert "NodeInUse" in events.reasons()
+    # A label of a domain that no longer exists is stale and is replaced.
+    server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: "deleted-uid"}))
+    claims.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == second
+
+
+def test_claim_for_unknown_domain_warns(
+    server: FakeApiServer, claims: ResourceClaimReconciler, events: RecordedEvents
+) -> None:
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid="nope", node_name="a"))
+    claims.reconcile("a")
+    assert events.reasons() == ["ComputeDomainNotFound"]
+    assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
+
+
+@pytest.mark.parametrize("qualified", [False, True], ids=["plain-key", "qualified-key"])
+def test_clique_label_follows_the_slice(
+    server: FakeApiServer, cliques: CliqueLabelReconciler, qualified: bool
+) -> None:
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id="uuid.7", qualified=qualified))
+    cliques.reconcile("a")
+    assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.7"
+    assert annotations(server, "a")[MANAGED_ANNOTATION] == "true"
+    server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id="uuid.8"))
+    cliques.reconcile("a")
+    assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.8"  # our own stale value
+    server.store.delete(res.RESOURCE_SLICES, None, "a-cd")
+    cliques.reconcile("a")
+    assert c.GPU_CLIQUE_NODE_LABEL not in labels(server, "a")
+    assert MANAGED_ANNOTATION not in annotations(server, "a")
+
+
+def test_foreign_clique_label_is_never_overwritten_or_removed(
+    server: FakeApiServer, cliques: CliqueLabelReconciler, events: RecordedEvents
+) -> None:
+    server.seed(res.NODES, node("a", labels={c.GPU_CLIQUE_NODE_LABEL: "gfd.1"}))
+    server.seed(res.NODES, node("b", labels={c.GPU_CLIQUE_NODE_LABEL: "uuid.7"}))
+    server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id="uuid.7"))
+    server.seed(res.RESOURCE_SLICES, resource_slice("b", clique_id="uuid.7"))
+    for name in ("a", "b", "a"):
+        cliques.reconcile(name)
+    assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "gfd.1"
+    assert events.reasons() == ["CliqueLabelConflict"]
+    assert MANAGED_ANNOTATION not in annotations(server, "b")  # equal value, still not ours
+    server.store.delete(res.RESOURCE_SLICES, None, "b-cd")
+    cliques.reconcile("b")
+    assert labels(server, "b")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.7"
+
+
+def test_non_fabric_node_and_invalid_values_get_no_label(
+    server: FakeApiServer, cliques: CliqueLabelReconciler, events: RecordedEvents
+) -> None:
+    server.seed(res.NODES, node("a"))
+    server.seed(res.NODES, node("b"))
+    server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id=None))
+    server.seed(res.RESOURCE_SLICES, resource_slice("b", clique_id="bad value!"))
+    server.clear_log()
+    cliques.reconcile("a")
+    cliques.reconcile("b")
+    cliques.reconcile("missing-node")
+    assert [m for m, _ in server.request_log if m != "GET"] == []
+    assert events.reasons() == ["InvalidCliqueID"]
