@@ -98,12 +98,19 @@ def main(argv: list[str]) -> int:
     try:
         devices = build_discovery(args).discover()
         check_driver_version(devices, dns_names=dns_names_enabled(args.feature_gates))
-        client = RestClient(
-            load_api_client(args.kubeconfig), user_agent="compute-domain-kubelet-plugin"
-        )
-        plugin = KubeletPlugin(config=config, client=client, devices=devices)
+    except DiscoveryError as err:
+        log.error("cannot start: %s", err)
+        return 1
+    try:
+        api_client = load_api_client(args.kubeconfig)
+    except Exception as err:  # the kubernetes loader raises several unrelated types
+        log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "(in-cluster)", err)
+        return 1
+    client = RestClient(api_client, user_agent="compute-domain-kubelet-plugin")
+    plugin = KubeletPlugin(config=config, client=client, devices=devices)
+    try:
         plugin.start()
-    except (DiscoveryError, ProcDevicesError) as err:
+    except (ProcDevicesError, OSError) as err:
         log.error("cannot start: %s", err)
         return 1
     log.info("started on node %s (clique %r, %d GPUs)", config.node_name, devices.clique_id,

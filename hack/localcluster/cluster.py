@@ -249,6 +249,7 @@ class Cluster:
             f"--authorization-kubeconfig={admin_kc}",
             "--bind-address=127.0.0.1",
             "--leader-elect=false",
+            "--authentication-skip-lookup=true",
             "--profiling=false",
             f"--v={verbosity}",
             *gates,

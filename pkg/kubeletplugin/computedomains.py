@@ -24,7 +24,7 @@ from typing import Any
 
 from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
 from pkg.kube.client import JSON, KubeClient
-from pkg.kube.errors import ApiError, ConflictError, InvalidError, NotFoundError
+from pkg.kube.errors import ConflictError, InvalidError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES, COMPUTE_DOMAINS, NODES
 from pkg.kubeletplugin.errors import RetryableError
 from pkg.kubeletplugin.watchcache import WatchCache
@@ -193,6 +193,3 @@ class DomainTracker:
             except (ConflictError, InvalidError):
                 continue
         raise RetryableError(f"could not remove node label for ComputeDomain {cd_uid}; will retry")
-
-
-__all__ = ["ApiError", "DomainTracker"]

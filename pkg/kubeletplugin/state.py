@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from pkg.api.opaque import ChannelConfig, DaemonConfig, OpaqueConfig
+from pkg.api.opaque import ChannelConfig, DaemonConfig
 from pkg.kube.client import JSON, KubeClient
 from pkg.kube.errors import ApiError, NotFoundError
 from pkg.kube.resources import RESOURCE_CLAIMS
@@ -47,7 +47,7 @@ from pkg.kubeletplugin.checkpoint import (
     PreparedDevice,
 )
 from pkg.kubeletplugin.claims import ClaimRef, resolve_claim_config
-from pkg.kubeletplugin.errors import ClaimError, PermanentError, RetryableError
+from pkg.kubeletplugin.errors import PermanentError, RetryableError
 from pkg.kubeletplugin.procdevices import DeviceNode
 
 log = logging.getLogger(__name__)
@@ -323,6 +323,3 @@ class DeviceState:
     def _remove(self, uid: str) -> None:
         self._store.remove(uid)
         self._on_change(list(self._store.entries().values()))
-
-
-__all__ = ["ClaimError", "ClaimRef", "DeviceState", "NodeLock", "NodeSetup", "OpaqueConfig"]

@@ -190,6 +190,11 @@ class ComputeDomainReconciler:
         self, obj: JSON, *, previous: JSON | None, new: JSON, members: list[Member]
     ) -> None:
         meta = obj["metadata"]
+        cond = next(x for x in new["conditions"] if x["type"] == CONDITION_READY)
+        log.info(
+            "status written status=%s ready=%d/%d reason=%s", new["status"], new["readyNodes"],
+            new["nodeCount"], cond["reason"], extra={"key": f"{meta['namespace']}/{meta['name']}"},
+        )  # fmt: skip
         for ev in status_events(previous, new, members=members):
             self._events.event(obj, ev.type, ev.reason, ev.message)
         self._metrics.observe_status(

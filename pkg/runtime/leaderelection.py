@@ -148,9 +148,7 @@ class LeaderElector:
         )
         if holder != cfg.identity:
             new_spec["acquireTime"] = stamp
-            new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (
-                1 if holder else 0
-            )
+            new_spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         body = dict(lease)
         body["spec"] = new_spec
         return self._write(lambda: self._client.update(LEASES, body))

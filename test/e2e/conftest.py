@@ -20,32 +20,24 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import Driver, leak_report, wait_for
+from e2e_support import Driver, free_port, leak_report, teardown_namespace, wait_for
 from kubeletsim import NodeFleet, config_from_cluster, layout
 from localcluster import Cluster, bin_dir
 
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
-from pkg.kube.errors import NotFoundError
-from pkg.kube.resources import COMPUTE_DOMAINS, NAMESPACES, PODS
+from pkg.kube.resources import NAMESPACES
 
 REQUIRED = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "cdi-resolve")
 CLIQUES: list[int | None] = [0, 0, 0, 0, 1, None]
 NODE_NAMES = [s.name for s in layout(CLIQUES)]
 SESSION: dict[str, Any] = {}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -89,7 +81,7 @@ def driver(cluster: Cluster) -> Iterator[Driver]:
     d.start_controller(
         kubeconfig=cluster.kubeconfig("compute-domain-controller"),
         log_file=cluster.log_path("controller"),
-        http_port=_free_port(),
+        http_port=free_port(),
     )
     SESSION["driver"] = d
     yield d
@@ -120,21 +112,6 @@ def ns(
     admin.delete(NAMESPACES, name)
 
 
-def teardown_namespace(admin: KubeClient, name: str) -> None:
-    for cd in admin.list(COMPUTE_DOMAINS, namespace=name).get("items", []):
-        try:
-            admin.delete(COMPUTE_DOMAINS, cd["metadata"]["name"], namespace=name)
-        except NotFoundError:
-            pass
-    for pod in admin.list(PODS, namespace=name).get("items", []):
-        try:
-            admin.delete(PODS, pod["metadata"]["name"], namespace=name)
-        except NotFoundError:
-            pass
-    wait_for(f"pods of {name} gone",
-             lambda: not admin.list(PODS, namespace=name).get("items"), timeout=90)  # fmt: skip
-
-
 def wait_for_clean(
     admin: KubeClient, fleet: NodeFleet, driver_ns: str, namespaces: list[str], timeout: float = 60
 ) -> dict[str, Any]:
@@ -142,12 +119,15 @@ def wait_for_clean(
         wait_for("no leaks", lambda: not leak_report(admin, fleet, driver_ns, namespaces),
                  timeout=timeout, every=0.5)  # fmt: skip
     except AssertionError:
-        return leak_report(admin, fleet, driver_ns, namespaces)
+        leaks: dict[str, Any] = leak_report(admin, fleet, driver_ns, namespaces)
+        return leaks
     return {}
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[Any]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
     if report.failed and "cluster" in SESSION:

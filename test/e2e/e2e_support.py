@@ -9,9 +9,11 @@ every scenario ends with. Everything takes its dependencies as arguments.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -198,6 +200,41 @@ def workload_pod(name: str, namespace: str, *, rct: str | None = None, claim: st
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
             "spec": spec}  # fmt: skip
+
+
+def channel_claim(name: str, ns: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A hand-written workload claim (what the controller's RCT would produce)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": {
+            "requests": [{"name": "channel",
+                          "exactly": {"deviceClassName": c.CHANNEL_DEVICE_CLASS}}],
+            "config": [{"requests": ["channel"],
+                        "opaque": {"driver": c.DRIVER_NAME, "parameters": params}}],
+        }},
+    }  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def teardown_namespace(client: KubeClient, name: str, timeout: float = 90) -> None:
+    """Delete the namespace's ComputeDomains and pods and wait until the pods are gone."""
+    for cd in client.list(COMPUTE_DOMAINS, namespace=name).get("items", []):
+        with contextlib.suppress(NotFoundError):
+            client.delete(COMPUTE_DOMAINS, cd["metadata"]["name"], namespace=name)
+    for pod in client.list(PODS, namespace=name).get("items", []):
+        with contextlib.suppress(NotFoundError):
+            client.delete(PODS, pod["metadata"]["name"], namespace=name)
+
+    def gone() -> bool:
+        return not client.list(PODS, namespace=name).get("items")
+
+    wait_for(f"pods of {name} gone", gone, timeout=timeout)
 
 
 def spread_affinity(label: dict[str, str]) -> dict[str, Any]:

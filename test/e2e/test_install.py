@@ -8,6 +8,8 @@ ServiceAccounts exist; every simulated node's plugin published its ResourceSlice
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import yaml
 from e2e_support import Driver, kubectl, wait_for
@@ -54,14 +56,12 @@ def test_crds_established_and_driver_objects_present(
     for dc in (c.CHANNEL_DEVICE_CLASS, c.DAEMON_DEVICE_CLASS):
         assert admin.get(DEVICE_CLASSES, dc)["spec"]["selectors"]
     nodes = {n.name for n in fleet}
-    slices = wait_for(
-        "a ResourceSlice per node",
-        lambda: (
-            s
-            if {x["spec"]["nodeName"] for x in (s := admin.list(RESOURCE_SLICES)["items"])} >= nodes
-            else None
-        ),
-    )
+
+    def all_published() -> list[dict[str, Any]] | None:
+        items: list[dict[str, Any]] = admin.list(RESOURCE_SLICES)["items"]
+        return items if {x["spec"]["nodeName"] for x in items} >= nodes else None
+
+    slices = wait_for("a ResourceSlice per node", all_published)
     for s in slices:
         assert s["spec"]["driver"] == c.DRIVER_NAME
         assert {d["name"] for d in s["spec"]["devices"]} == {"channel-0", "daemon-0"}

@@ -8,6 +8,7 @@ down. Returns plain data; the callers assert.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,9 +51,10 @@ class Workload:
 
 
 def node_affinity(nodes: Sequence[str]) -> dict[str, Any]:
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                               "values": list(nodes)}]}]}}}  # fmt: skip
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                  "values": list(nodes)}]}  # fmt: skip
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}  # fmt: skip
 
 
 def create_cd(client: KubeClient, ns: str, name: str, *, mode: str = "Single",
@@ -85,7 +87,7 @@ def wait_bound(client: KubeClient, w: Workload, timeout: float = 60) -> dict[str
             out[p] = node
         return out
 
-    placement = wait_for("pods bound", bound, timeout=timeout, every=0.05)
+    placement: dict[str, str] = wait_for("pods bound", bound, timeout=timeout, every=0.05)
     w.bound_at = time.monotonic()
     return placement
 
@@ -115,7 +117,10 @@ def wait_cd_ready(
               and all(e.get("status") == c.STATUS_READY for e in entries))  # fmt: skip
         return st if ok else None
 
-    return wait_for(f"CD {w.cd_name} Ready with {nodes} nodes", ready, timeout=timeout)
+    st: dict[str, Any] = wait_for(
+        f"CD {w.cd_name} Ready with {nodes} nodes", ready, timeout=timeout
+    )
+    return st
 
 
 def daemon_pods(client: KubeClient, driver_ns: str, cd_uid: str) -> list[dict[str, Any]]:
@@ -134,10 +139,8 @@ def daemonset(client: KubeClient, driver_ns: str, cd_uid: str) -> dict[str, Any]
 
 def delete_pods(client: KubeClient, w: Workload, timeout: float = 90) -> None:
     for p in w.pods:
-        try:
+        with contextlib.suppress(NotFoundError):
             client.delete(PODS, p, namespace=w.namespace)
-        except NotFoundError:
-            pass
     wait_for("workload pods gone", lambda: all(not _exists(client, PODS, p, w.namespace)
                                                for p in w.pods), timeout=timeout)  # fmt: skip
 

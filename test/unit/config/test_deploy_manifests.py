@@ -403,7 +403,7 @@ def test_kind_overlay_uses_fake_gpus_without_privileges() -> None:
     assert "/etc/compute-domain-fake" in mounts and "/driver-root" not in mounts
     for key in ("FAKE_GPU_CONFIG", "ALT_PROC_DEVICES_PATH"):
         assert env[key]["value"].startswith("/etc/compute-domain-fake/")
-    assert "LD_LIBRARY_PATH" not in env and "NVIDIA_DRIVER_ROOT" not in env
+    assert "LD_LIBRARY_PATH" not in env
     assert ctr["securityContext"]["privileged"] is False
     assert ctr["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     vol_names = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
@@ -425,3 +425,35 @@ def test_samples_use_the_driver_contract() -> None:
     assert pod["resourceClaims"] == [{"name": "imex-channel", "resourceClaimTemplateName": rct}]
     [term] = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == c.GPU_CLIQUE_NODE_LABEL
+
+
+# Env vars the manifests set that no Python code reads, on purpose.
+ENV_NOT_READ_BY_CODE = {
+    "LD_LIBRARY_PATH": "read by the dynamic loader when pynvml dlopens libnvidia-ml.so.1",
+    "POD_UID": "upstream's rolling-update contract; reserved, see the DaemonSet comment",
+}
+ENTRY_POINTS = {
+    "compute-domain-controller": REPO
+    / "cmd/compute-domain-controller/compute_domain_controller.py",
+    "compute-domain-kubelet-plugin": REPO
+    / "cmd/compute-domain-kubelet-plugin/compute_domain_kubelet_plugin.py",
+}
+
+
+@pytest.mark.parametrize("workload", sorted(ENTRY_POINTS))
+def test_every_env_var_is_read_by_the_code(workload: str) -> None:
+    """A renamed flag or env var in the code must not leave the manifests silently stale."""
+    entry = ENTRY_POINTS[workload]
+    if not entry.is_file():
+        pytest.skip(f"{entry.relative_to(REPO)} not written yet")
+    sources = "\n".join(
+        p.read_text() for d in (REPO / "pkg", entry.parent) for p in d.rglob("*.py")
+    )
+    for rel in DEPLOYABLE:
+        objs = render(rel)
+        kind = "Deployment" if workload.endswith("controller") else "DaemonSet"
+        for ctr in containers(find(objs, kind, workload)):
+            for name in env_of(ctr):
+                if name in ENV_NOT_READ_BY_CODE:
+                    continue
+                assert f'"{name}"' in sources, f"{rel}: {workload} sets {name}, nothing reads it"

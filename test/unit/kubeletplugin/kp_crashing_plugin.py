@@ -15,13 +15,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kp_harness import CLIQUE, make_config  # noqa: E402
-from kubernetes import client as k8s_client  # noqa: E402
+from kp_harness import CLIQUE, make_config  # type: ignore[import-not-found]
+from kubernetes import client as k8s_client
 
-from pkg.kube.client import RestClient  # noqa: E402
-from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, read_boot_id  # noqa: E402
-from pkg.kubeletplugin.discovery import NodeDevices  # noqa: E402
-from pkg.kubeletplugin.driver import KubeletPlugin  # noqa: E402
+from pkg.kube.client import RestClient
+from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, read_boot_id
+from pkg.kubeletplugin.discovery import NodeDevices
+from pkg.kubeletplugin.driver import KubeletPlugin
 
 
 class CrashingStore(CheckpointStore):

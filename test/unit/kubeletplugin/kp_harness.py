@@ -29,7 +29,10 @@ from pkg.testing.fakeapiserver import FakeApiServer
 NODE = "node-a"
 DRIVER_NS = "nvidia-dra-driver"
 CLIQUE = "2c9f7d4e-3b1a-4e5f-9a8b-7c6d5e4f3a2b.7"
-PROC_DEVICES = "Character devices:\n  1 mem\n195 nvidia\n235 nvidia-caps-imex-channels\n236 nvidia-caps\n\nBlock devices:\n  8 sd\n"
+PROC_DEVICES = (
+    "Character devices:\n  1 mem\n195 nvidia\n235 nvidia-caps-imex-channels\n"
+    "236 nvidia-caps\n\nBlock devices:\n  8 sd\n"
+)
 JSON = dict[str, Any]
 
 
@@ -58,27 +61,49 @@ def make_config(root: Path, *, healthcheck_port: int = -1) -> PluginConfig:
     (root / "proc-devices").write_text(PROC_DEVICES)
     (root / "boot_id").write_text("boot-1\n")
     return PluginConfig(
-        node_name=NODE, namespace=DRIVER_NS, cdi_root=root / "cdi", registrar_dir=root / "reg",
-        plugins_dir=root / "plugins", proc_devices=root / "proc-devices",
-        imex_mgmt_caps_file=root / "no-caps", healthcheck_port=healthcheck_port,
-        boot_id_file=root / "boot_id", retry_delay=0.05, domain_grace=0.1,
-    )  # fmt: skip
+        node_name=NODE,
+        namespace=DRIVER_NS,
+        cdi_root=root / "cdi",
+        registrar_dir=root / "reg",
+        plugins_dir=root / "plugins",
+        proc_devices=root / "proc-devices",
+        imex_mgmt_caps_file=root / "no-caps",
+        healthcheck_port=healthcheck_port,
+        boot_id_file=root / "boot_id",
+        retry_delay=0.05,
+        domain_grace=0.1,
+    )
 
 
 def seed_world(api: FakeApiServer, *, node: str = NODE) -> None:
     api.seed(res.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
 
 
-def seed_domain(api: FakeApiServer, *, namespace: str = "team", ready: bool = True,
-                clique: str = CLIQUE, node: str = NODE) -> str:  # fmt: skip
-    cd = api.seed(res.COMPUTE_DOMAINS, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": f"cd-{uuid.uuid4().hex[:6]}", "namespace": namespace},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "rct"}}},
-        "status": {"status": "Ready", "nodes": [
-            {"name": node, "status": "Ready" if ready else "NotReady", "cliqueID": clique}
-        ]} if not clique else {},
-    })  # fmt: skip
+def seed_domain(
+    api: FakeApiServer,
+    *,
+    namespace: str = "team",
+    ready: bool = True,
+    clique: str = CLIQUE,
+    node: str = NODE,
+) -> str:
+    cd = api.seed(
+        res.COMPUTE_DOMAINS,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": f"cd-{uuid.uuid4().hex[:6]}", "namespace": namespace},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "rct"}}},
+            "status": {
+                "status": "Ready",
+                "nodes": [
+                    {"name": node, "status": "Ready" if ready else "NotReady", "cliqueID": clique}
+                ],
+            }
+            if not clique
+            else {},
+        },
+    )
     uid = str(cd["metadata"]["uid"])
     if clique:
         set_daemon_ready(api, uid, ready=ready, node=node)
@@ -88,42 +113,84 @@ def seed_domain(api: FakeApiServer, *, namespace: str = "team", ready: bool = Tr
 def set_daemon_ready(api: FakeApiServer, cd_uid: str, *, ready: bool, node: str = NODE) -> None:
     client = api.client()
     name = c.clique_object_name(cd_uid, CLIQUE)
-    daemons = [{"nodeName": node, "ipAddress": "10.0.0.1", "cliqueID": CLIQUE, "index": 0,
-                "status": "Ready" if ready else "NotReady"}]  # fmt: skip
+    daemons = [
+        {
+            "nodeName": node,
+            "ipAddress": "10.0.0.1",
+            "cliqueID": CLIQUE,
+            "index": 0,
+            "status": "Ready" if ready else "NotReady",
+        }
+    ]
     try:
         obj = client.get(res.COMPUTE_DOMAIN_CLIQUES, name, namespace=DRIVER_NS)
         obj["daemons"] = daemons
         client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
     except Exception:
-        api.seed(res.COMPUTE_DOMAIN_CLIQUES, {
-            "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-            "metadata": {"name": name, "namespace": DRIVER_NS}, "daemons": daemons,
-        })  # fmt: skip
+        api.seed(
+            res.COMPUTE_DOMAIN_CLIQUES,
+            {
+                "apiVersion": c.API_VERSION,
+                "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+                "metadata": {"name": name, "namespace": DRIVER_NS},
+                "daemons": daemons,
+            },
+        )
 
 
 def channel_params(cd_uid: str, **extra: Any) -> JSON:
     return {"apiVersion": c.API_VERSION, "kind": c.CHANNEL_CONFIG_KIND, "domainID": cd_uid, **extra}
 
 
-def seed_claim(api: FakeApiServer, *, namespace: str = "team", name: str | None = None,
-               device: str = c.CHANNEL_DEVICE_NAME, params: JSON | None = None,
-               request: str = "channel", allocated: bool = True) -> JSON:  # fmt: skip
+def seed_claim(
+    api: FakeApiServer,
+    *,
+    namespace: str = "team",
+    name: str | None = None,
+    device: str = c.CHANNEL_DEVICE_NAME,
+    params: JSON | None = None,
+    request: str = "channel",
+    allocated: bool = True,
+) -> JSON:
     name = name or f"claim-{uuid.uuid4().hex[:8]}"
     status: JSON = {}
     if allocated:
-        config = [] if params is None else [{
-            "source": "FromClaim", "requests": [],
-            "opaque": {"driver": c.DRIVER_NAME, "parameters": params},
-        }]  # fmt: skip
-        status = {"allocation": {"devices": {
-            "results": [{"request": request, "driver": c.DRIVER_NAME, "pool": NODE, "device": device}],
-            "config": config,
-        }}}  # fmt: skip
-    return api.seed(res.RESOURCE_CLAIMS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [{"name": request}]}}, "status": status,
-    })  # fmt: skip
+        config = (
+            []
+            if params is None
+            else [
+                {
+                    "source": "FromClaim",
+                    "requests": [],
+                    "opaque": {"driver": c.DRIVER_NAME, "parameters": params},
+                }
+            ]
+        )
+        status = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": request,
+                            "driver": c.DRIVER_NAME,
+                            "pool": NODE,
+                            "device": device,
+                        }
+                    ],
+                    "config": config,
+                }
+            }
+        }
+    return api.seed(
+        res.RESOURCE_CLAIMS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": request}]}},
+            "status": status,
+        },
+    )
 
 
 @dataclass
@@ -157,13 +224,15 @@ class Kubelet:
     @staticmethod
     def _claim(pb2: Any, obj: JSON) -> Any:
         meta = obj.get("metadata", obj)
-        return pb2.Claim(namespace=meta.get("namespace", ""), uid=meta.get("uid", ""),
-                         name=meta.get("name", ""))  # fmt: skip
+        return pb2.Claim(
+            namespace=meta.get("namespace", ""), uid=meta.get("uid", ""), name=meta.get("name", "")
+        )
 
 
 @contextmanager
-def running_plugin(api: FakeApiServer, root: Path, *, clique: str = CLIQUE,
-                   healthcheck_port: int = -1) -> Iterator[tuple[KubeletPlugin, Kubelet]]:  # fmt: skip
+def running_plugin(
+    api: FakeApiServer, root: Path, *, clique: str = CLIQUE, healthcheck_port: int = -1
+) -> Iterator[tuple[KubeletPlugin, Kubelet]]:
     config = make_config(root, healthcheck_port=healthcheck_port)
     devices = NodeDevices(driver_version="580.65.06", gpus=(), clique_id=clique)
     plugin = KubeletPlugin(config=config, client=api.client(), devices=devices)

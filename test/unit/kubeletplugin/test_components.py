@@ -55,17 +55,20 @@ def fake_nvml(fabrics: list[Any], *, version: str = "580.65.06") -> Any:
             setattr(info, key, value)
 
     return SimpleNamespace(
-        NVMLError=NVMLError, calls=calls,
+        NVMLError=NVMLError,
+        calls=calls,
         nvmlInitWithFlags=lambda flags: calls.append(f"init:{flags}"),
         nvmlShutdown=lambda: calls.append("shutdown"),
-        nvmlSystemGetDriverVersion=lambda: version.encode(),
+        nvmlSystemGetDriverVersion=version.encode,
         nvmlDeviceGetCount=lambda: len(fabrics),
         nvmlDeviceGetHandleByIndex=lambda i: i,
         nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
         nvmlDeviceGetMinorNumber=lambda h: h,
-        c_nvmlGpuFabricInfo_t=FabricInfo, c_nvmlGpuFabricInfo_v2_t=FabricInfo,
-        nvmlDeviceGetGpuFabricInfo=get_fabric, nvmlDeviceGetGpuFabricInfoV=get_fabric,
-    )  # fmt: skip
+        c_nvmlGpuFabricInfo_t=FabricInfo,
+        c_nvmlGpuFabricInfo_v2_t=FabricInfo,
+        nvmlDeviceGetGpuFabricInfo=get_fabric,
+        nvmlDeviceGetGpuFabricInfoV=get_fabric,
+    )
 
 
 def done(clique: int = 7) -> dict[str, Any]:
@@ -119,8 +122,11 @@ def test_nvml_falls_back_to_versioned_call(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_driver_version_gate() -> None:
-    old = NodeDevices(driver_version="570.86.10", gpus=FakeDiscovery(
-        config={"gpuCount": 1}, node_name="n").discover().gpus, clique_id="")  # fmt: skip
+    old = NodeDevices(
+        driver_version="570.86.10",
+        gpus=FakeDiscovery(config={"gpuCount": 1}, node_name="n").discover().gpus,
+        clique_id="",
+    )
     with pytest.raises(DiscoveryError, match=r"570\.158\.01"):
         check_driver_version(old, dns_names=True)
     check_driver_version(old, dns_names=False)
@@ -135,7 +141,9 @@ def test_fake_config_inline_and_file(tmp_path: Path) -> None:
     assert devices.clique_id == f"{CLUSTER}.3" and len(devices.gpus) == 2
     path = tmp_path / "gpus.json"
     path.write_text(json.dumps({"gpuCount": 1}))
-    assert FakeDiscovery(config=load_fake_config(str(path)), node_name="n").discover().clique_id == ""
+    assert (
+        FakeDiscovery(config=load_fake_config(str(path)), node_name="n").discover().clique_id == ""
+    )
     with pytest.raises(DiscoveryError, match='unknown key "gpucount"'):
         load_fake_config('{"gpucount": 1}')
     bad = {"clusterUUID": str(CLUSTER), "fabric": {"state": "NOT_STARTED"}}
@@ -148,8 +156,10 @@ def test_fake_config_inline_and_file(tmp_path: Path) -> None:
 
 def test_proc_devices_major(tmp_path: Path) -> None:
     path = tmp_path / "devices"
-    path.write_text("Character devices:\n235 nvidia-caps-imex-channels\n\nBlock devices:\n"
-                    "236 nvidia-caps-imex-channels\n")  # fmt: skip
+    path.write_text(
+        "Character devices:\n235 nvidia-caps-imex-channels\n\nBlock devices:\n"
+        "236 nvidia-caps-imex-channels\n"
+    )
     assert char_device_major("nvidia-caps-imex-channels", path=path) == 235
     with pytest.raises(ProcDevicesError, match="not found"):
         char_device_major("nvidia-caps", path=path)
@@ -167,13 +177,20 @@ def test_cdi_minimum_version_and_atomic_files(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "cdi").iterdir()] == [f"{c.CDI_VENDOR}-device_base.json"]
 
 
-# -- checkpoint -------------------------------------------------------------------------------------
+# -- checkpoint ---------------------------------------------------------------------------------
 
 
 def entry(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> ClaimEntry:
     dev = PreparedDevice(("channel",), "node", "channel-0", (f"x/claim={uid}-channel-0",))
-    return ClaimEntry(uid=uid, namespace="ns", name=f"c-{uid}", state=state, kind="channel",
-                      domain_id="cd", devices=(dev,))  # fmt: skip
+    return ClaimEntry(
+        uid=uid,
+        namespace="ns",
+        name=f"c-{uid}",
+        state=state,
+        kind="channel",
+        domain_id="cd",
+        devices=(dev,),
+    )
 
 
 def test_checkpoint_round_trip_and_boot_id(tmp_path: Path) -> None:
@@ -219,7 +236,7 @@ def test_unusable_checkpoint_never_crashes(tmp_path: Path, content: bytes) -> No
     assert store.entries() == {}
 
 
-# -- opaque config resolution -----------------------------------------------------------------------
+# -- opaque config resolution -------------------------------------------------------------------
 
 
 def claim_with(configs: list[dict[str, Any]], device: str = "channel-0") -> dict[str, Any]:
@@ -229,8 +246,11 @@ def claim_with(configs: list[dict[str, Any]], device: str = "channel-0") -> dict
 
 def opaque(source: str, requests: list[str], **params: Any) -> dict[str, Any]:
     body = {"apiVersion": c.API_VERSION, "kind": c.CHANNEL_CONFIG_KIND, **params}
-    return {"source": source, "requests": requests,
-            "opaque": {"driver": c.DRIVER_NAME, "parameters": body}}  # fmt: skip
+    return {
+        "source": source,
+        "requests": requests,
+        "opaque": {"driver": c.DRIVER_NAME, "parameters": body},
+    }
 
 
 def test_claim_config_precedence() -> None:

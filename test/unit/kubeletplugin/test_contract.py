@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kp_harness import (
+from kp_harness import (  # type: ignore[import-not-found]
     CLIQUE,
     NODE,
     Kubelet,
@@ -77,8 +77,15 @@ def test_prepare_and_unprepare_channel(api: FakeApiServer, root: Path, version: 
         # Names not starting with a letter need CDI 0.5.0; otherwise 0.3.0 is enough.
         assert spec["cdiVersion"] == ("0.3.0" if uid[0].isalpha() else "0.5.0")
         nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]  # type: ignore[index]
-        assert nodes == [{"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c",
-                          "major": 235, "minor": 0, "fileMode": 0o666}]  # fmt: skip
+        assert nodes == [
+            {
+                "path": "/dev/nvidia-caps-imex-channels/channel0",
+                "type": "c",
+                "major": 235,
+                "minor": 0,
+                "fileMode": 0o666,
+            }
+        ]
         assert node_label(api) == cd
         # Retries and duplicates: same answer, one entry per UID.
         again = kubelet.prepare(claim, claim, version=version)
@@ -204,19 +211,28 @@ def test_node_without_clique_gets_no_channel_device(api: FakeApiServer, root: Pa
 def test_daemon_claim_gets_domain_env_and_mount(api: FakeApiServer, root: Path) -> None:
     cd = seed_domain(api)
     params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}
-    claim = seed_claim(api, namespace=api.objects(res.COMPUTE_DOMAINS)[0]["metadata"]["namespace"],
-                       device=c.DAEMON_DEVICE_NAME, request="daemon", params=params)  # fmt: skip
+    claim = seed_claim(
+        api,
+        namespace=api.objects(res.COMPUTE_DOMAINS)[0]["metadata"]["namespace"],
+        device=c.DAEMON_DEVICE_NAME,
+        request="daemon",
+        params=params,
+    )
     uid = claim["metadata"]["uid"]
     with running_plugin(api, root) as (plugin, kubelet):
         result = kubelet.prepare(claim).claims[uid]
         assert list(result.devices[0].cdi_device_ids) == [
-            f"{c.CDI_VENDOR}/device=all", f"{c.CDI_VENDOR}/claim={uid}-daemon-0"
+            f"{c.CDI_VENDOR}/device=all",
+            f"{c.CDI_VENDOR}/claim={uid}-daemon-0",
         ]
         edits = cdi_spec(root, uid)["devices"][0]["containerEdits"]  # type: ignore[index]
         assert f"CLIQUE_ID={CLIQUE}" in edits["env"] and f"COMPUTE_DOMAIN_UUID={cd}" in edits["env"]
         domain_dir = plugin.config.plugin_dir / "domains" / cd
-        assert edits["mounts"][0] == {"containerPath": "/imexd", "hostPath": str(domain_dir),
-                                      "options": ["rw", "nosuid", "nodev", "bind"]}  # fmt: skip
+        assert edits["mounts"][0] == {
+            "containerPath": "/imexd",
+            "hostPath": str(domain_dir),
+            "options": ["rw", "nosuid", "nodev", "bind"],
+        }
         assert domain_dir.is_dir()
         assert node_label(api) is None  # daemon claims never label
         kubelet.unprepare(claim)
@@ -231,13 +247,19 @@ def test_slice_published_and_recreated_after_deletion(api: FakeApiServer, root: 
         assert spec["pool"]["name"] == NODE and spec["pool"]["resourceSliceCount"] == 1
         assert first["metadata"]["ownerReferences"][0]["kind"] == "Node"
         attrs = {d["name"]: d["attributes"] for d in spec["devices"]}
-        assert attrs["channel-0"] == {"type": {"string": "channel"}, "id": {"int": 0},
-                                      "cliqueID": {"string": CLIQUE}}  # fmt: skip
+        assert attrs["channel-0"] == {
+            "type": {"string": "channel"},
+            "id": {"int": 0},
+            "cliqueID": {"string": CLIQUE},
+        }
         assert attrs["daemon-0"]["type"] == {"string": "daemon"}
         api.client().delete(res.RESOURCE_SLICES, plugin.slices.name)
         again = wait_until(
-            lambda: [s for s in api.objects(res.RESOURCE_SLICES)
-                     if s["metadata"]["uid"] != first["metadata"]["uid"]]  # fmt: skip
+            lambda: [
+                s
+                for s in api.objects(res.RESOURCE_SLICES)
+                if s["metadata"]["uid"] != first["metadata"]["uid"]
+            ]
         )
         assert again[0]["spec"]["devices"] == spec["devices"]
 
@@ -247,7 +269,10 @@ def test_health_checks_both_sockets(api: FakeApiServer, root: Path) -> None:
         assert plugin.health is not None
         with grpc.insecure_channel(f"127.0.0.1:{plugin.health.port}") as ch:
             stub = hgrpc.HealthStub(ch)
-            check = lambda s: stub.Check(hpb.HealthCheckRequest(service=s), timeout=10).status  # noqa: E731
+
+            def check(service: str) -> int:
+                return stub.Check(hpb.HealthCheckRequest(service=service), timeout=10).status
+
             assert check("liveness") == hpb.HealthCheckResponse.SERVING
             assert check("registration") == hpb.HealthCheckResponse.UNKNOWN
             kubelet.notify(False, "rejected")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kp_harness import (
+from kp_harness import (  # type: ignore[import-not-found]
     CLIQUE,
     DRIVER_NS,
     NODE,
@@ -34,20 +34,31 @@ ENTRY = REPO / "cmd" / "compute-domain-kubelet-plugin" / "compute_domain_kubelet
 
 def start_real_plugin(api: FakeApiServer, root: Path) -> subprocess.Popen[bytes]:
     kubeconfig = root / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-    }))  # fmt: skip
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+            }
+        )
+    )
     fake_gpus = {"gpuCount": 2, "clusterUUID": CLIQUE.split(".")[0], "cliqueId": 7}
     env = {
-        **os.environ, "NODE_NAME": NODE, "NAMESPACE": DRIVER_NS, "CDI_ROOT": str(root / "cdi"),
+        **os.environ,
+        "NODE_NAME": NODE,
+        "NAMESPACE": DRIVER_NS,
+        "CDI_ROOT": str(root / "cdi"),
         "KUBELET_REGISTRAR_DIRECTORY_PATH": str(root / "reg"),
         "KUBELET_PLUGINS_DIRECTORY_PATH": str(root / "plugins"),
-        "ALT_PROC_DEVICES_PATH": str(root / "proc-devices"), "KUBECONFIG": str(kubeconfig),
-        "DEVICE_DISCOVERY": "fake", "FAKE_GPU_CONFIG": json.dumps(fake_gpus),
-    }  # fmt: skip
+        "ALT_PROC_DEVICES_PATH": str(root / "proc-devices"),
+        "KUBECONFIG": str(kubeconfig),
+        "DEVICE_DISCOVERY": "fake",
+        "FAKE_GPU_CONFIG": json.dumps(fake_gpus),
+    }
     return subprocess.Popen([sys.executable, str(ENTRY)], env=env, cwd="/")
 
 
@@ -103,9 +114,15 @@ def test_stale_started_entry_of_deleted_claim_is_unprepared_at_start(
     claim = seed_claim(api, params=channel_params(cd))
     uid = claim["metadata"]["uid"]
     crashing = subprocess.Popen(
-        [sys.executable, str(HERE / "kp_crashing_plugin.py"), str(root), api.url,
-         "PrepareCompleted"], stdout=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(HERE / "kp_crashing_plugin.py"),
+            str(root),
+            api.url,
+            "PrepareCompleted",
+        ],
+        stdout=subprocess.PIPE,
+    )
     assert crashing.stdout is not None and crashing.stdout.readline().strip() == b"READY"
     with pytest.raises(grpc.RpcError):
         Kubelet(config).prepare(claim, timeout=10)
@@ -113,6 +130,7 @@ def test_stale_started_entry_of_deleted_claim_is_unprepared_at_start(
     api.client().delete(res.RESOURCE_CLAIMS, claim["metadata"]["name"], namespace="team")
     plugin = start_real_plugin(api, root)
     try:
+
         def cleaned() -> bool:
             doc = json.loads((config.plugin_dir / "checkpoint.json").read_text())
             return uid not in doc["claims"]

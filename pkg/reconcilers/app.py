@@ -1,0 +1,140 @@
+"""The compute-domain-controller process: observability, leader election and the manager.
+
+Owns the process lifecycle around :class:`ControllerManager`. Invariants:
+
+* the HTTP endpoint (if configured) is up before leader election starts, so a standby answers
+  probes; ``/readyz`` is ready when this process is a healthy standby (not leading, elector
+  running) or is leading with every cache synced, and never otherwise;
+* one leadership term per process: the manager is built when the term starts and the process
+  exits when it ends, so no in-memory state ever outlives a term (as upstream);
+* ``stop`` set (SIGTERM) → workers stop, the lease is released, :func:`run` returns 0;
+  leadership lost or caches never synced → :func:`run` returns 1 so the pod restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+
+from pkg.informers import RealClock
+from pkg.kube.client import KubeClient, RestClient
+from pkg.kube.config import load_api_client
+from pkg.kube.events import EventRecorder
+from pkg.reconcilers.flags import Options
+from pkg.reconcilers.manager import ControllerManager
+from pkg.runtime.clock import Clock, SystemClock
+from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
+from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector
+from pkg.runtime.tracing import setup_tracing
+
+__all__ = ["COMPONENT", "run"]
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "compute-domain-controller"
+
+
+def _default_client(options: Options) -> KubeClient:
+    api = load_api_client(options.kubeconfig)
+    return RestClient(
+        api, qps=options.kube_api_qps, burst=options.kube_api_burst, user_agent=COMPONENT
+    )
+
+
+def run(
+    options: Options,
+    *,
+    stop: threading.Event,
+    env: Mapping[str, str] | None = None,
+    client_factory: Callable[[Options], KubeClient] = _default_client,
+    clock: Clock | None = None,
+    registry: CollectorRegistry | None = None,
+    ready: Callable[[int], None] | None = None,
+) -> int:
+    """Run until ``stop`` is set (0) or leadership/caches are lost (1).
+
+    ``ready`` is called with the bound HTTP port once the server listens (0 without one).
+    """
+    clock = clock or SystemClock()
+    if registry is None:
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+    tracing = setup_tracing(COMPONENT, env=os.environ if env is None else env)
+    client = client_factory(options)
+    recorder = EventRecorder(client, COMPONENT, clock)
+    state: dict[str, ControllerManager | None] = {"manager": None}
+    leading = threading.Event()
+    failed = threading.Event()
+    liveness, readiness = HealthChecks(), HealthChecks()
+    liveness.add("ping", lambda: True)
+
+    def is_ready() -> bool:
+        manager = state["manager"]
+        if not options.leader_election or leading.is_set():
+            return manager is not None and manager.synced()
+        return not failed.is_set()
+
+    readiness.add("controller", is_ready)
+    server = None
+    if options.http_endpoint:
+        server = ObservabilityServer(
+            options.http_endpoint, registry=registry, metrics_path=options.metrics_path,
+            liveness=liveness, readiness=readiness,
+        )  # fmt: skip
+        server.start()
+    if ready is not None:
+        ready(server.port if server else 0)
+
+    def start_term() -> None:
+        manager = ControllerManager(
+            client=client, config=options.controller, registry=registry, tracer=tracing.tracer,
+            clock=clock, informer_clock=RealClock(), events=recorder,
+        )  # fmt: skip
+        state["manager"] = manager
+        leading.set()
+
+        def sync() -> None:
+            if not manager.start():
+                failed.set()
+                stop.set()
+
+        threading.Thread(target=sync, name="manager-start", daemon=True).start()
+
+    def stop_term() -> None:
+        leading.clear()
+        manager, state["manager"] = state["manager"], None
+        if manager is not None:
+            manager.stop()
+
+    log.info(
+        "starting namespace=%s image=%s leader_election=%s gates=%s", options.controller.namespace,
+        options.controller.image_name, options.leader_election, options.controller.feature_gates,
+    )  # fmt: skip
+    try:
+        if options.leader_election:
+            elector = LeaderElector(
+                client,
+                LeaderElectionConfig(
+                    namespace=options.lease_namespace, name=options.lease_name,
+                    identity=f"{options.pod_name}-{uuid.uuid4()}",
+                    lease_duration=options.lease_duration,
+                    renew_deadline=options.renew_deadline, retry_period=options.retry_period,
+                ),
+                clock=clock,
+            )  # fmt: skip
+            kept = elector.run(stop, on_started_leading=start_term, on_stopped_leading=stop_term)
+            return 0 if kept and not failed.is_set() else 1
+        start_term()
+        stop.wait()
+        stop_term()
+        return 1 if failed.is_set() else 0
+    finally:
+        if server is not None:
+            server.stop()
+        tracing.shutdown()

@@ -1,0 +1,180 @@
+"""Command line of the compute-domain-controller, compatible with upstream's flags and env names.
+
+Owns parsing ``argv`` + environment into a frozen :class:`Options`. Every flag also reads the
+upstream environment variable when it is not given on the command line (flag wins), long flags
+accept one or two dashes and ``--flag=value`` as Go's ``flag`` package does, booleans accept a
+bare ``--flag``, and durations accept Go syntax (``15s``, ``1m30s``, ``500ms``) or plain
+seconds. Invariant: an :class:`Options` that exists passed validation (required values present,
+leader-election timings consistent, feature gates valid), so the binary fails fast with a
+message naming the flag instead of failing later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pkg.api import constants as c
+from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, FeatureGateError, FeatureGates
+from pkg.reconcilers.config import ControllerConfig
+
+__all__ = ["Options", "parse_duration", "parse_options"]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Go duration (``1m30s``) or plain seconds → seconds."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f'invalid duration "{text}"')
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "t", "true", "yes", "on"):
+        return True
+    if value in ("0", "f", "false", "no", "off", ""):
+        return False
+    raise argparse.ArgumentTypeError(f'invalid boolean "{text}"')
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything the binary needs, parsed and validated."""
+
+    controller: ControllerConfig
+    gates: FeatureGates
+    pod_name: str
+    kubeconfig: str | None
+    kube_api_qps: float
+    kube_api_burst: int
+    http_endpoint: str
+    metrics_path: str
+    leader_election: bool
+    lease_namespace: str
+    lease_name: str
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+    verbosity: int
+
+
+# (flag, env, type, default, help)
+_FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = (
+    ("pod-name", "POD_NAME", str, "", "name of this pod (leader identity prefix)"),
+    ("namespace", "NAMESPACE", str, "default", "driver namespace"),
+    ("image-name", "IMAGE_NAME", str, "", "image of the IMEX daemon DaemonSets (required)"),
+    ("cd-daemon-image-pull-secret-names", "CD_DAEMON_IMAGE_PULL_SECRET_NAMES", str, "",
+     "image pull secrets for the daemons (comma or space separated)"),
+    ("log-verbosity-cd-daemon", "LOG_VERBOSITY_CD_DAEMON", int, 1, "daemon -v"),
+    ("max-nodes-per-imex-domain", "MAX_NODES_PER_IMEX_DOMAIN", int,
+     c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN, "daemons per clique"),
+    ("cd-daemon-service-account", "CD_DAEMON_SERVICE_ACCOUNT", str,
+     "compute-domain-daemon-service-account", "ServiceAccount of the daemon pods"),
+    ("cd-daemon-unreachable-toleration", "CD_DAEMON_UNREACHABLE_TOLERATION", parse_duration,
+     60.0, "how long daemons tolerate unreachable/not-ready nodes"),
+    ("cleanup-interval", "CLEANUP_INTERVAL", parse_duration, 600.0, "orphan sweep period"),
+    ("http-endpoint", "HTTP_ENDPOINT", str, "", "host:port for /metrics, /healthz, /readyz"),
+    ("metrics-path", "METRICS_PATH", str, "/metrics", "metrics path"),
+    ("pprof-path", "PPROF_PATH", str, "", "accepted for compatibility; ignored"),
+    ("additional-namespaces", "ADDITIONAL_NAMESPACES", str, "", "not supported; must be empty"),
+    ("leader-election-enabled", "LEADER_ELECTION_ENABLED", _bool, False, "run leader election"),
+    ("leader-election-lease-lock-namespace", "LEADER_ELECTION_LEASE_LOCK_NAMESPACE", str, "",
+     "Lease namespace (default: --namespace)"),
+    ("leader-election-lease-lock-name", "LEADER_ELECTION_LEASE_LOCK_NAME", str,
+     "nvidia-compute-domain-controller", "Lease name"),
+    ("leader-election-lease-duration", "LEADER_ELECTION_LEASE_DURATION", parse_duration, 15.0, ""),
+    ("leader-election-renew-deadline", "LEADER_ELECTION_RENEW_DEADLINE", parse_duration, 10.0, ""),
+    ("leader-election-retry-period", "LEADER_ELECTION_RETRY_PERIOD", parse_duration, 2.0, ""),
+    ("kubeconfig", "KUBECONFIG", str, "", "kubeconfig file (default: in-cluster)"),
+    ("kube-api-qps", "KUBE_API_QPS", float, 5.0, "client QPS"),
+    ("kube-api-burst", "KUBE_API_BURST", int, 10, "client burst"),
+    ("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false"),
+)  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="compute-domain-controller", allow_abbrev=False)
+    for name, _env, type_, _default, help_ in _FLAGS:
+        dest = name.replace("-", "_")
+        kwargs: dict[str, Any] = {"dest": dest, "help": help_, "default": None}
+        if type_ is _bool:
+            kwargs.update(nargs="?", const=True, type=_bool)
+        else:
+            kwargs["type"] = type_
+        p.add_argument(f"--{name}", f"-{name}", **kwargs)
+    p.add_argument("-v", "--v", dest="v", type=int, default=None, help="log verbosity")
+    return p
+
+
+def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
+    """Parse and validate; raises ``SystemExit(2)`` with a message on bad input."""
+    parser = _parser()
+    ns = vars(parser.parse_args(list(argv)))
+    values: dict[str, Any] = {}
+    for name, env_name, type_, default, _help in _FLAGS:
+        dest = name.replace("-", "_")
+        value = ns[dest]
+        if value is None and env_name and env.get(env_name, "") != "":
+            try:
+                value = type_(env[env_name])
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                parser.error(f"environment {env_name}: {exc}")
+        values[dest] = default if value is None else value
+    verbosity = ns["v"] if ns["v"] is not None else int(env.get("V", "0") or 0)
+    if not values["image_name"]:
+        parser.error("--image-name (or IMAGE_NAME) is required")
+    if values["additional_namespaces"]:
+        parser.error("--additional-namespaces is not supported by this controller")
+    try:
+        gates = FeatureGates.parse(str(values["feature_gates"])).validate()
+    except FeatureGateError as exc:
+        parser.error(f"--feature-gates: {exc}")
+    if not gates.enabled(COMPUTE_DOMAIN_CLIQUES):
+        parser.error(f"--feature-gates: {COMPUTE_DOMAIN_CLIQUES}=false is not supported")
+    secrets = tuple(
+        s for s in re.split(r"[,\s]+", str(values["cd_daemon_image_pull_secret_names"])) if s
+    )
+    try:
+        controller = ControllerConfig(
+            namespace=str(values["namespace"]),
+            image_name=str(values["image_name"]),
+            log_verbosity_cd_daemon=int(values["log_verbosity_cd_daemon"]),
+            max_nodes_per_imex_domain=int(values["max_nodes_per_imex_domain"]),
+            feature_gates=gates.render(),
+            image_pull_secret_names=secrets,
+            daemon_service_account=str(values["cd_daemon_service_account"]),
+            unreachable_toleration_seconds=int(values["cd_daemon_unreachable_toleration"]),
+            cleanup_interval=float(values["cleanup_interval"]),
+        ).validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    return Options(
+        controller=controller,
+        gates=gates,
+        pod_name=str(values["pod_name"]) or socket.gethostname(),
+        kubeconfig=str(values["kubeconfig"]) or None,
+        kube_api_qps=float(values["kube_api_qps"]),
+        kube_api_burst=int(values["kube_api_burst"]),
+        http_endpoint=str(values["http_endpoint"]),
+        metrics_path=str(values["metrics_path"]),
+        leader_election=bool(values["leader_election_enabled"]),
+        lease_namespace=str(values["leader_election_lease_lock_namespace"] or values["namespace"]),
+        lease_name=str(values["leader_election_lease_lock_name"]),
+        lease_duration=float(values["leader_election_lease_duration"]),
+        renew_deadline=float(values["leader_election_renew_deadline"]),
+        retry_period=float(values["leader_election_retry_period"]),
+        verbosity=int(verbosity),
+    )

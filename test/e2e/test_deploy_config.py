@@ -1,0 +1,330 @@
+"""The deployment manifests against the real API server: schema, RBAC matrix, admission policies.
+
+* Every object ``kubectl kustomize`` renders for ``config/default``, ``config/overlays/*`` and
+  ``config/samples`` passes a server-side dry-run apply (OpenAPI schema, CEL, defaulting,
+  admission) -- including the controller Deployment and plugin DaemonSet the suite otherwise
+  runs as local processes.
+* For each component ServiceAccount the real authorizer is asked (``SubjectAccessReview``) about
+  every verb on every resource the driver touches plus sensitive ones, in the driver namespace,
+  a user namespace, all namespaces and cluster scope; the allowed set must equal the reviewed
+  table below exactly, so any extra power (or a missing one) fails.
+* The ValidatingAdmissionPolicies really bite: requests impersonating the plugin / daemon with
+  the node-name / pod-name claims of a pod-bound token are allowed only for their own node /
+  pod and label, and denied without the claim (all as dry-run, so nothing changes).
+
+Runs on the session cluster and deployed driver of ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from e2e_support import KUBECTL, REPO, Driver, render_config, wait_for
+from kubeletsim import NodeFleet
+from localcluster import Cluster
+
+from pkg.api import constants as c
+from pkg.kube.client import KubeClient
+from pkg.kube.errors import NotFoundError
+from pkg.kube.resources import NAMESPACES, PODS, Resource
+
+pytestmark = pytest.mark.e2e
+
+SAR = Resource(
+    "authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False
+)
+OTHER_NS = "some-user-namespace"  # never created: authorization does not need it
+ALL_NS = ""  # SAR namespace "" on a namespaced resource = across all namespaces
+CLUSTER = None  # cluster-scoped resource
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+LEASE = "compute-domain-controller"
+
+# (group, resource, namespaced).  Everything the driver touches, plus what it must never touch.
+UNIVERSE: tuple[tuple[str, str, bool], ...] = (
+    ("resource.nvidia.com", "computedomains", True),
+    ("resource.nvidia.com", "computedomains/status", True),
+    ("resource.nvidia.com", "computedomaincliques", True),
+    ("resource.k8s.io", "resourceclaimtemplates", True),
+    ("resource.k8s.io", "resourceclaims", True),
+    ("resource.k8s.io", "resourceclaims/status", True),
+    ("resource.k8s.io", "resourceslices", False),
+    ("resource.k8s.io", "deviceclasses", False),
+    ("apps", "daemonsets", True),
+    ("apps", "deployments", True),
+    ("coordination.k8s.io", "leases", True),
+    ("", "pods", True),
+    ("", "pods/status", True),
+    ("", "pods/exec", True),
+    ("", "pods/eviction", True),
+    ("", "nodes", False),
+    ("", "nodes/status", False),
+    ("", "events", True),
+    ("events.k8s.io", "events", True),
+    ("", "secrets", True),
+    ("", "configmaps", True),
+    ("", "serviceaccounts", True),
+    ("", "serviceaccounts/token", True),
+    ("", "namespaces", False),
+    ("rbac.authorization.k8s.io", "roles", True),
+    ("rbac.authorization.k8s.io", "clusterroles", False),
+    ("rbac.authorization.k8s.io", "rolebindings", True),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicies", False),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicybindings", False),
+    ("apiextensions.k8s.io", "customresourcedefinitions", False),
+)
+
+# The reviewed powers: (group, resource, verbs, where).  where = "driver" (Role in the driver
+# namespace), "everywhere" (ClusterRole on a namespaced resource: every namespace and across
+# namespaces) or "cluster" (cluster-scoped resource).
+Grant = tuple[str, str, str, str]
+EXPECTED: dict[str, list[Grant]] = {
+    "compute-domain-controller": [
+        ("resource.nvidia.com", "computedomains", "get list watch update", "everywhere"),
+        ("resource.nvidia.com", "computedomains/status", "update", "everywhere"),
+        ("resource.k8s.io", "resourceclaimtemplates", "get list watch create update delete",
+         "everywhere"),
+        ("resource.k8s.io", "resourceclaims", "list watch", "everywhere"),
+        ("resource.k8s.io", "resourceslices", "list watch", "cluster"),
+        ("", "nodes", "list watch update", "cluster"),
+        ("", "events", "create patch", "everywhere"),
+        ("apps", "daemonsets", "get list watch create update delete", "driver"),
+        ("", "pods", "list watch", "driver"),
+        ("resource.nvidia.com", "computedomaincliques", "list watch", "driver"),
+        ("coordination.k8s.io", "leases", "create", "driver"),
+        ("coordination.k8s.io", f"leases@{LEASE}", "get update", "driver"),
+    ],
+    "compute-domain-kubelet-plugin": [
+        ("resource.k8s.io", "resourceslices", "list watch create update delete", "cluster"),
+        ("resource.k8s.io", "resourceclaims", "get", "everywhere"),
+        ("resource.nvidia.com", "computedomains", "list watch", "everywhere"),
+        ("", "nodes", "get patch", "cluster"),
+        ("resource.nvidia.com", "computedomaincliques", "list watch", "driver"),
+    ],
+    "compute-domain-daemon": [
+        ("", "pods", "patch", "driver"),
+        ("resource.nvidia.com", "computedomaincliques", "get list watch create update", "driver"),
+    ],
+}  # fmt: skip
+
+Query = tuple[str, str, str, str | None, str]  # group, resource, verb, namespace, name
+
+
+def _queries(driver_ns: str) -> Iterator[Query]:
+    for group, resource, namespaced in UNIVERSE:
+        scopes: tuple[str | None, ...] = (driver_ns, OTHER_NS, ALL_NS) if namespaced else (CLUSTER,)
+        names = ("", LEASE, "someone-elses-lease") if resource == "leases" else ("",)
+        for verb in VERBS:
+            for ns in scopes:
+                for name in names:
+                    if name and verb in ("list", "watch", "create", "deletecollection"):
+                        continue
+                    yield group, resource, verb, ns, name
+
+
+def _expected(sa: str, driver_ns: str) -> set[Query]:
+    allowed: set[Query] = set()
+    for group, res, verbs, where in EXPECTED[sa]:
+        resource, _, name = res.partition("@")
+        scopes: tuple[str | None, ...] = {
+            "driver": (driver_ns,),
+            "everywhere": (driver_ns, OTHER_NS, ALL_NS),
+            "cluster": (CLUSTER,),
+        }[where]
+        for verb in verbs.split():
+            for ns in scopes:
+                allowed.add((group, resource, verb, ns, name))
+                if not name and resource == "leases" and verb not in ("create", "list", "watch"):
+                    # An unnamed grant also covers every named request.
+                    allowed.update(
+                        (group, resource, verb, ns, n) for n in (LEASE, "someone-elses-lease")
+                    )
+    return allowed
+
+
+def _allowed(admin: KubeClient, user: str, groups: list[str], q: Query) -> bool:
+    group, resource, verb, ns, name = q
+    res, _, sub = resource.partition("/")
+    attrs: dict[str, Any] = {"group": group, "resource": res, "verb": verb}
+    if sub:
+        attrs["subresource"] = sub
+    if ns is not None:
+        attrs["namespace"] = ns
+    if name:
+        attrs["name"] = name
+    review = admin.create(SAR, {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "groups": groups, "resourceAttributes": attrs},
+    })  # fmt: skip
+    return bool(review["status"].get("allowed"))
+
+
+@pytest.mark.parametrize("sa", sorted(EXPECTED))
+def test_rbac_matrix_has_no_extra_power(
+    cluster: Cluster, admin: KubeClient, driver: Driver, sa: str
+) -> None:
+    ns = driver.namespace
+    ident = cluster.service_account_identity(sa)
+    groups = [*ident.groups, "system:authenticated"]
+    allowed = {q for q in _queries(ns) if _allowed(admin, ident.user, groups, q)}
+    expected = _expected(sa, ns)
+    extra, missing = sorted(allowed - expected, key=str), sorted(expected - allowed, key=str)
+    assert not extra, f"{sa} may do more than reviewed: {extra}"
+    assert not missing, f"{sa} lacks reviewed permissions: {missing}"
+
+
+# -- server-side dry-run ---------------------------------------------------------------------
+
+
+def _dry_run_apply(
+    cluster: Cluster, docs: list[dict[str, Any]], namespace: str | None = None
+) -> str:
+    args = [str(KUBECTL), f"--kubeconfig={cluster.kubeconfig('admin')}", "apply",
+            "--server-side", "--dry-run=server", "--force-conflicts",
+            "--field-manager=test-deploy-config", "-o", "name", "-f", "-"]  # fmt: skip
+    if namespace:
+        args[2:2] = ["-n", namespace]
+    done = subprocess.run(args, input=yaml.safe_dump_all(docs), capture_output=True, text=True,
+                          check=False, timeout=120)  # fmt: skip
+    assert done.returncode == 0, f"server-side dry-run rejected:\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("rel", ["default", "overlays/kind-fake-gpu"])
+def test_every_rendered_object_passes_server_side_dry_run(
+    cluster: Cluster, driver: Driver, rel: str
+) -> None:
+    docs = render_config(REPO / "config" / rel)
+    out = _dry_run_apply(cluster, docs).split()
+    assert len(out) == len(docs), out
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "DaemonSet", "ValidatingAdmissionPolicy", "DeviceClass"} <= kinds
+
+
+def test_samples_pass_server_side_dry_run(
+    cluster: Cluster, admin: KubeClient, driver: Driver
+) -> None:
+    ns = f"samples-{secrets.token_hex(3)}"
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    try:
+        docs = render_config(REPO / "config" / "samples")
+        for d in docs:
+            d["metadata"]["namespace"] = ns
+        assert len(_dry_run_apply(cluster, docs, ns).split()) == len(docs)
+    finally:
+        admin.delete(NAMESPACES, ns)
+
+
+# -- admission policies ------------------------------------------------------------------------
+
+
+def _as(
+    cluster: Cluster, sa: str, extra: dict[str, str], args: list[str], stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    ident = cluster.service_account_identity(sa)
+    cmd = [str(KUBECTL), f"--kubeconfig={cluster.kubeconfig('admin')}", f"--as={ident.user}",
+           *(f"--as-group={g}" for g in ident.groups),
+           *(f"--as-user-extra={k}={v}" for k, v in extra.items()), *args]  # fmt: skip
+    return subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False, timeout=60)
+
+
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+POD_CLAIM = "authentication.kubernetes.io/pod-name"
+
+
+def _slice(node: str, driver_name: str = c.DRIVER_NAME) -> str:
+    return json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"test-deploy-config-{secrets.token_hex(3)}"},
+        "spec": {"driver": driver_name, "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "channel-0"}]},
+    })  # fmt: skip
+
+
+def _denied(done: subprocess.CompletedProcess[str], why: str) -> bool:
+    return done.returncode != 0 and why in done.stderr
+
+
+def test_plugin_may_write_only_its_own_nodes_slices(
+    cluster: Cluster, driver: Driver, fleet: NodeFleet
+) -> None:
+    me, other = sorted(n.name for n in fleet)[:2]
+    plugin, create = "compute-domain-kubelet-plugin", ["create", "--dry-run=server", "-f", "-"]
+    own = _as(cluster, plugin, {NODE_CLAIM: me}, create, _slice(me))
+    assert own.returncode == 0, own.stderr
+    wait_for("the slice policy to deny another node's slice", lambda: _denied(
+        _as(cluster, plugin, {NODE_CLAIM: me}, create, _slice(other)),
+        f"may not modify ResourceSlices of node '{other}'"), timeout=30)  # fmt: skip
+    assert _denied(_as(cluster, plugin, {}, create, _slice(me)), "no node-name claim")
+    assert _denied(_as(cluster, plugin, {NODE_CLAIM: me}, create, _slice(me, "gpu.nvidia.com")),
+                   "may not modify ResourceSlices of driver 'gpu.nvidia.com'")  # fmt: skip
+
+
+def test_plugin_may_label_only_its_own_node_with_the_domain_label(
+    cluster: Cluster, driver: Driver, fleet: NodeFleet
+) -> None:
+    me, other = sorted(n.name for n in fleet)[:2]
+    plugin = "compute-domain-kubelet-plugin"
+
+    def label(node: str, key: str, claim: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        body = json.dumps({"metadata": {"labels": {key: "x"}}})
+        return _as(cluster, plugin, claim, ["patch", "node", node, "--type=merge", "-p", body,
+                                            "--dry-run=server"])  # fmt: skip
+
+    ok = label(me, c.COMPUTE_DOMAIN_LABEL, {NODE_CLAIM: me})
+    assert ok.returncode == 0, ok.stderr
+    assert _denied(label(other, c.COMPUTE_DOMAIN_LABEL, {NODE_CLAIM: me}),
+                   f"may not modify node '{other}'")  # fmt: skip
+    assert _denied(label(me, "nvidia.com/gpu.clique", {NODE_CLAIM: me}),
+                   "may change only the resource.nvidia.com/computeDomain node label")  # fmt: skip
+    assert _denied(label(me, c.COMPUTE_DOMAIN_LABEL, {}), "no node-name claim")
+
+
+def test_daemon_may_label_only_its_own_pod(
+    cluster: Cluster, admin: KubeClient, driver: Driver
+) -> None:
+    ns = driver.namespace
+    names = [f"test-deploy-config-{i}-{secrets.token_hex(2)}" for i in range(2)]
+    for name in names:  # held by a scheduling gate: never scheduled, never run
+        admin.create(PODS, {"apiVersion": "v1", "kind": "Pod",
+                            "metadata": {"name": name, "namespace": ns},
+                            "spec": {"schedulingGates": [{"name": "test/hold"}],
+                                     "containers": [{"name": "c", "image": "busybox"}]}},
+                     namespace=ns)  # fmt: skip
+    try:
+        me, other = names
+
+        def label(pod: str, key: str, claim: dict[str, str]) -> subprocess.CompletedProcess[str]:
+            body = json.dumps({"metadata": {"labels": {key: "x"}}})
+            return _as(cluster, "compute-domain-daemon", claim,
+                       ["-n", ns, "patch", "pod", pod, "--type=merge", "-p", body,
+                        "--dry-run=server"])  # fmt: skip
+
+        ok = label(me, c.CLIQUE_ID_LABEL, {POD_CLAIM: me})
+        assert ok.returncode == 0, ok.stderr
+        assert _denied(label(other, c.CLIQUE_ID_LABEL, {POD_CLAIM: me}),
+                       f"may not modify pod '{other}'")  # fmt: skip
+        assert _denied(
+            label(me, "app", {POD_CLAIM: me}),
+            "may change only the resource.nvidia.com/computeDomain.cliqueID",
+        )
+        assert _denied(label(me, c.CLIQUE_ID_LABEL, {}), "no pod-name claim")
+        # RBAC alone already stops the daemon outside the driver namespace.
+        outside = _as(
+            cluster,
+            "compute-domain-daemon",
+            {POD_CLAIM: me},
+            ["-n", "default", "patch", "pod", me, "--type=merge", "-p", "{}"],
+        )
+        assert outside.returncode != 0 and "forbidden" in outside.stderr.lower()
+    finally:
+        for name in names:
+            with contextlib.suppress(NotFoundError):
+                admin.delete(PODS, name, namespace=ns, grace_period_seconds=0)

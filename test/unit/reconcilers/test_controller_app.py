@@ -1,0 +1,194 @@
+"""The controller process: flags/env, readiness, leader handover, SIGTERM → lease released."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cdctl_fakes import DRIVER_NS, compute_domain
+
+from pkg.api import constants as c
+from pkg.kube import resources as res
+from pkg.reconcilers.app import run
+from pkg.reconcilers.flags import Options, parse_duration, parse_options
+from pkg.testing.fakeapiserver import FakeApiServer
+
+REPO = Path(__file__).resolve().parents[3]
+BINARY = REPO / "cmd" / "compute-domain-controller" / "compute_domain_controller.py"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("15s", 15.0), ("1m30s", 90.0), ("500ms", 0.5), ("2", 2.0), ("1h", 3600.0)],
+)
+def test_go_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_env_fills_missing_flags_and_flags_win() -> None:
+    env = {
+        "IMAGE_NAME": "img:env", "NAMESPACE": "drv", "LEADER_ELECTION_ENABLED": "true",
+        "LEADER_ELECTION_LEASE_DURATION": "20s", "CD_DAEMON_IMAGE_PULL_SECRET_NAMES": "a, b c",
+        "POD_NAME": "ctl-0", "MAX_NODES_PER_IMEX_DOMAIN": "36",
+    }  # fmt: skip
+    opts = parse_options(["-image-name", "img:flag", "--v=4", "--kube-api-qps=20"], env)
+    assert opts.controller.image_name == "img:flag"
+    assert opts.controller.namespace == "drv" and opts.lease_namespace == "drv"
+    assert opts.leader_election and opts.lease_duration == 20.0
+    assert opts.controller.image_pull_secret_names == ("a", "b", "c")
+    assert opts.controller.max_nodes_per_imex_domain == 36
+    assert (opts.pod_name, opts.verbosity, opts.kube_api_qps) == ("ctl-0", 4, 20.0)
+    assert "ComputeDomainCliques=true" in opts.controller.feature_gates
+    assert parse_options(["--image-name=x", "--leader-election-enabled"], {}).leader_election
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--image-name"),
+        (["--image-name=x", "--feature-gates=Nope=true"], "unknown feature gate"),
+        (["--image-name=x", "--feature-gates=ComputeDomainCliques=false"], "not supported"),
+        (["--image-name=x", "--additional-namespaces=old"], "not supported"),
+        (["--image-name=x", "--leader-election-retry-period=soon"], "invalid duration"),
+    ],
+    ids=["no-image", "bad-gate", "cliques-off", "additional-ns", "bad-duration"],
+)
+def test_bad_flags_fail_fast_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_options(argv, {})
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def options(*extra: str) -> Options:
+    return parse_options(
+        ["--image-name=img", f"--namespace={DRIVER_NS}", "--leader-election-enabled",
+         "--leader-election-lease-duration=1.5s", "--leader-election-renew-deadline=1s",
+         "--leader-election-retry-period=0.2s", "--http-endpoint=127.0.0.1:0", *extra],
+        {},
+    )  # fmt: skip
+
+
+def get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def eventually(pred: object, timeout: float = 15.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():  # type: ignore[operator]
+            return
+        time.sleep(0.05)  # polling other threads' progress, not a backoff
+    raise AssertionError("condition not reached in time")
+
+
+class Instance:
+    """One in-process controller run in a thread."""
+
+    def __init__(self, server: FakeApiServer, name: str) -> None:
+        self.stop = threading.Event()
+        self.port = 0
+        self.rc: int | None = None
+        started = threading.Event()
+
+        def ready(port: int) -> None:
+            self.port = port
+            started.set()
+
+        def target() -> None:
+            self.rc = run(options(f"--pod-name={name}"), stop=self.stop, env={},
+                          client_factory=lambda _o: server.client(), ready=ready)  # fmt: skip
+
+        self.thread = threading.Thread(target=target, daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+
+    def readyz(self) -> int:
+        return get(f"http://127.0.0.1:{self.port}/readyz")
+
+
+def holder(server: FakeApiServer) -> str:
+    leases = server.objects(res.LEASES)
+    return str(leases[0]["spec"].get("holderIdentity") or "") if leases else ""
+
+
+def test_two_instances_hand_over_the_lease_on_clean_shutdown(server: FakeApiServer) -> None:
+    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    a = Instance(server, "a")
+    eventually(lambda: holder(server).startswith("a-"))
+    eventually(lambda: a.readyz() == 200)  # leading with synced caches
+    eventually(lambda: server.objects(res.COMPUTE_DOMAINS)[0]["metadata"].get("finalizers"))
+    b = Instance(server, "b")
+    eventually(lambda: b.readyz() == 200)  # healthy standby
+    assert holder(server).startswith("a-")
+    lease = server.objects(res.LEASES)[0]
+    assert lease["spec"]["renewTime"].endswith("Z") and len(lease["spec"]["renewTime"]) == 27
+    a.stop.set()
+    a.thread.join(10)
+    assert a.rc == 0
+    eventually(lambda: holder(server).startswith("b-"), timeout=3.0)  # released, not expired
+    assert server.objects(res.LEASES)[0]["spec"]["leaseTransitions"] >= 1
+    b.stop.set()
+    b.thread.join(10)
+    assert b.rc == 0 and holder(server) == ""
+
+
+def test_lost_lease_makes_run_return_non_zero(server: FakeApiServer) -> None:
+    a = Instance(server, "a")
+    eventually(lambda: holder(server).startswith("a-"))
+    lease = server.objects(res.LEASES)[0]
+    lease["spec"]["holderIdentity"] = "usurper"
+    server.seed(res.LEASES, lease)
+    a.thread.join(10)
+    assert a.rc == 1
+
+
+def test_binary_runs_from_any_cwd_and_exits_zero_on_sigterm(
+    server: FakeApiServer, tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+        f"clusters: [{{name: fake, cluster: {{server: '{server.url}'}}}}]\n"
+        "users: [{name: fake, user: {}}]\n"
+        "contexts: [{name: fake, context: {cluster: fake, user: fake}}]\n"
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    proc = subprocess.Popen(
+        [sys.executable, str(BINARY), f"--kubeconfig={kubeconfig}", f"--namespace={DRIVER_NS}",
+         "--image-name=img", "--leader-election-enabled", f"--http-endpoint=127.0.0.1:{port}",
+         "--pod-name=bin"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1, timeout=30)
+        eventually(lambda: get(f"http://127.0.0.1:{port}/readyz") == 200)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        assert b"nvidia_dra_reconcile_total" in metrics and b"workqueue_depth" in metrics
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert holder(server) == ""
+    assert "key=team/cd1" in err  # structured logs carry the object key
+    assert c.FINALIZER in server.objects(res.COMPUTE_DOMAINS)[0]["metadata"]["finalizers"]
