@@ -9,7 +9,6 @@ with the reason on stderr.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
@@ -22,6 +21,7 @@ try:
 except ImportError:  # run as a script from a checkout: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from pkg.featuregates import IMEX_DAEMONS_WITH_DNS_NAMES, FeatureGateError, FeatureGates
 from pkg.kube.client import RestClient
 from pkg.kube.config import load_api_client
 from pkg.kubeletplugin.discovery import DeviceDiscovery, DiscoveryError
@@ -61,13 +61,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def dns_names_enabled(spec: str) -> bool:
-    """State of gate IMEXDaemonsWithDNSNames (default on), via pkg.featuregates."""
-    try:
-        module = importlib.import_module("pkg.featuregates")
-    except ImportError:
-        log.warning("pkg.featuregates unavailable; assuming IMEXDaemonsWithDNSNames=true")
-        return True
-    return bool(module.FeatureGates.parse(spec).enabled("IMEXDaemonsWithDNSNames"))
+    """State of gate IMEXDaemonsWithDNSNames; invalid gate specs fail startup with the reason."""
+    return FeatureGates.parse(spec).validate().enabled(IMEX_DAEMONS_WITH_DNS_NAMES)
 
 
 def build_discovery(args: argparse.Namespace) -> DeviceDiscovery:
@@ -98,7 +93,7 @@ def main(argv: list[str]) -> int:
     try:
         devices = build_discovery(args).discover()
         check_driver_version(devices, dns_names=dns_names_enabled(args.feature_gates))
-    except DiscoveryError as err:
+    except (DiscoveryError, FeatureGateError) as err:
         log.error("cannot start: %s", err)
         return 1
     try:

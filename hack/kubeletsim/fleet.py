@@ -61,9 +61,17 @@ def config_from_cluster(
 
 
 class NodeFleet:
-    def __init__(self, config: FleetConfig) -> None:
+    def __init__(self, config: FleetConfig, *, log_file: Path | None = None) -> None:
+        """``log_file`` (default ``<log_dir>/kubeletsim.log``) receives the stand-ins' logs."""
         self.config = config
         self.nodes: dict[str, SimulatedNode] = {}
+        self._log_handler = logging.FileHandler(log_file or config.log_dir / "kubeletsim.log")
+        self._log_handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+        )
+        pkg_logger = logging.getLogger(__package__)
+        pkg_logger.addHandler(self._log_handler)
+        pkg_logger.setLevel(logging.INFO)
 
     def add(self, specs: Sequence[NodeSpec], *, wait: bool = True) -> list[SimulatedNode]:
         """Start nodes (in parallel) and, with ``wait``, wait for their plugins to register."""
@@ -89,6 +97,8 @@ class NodeFleet:
         self.nodes.clear()
         with ThreadPoolExecutor(min(8, max(1, len(nodes)))) as pool:
             list(pool.map(lambda n: n.stop(delete_node=delete_nodes), nodes))
+        logging.getLogger(__package__).removeHandler(self._log_handler)
+        self._log_handler.close()
 
     def __iter__(self) -> Iterator[SimulatedNode]:
         return iter(list(self.nodes.values()))

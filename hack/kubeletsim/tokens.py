@@ -22,6 +22,8 @@ from pkg.kube.client import KubeClient
 from pkg.kube.resources import Resource
 
 TOKEN_SECONDS = 24 * 3600
+# The API server's audience (= its --service-account-issuer, as in localcluster and in-cluster).
+API_AUDIENCE = "https://kubernetes.default.svc"
 
 
 def cluster_of(kubeconfig: Path) -> tuple[str, str]:
@@ -57,8 +59,11 @@ def write_token_kubeconfig(path: Path, *, server: str, ca_data: str, user: str, 
 class TokenMinter:
     """Requests bound tokens through ``client`` and writes kubeconfigs for ``server``."""
 
-    def __init__(self, client: KubeClient, *, server: str, ca_data: str) -> None:
+    def __init__(
+        self, client: KubeClient, *, server: str, ca_data: str, audience: str = API_AUDIENCE
+    ) -> None:
         self._client = client
+        self._audience = audience
         self._server = server
         self._ca = ca_data
 
@@ -66,7 +71,13 @@ class TokenMinter:
         body = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
-            "spec": {"expirationSeconds": TOKEN_SECONDS, "boundObjectRef": bound},
+            "spec": {
+                # Explicit API audience: the Node authorizer (ServiceAccountNodeAudienceRestriction)
+                # refuses a node's request for the empty/default audience.
+                "audiences": [self._audience],
+                "expirationSeconds": TOKEN_SECONDS,
+                "boundObjectRef": bound,
+            },
         }
         # POST .../serviceaccounts/<sa>/token: a create on the subresource path.
         token_request = Resource("", "v1", f"serviceaccounts/{sa}/token", "TokenRequest", True)

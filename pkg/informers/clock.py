@@ -70,7 +70,9 @@ class FakeClock:
         with self._lock:
             self._now += seconds
             self._mono += seconds
-            due = [c for d, c in self._waiters.values() if d <= self._mono]
+            due_tokens = [t for t, (d, _) in self._waiters.items() if d <= self._mono]
+            # Removed here, not by the woken thread, so waiters() is exact right after step().
+            due = [self._waiters.pop(t)[1] for t in due_tokens]
         for cond in due:
             with cond:
                 cond.notify_all()

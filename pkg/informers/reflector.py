@@ -139,7 +139,7 @@ class Reflector:
     def _list(self, *, consistent: bool) -> None:
         items: list[JSON] = []
         token: str | None = None
-        rv_param: str | None = "" if consistent or not self._last_rv else "0"
+        rv_param: str | None = "" if consistent else "0"
         while True:
             page = self._lw.list(
                 limit=self._page_size, continue_token=token, resource_version=rv_param

@@ -100,7 +100,7 @@ def run(
         leading.set()
 
         def sync() -> None:
-            if not manager.start():
+            if not manager.start() and not manager.stopping:
                 failed.set()
                 stop.set()
 

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 _STATUS_WRITE_ATTEMPTS = 3
+_PROBLEM_RECHECK = {"DriverNamespaceUnavailable": 60.0}
 
 
 def format_time(epoch: float) -> str:
@@ -114,8 +115,10 @@ class ComputeDomainReconciler:
             nodes={n["metadata"]["name"]: n for n in self._caches.nodes.by_index(BY_DOMAIN, uid)},
         )
         self._write_status(obj, members=members, problem=problem)
-        if problem is not None and problem.reason == "DriverNamespaceUnavailable":
-            return Result(requeue_after=60.0)
+        if problem is not None:
+            # No retry storm, but recover on our own from fixes we get no event for (a
+            # foreign object deleted, the namespace created).
+            return Result(requeue_after=_PROBLEM_RECHECK.get(problem.reason, 300.0))
         return Result()
 
     # -- finalizer ------------------------------------------------------------------------------
@@ -168,6 +171,11 @@ class ComputeDomainReconciler:
                 new = render_status(cd, members=members, previous=previous, problem=problem,
                                     now=now)  # fmt: skip
             if new == previous:
+                # Keeps the per-status gauge right after a restart, when nothing is written.
+                self._metrics.observe_status(
+                    uid, status=new["status"], previous=new["status"], created=None,
+                    now=self._clock.now(),
+                )  # fmt: skip
                 return
             body = copy.deepcopy(obj)
             body["status"] = new

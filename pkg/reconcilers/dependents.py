@@ -159,10 +159,11 @@ class Dependents:
                 f"DaemonSet {key} exists but is not labelled for this domain; delete it",
             )
         annotations = existing.get("metadata", {}).get("annotations") or {}
+        have = annotations.get(SPEC_HASH_ANNOTATION)
         want = desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
-        if annotations.get(SPEC_HASH_ANNOTATION) != want and not existing["metadata"].get(
-            "deletionTimestamp"
-        ):
+        # Only a DaemonSet we rendered is updated; one adopted from the upstream controller
+        # (no hash) is left as is, so a takeover never restarts running IMEX daemons.
+        if have and have != want and not existing["metadata"].get("deletionTimestamp"):
             body = copy.deepcopy(existing)
             body["spec"] = desired["spec"]
             body["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = want

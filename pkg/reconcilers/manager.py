@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -123,6 +124,8 @@ class ControllerManager:
             client=client, caches=self.caches, config=config, events=events, clock=clock
         )
         self._stop = threading.Event()
+        # Serializes start/stop so informers are never shut down while being started.
+        self._lifecycle = threading.Lock()
         self._cleanup_thread: threading.Thread | None = None
         self._wire()
 
@@ -168,23 +171,41 @@ class ControllerManager:
     def synced(self) -> bool:
         return all(i.has_synced() for i in self._informers.values())
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
     def start(self, *, sync_timeout: float = 120.0) -> bool:
-        """Start informers, wait for their caches, then workers and the sweep; False on timeout."""
-        self._factory.start()
-        if not self._factory.wait_for_cache_sync(sync_timeout):
-            log.error("caches did not sync within %.0f s", sync_timeout)
-            return False
-        log.info("caches synced; starting workers")
-        for ctl in self.controllers:
-            ctl.start()
-        self._cleanup_thread = threading.Thread(
-            target=self.cleaner.run, args=(self._stop,), name="orphan-cleanup", daemon=True
-        )
-        self._cleanup_thread.start()
+        """Start informers, wait for their caches, then workers and the sweep.
+
+        Returns False if the caches did not sync in time or :meth:`stop` was called meanwhile.
+        """
+        with self._lifecycle:
+            if self._stop.is_set():
+                return False
+            self._factory.start()
+        deadline = time.monotonic() + sync_timeout
+        while not self._factory.wait_for_cache_sync(0.2):
+            if self._stop.is_set():
+                return False
+            if time.monotonic() > deadline:
+                log.error("caches did not sync within %.0f s", sync_timeout)
+                return False
+        with self._lifecycle:
+            if self._stop.is_set():
+                return False
+            log.info("caches synced; starting workers")
+            for ctl in self.controllers:
+                ctl.start()
+            self._cleanup_thread = threading.Thread(
+                target=self.cleaner.run, args=(self._stop,), name="orphan-cleanup", daemon=True
+            )
+            self._cleanup_thread.start()
         return True
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._lifecycle:
+            self._stop.set()
         for ctl in self.controllers:
             ctl.stop()
         if self._cleanup_thread is not None:

@@ -12,7 +12,8 @@ implementation can adopt the other's objects. Invariants:
 * dependents carry no finalizer (unlike upstream): the controller deletes them in order itself,
   and a crashed or uninstalled controller can never leave them stuck terminating;
 * the DaemonSet carries a hash of its own rendered spec so a changed config (new image, new
-  gates) is detected by comparison, not by diffing server-defaulted fields.
+  gates) is detected by comparison, not by diffing server-defaulted fields; its update
+  strategy is ``OnDelete`` so such a change never restarts a running daemon.
 """
 
 from __future__ import annotations
@@ -198,6 +199,9 @@ def render_daemonset(cd: ComputeDomain, config: ControllerConfig) -> JSON:
     labels = {**config.extra_daemon_labels, c.COMPUTE_DOMAIN_LABEL: cd.uid}
     spec: JSON = {
         "selector": {"matchLabels": {c.COMPUTE_DOMAIN_LABEL: cd.uid}},
+        # A new template (controller upgrade) reaches a node only when its daemon pod is
+        # recreated; rolling running IMEX daemons would break the workloads using them.
+        "updateStrategy": {"type": "OnDelete"},
         "template": {"metadata": {"labels": labels}, "spec": _pod_spec(cd, config)},
     }
     return {

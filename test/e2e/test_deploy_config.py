@@ -20,7 +20,11 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import ssl
 import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -287,6 +291,29 @@ def test_plugin_may_label_only_its_own_node_with_the_domain_label(
     assert _denied(label(me, c.COMPUTE_DOMAIN_LABEL, {}), "no node-name claim")
 
 
+def _patch_as(
+    cluster: Cluster, sa: str, extra: dict[str, str], path: str, body: dict[str, Any]
+) -> tuple[int, str]:
+    """A dry-run merge PATCH as ``sa`` with ``extra`` claims (kubectl patch would GET first,
+    which the daemon may not).  Groups are not impersonated: RBAC binds the user."""
+    headers = {
+        "Authorization": f"Bearer {cluster.token('admin')}",
+        "Content-Type": "application/merge-patch+json",
+        "Impersonate-User": cluster.service_account_identity(sa).user,
+        **{f"Impersonate-Extra-{urllib.parse.quote(k, safe='')}": v for k, v in extra.items()},
+    }
+    request = urllib.request.Request(
+        f"{cluster.server}{path}?dryRun=All", data=json.dumps(body).encode(), method="PATCH",
+        headers=headers,
+    )  # fmt: skip
+    context = ssl.create_default_context(cafile=str(cluster.ca_file))
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return int(err.code), err.read().decode()
+
+
 def test_daemon_may_label_only_its_own_pod(
     cluster: Cluster, admin: KubeClient, driver: Driver
 ) -> None:
@@ -301,29 +328,22 @@ def test_daemon_may_label_only_its_own_pod(
     try:
         me, other = names
 
-        def label(pod: str, key: str, claim: dict[str, str]) -> subprocess.CompletedProcess[str]:
-            body = json.dumps({"metadata": {"labels": {key: "x"}}})
-            return _as(cluster, "compute-domain-daemon", claim,
-                       ["-n", ns, "patch", "pod", pod, "--type=merge", "-p", body,
-                        "--dry-run=server"])  # fmt: skip
+        def label(pod: str, key: str, claim: dict[str, str], where: str = ns) -> tuple[int, str]:
+            body = {"metadata": {"labels": {key: "x"}}}
+            return _patch_as(cluster, "compute-domain-daemon", claim,
+                             PODS.path(namespace=where, name=pod), body)  # fmt: skip
 
-        ok = label(me, c.CLIQUE_ID_LABEL, {POD_CLAIM: me})
-        assert ok.returncode == 0, ok.stderr
-        assert _denied(label(other, c.CLIQUE_ID_LABEL, {POD_CLAIM: me}),
-                       f"may not modify pod '{other}'")  # fmt: skip
-        assert _denied(
-            label(me, "app", {POD_CLAIM: me}),
-            "may change only the resource.nvidia.com/computeDomain.cliqueID",
-        )
-        assert _denied(label(me, c.CLIQUE_ID_LABEL, {}), "no pod-name claim")
+        status, text = label(me, c.CLIQUE_ID_LABEL, {POD_CLAIM: me})
+        assert status == 200, text
+        status, text = label(other, c.CLIQUE_ID_LABEL, {POD_CLAIM: me})
+        assert status == 403 and f"may not modify pod '{other}'" in text, text
+        status, text = label(me, "app", {POD_CLAIM: me})
+        assert status == 403 and "may change only the resource.nvidia.com/computeDomain" in text
+        status, text = label(me, c.CLIQUE_ID_LABEL, {})
+        assert status == 403 and "no pod-name claim" in text, text
         # RBAC alone already stops the daemon outside the driver namespace.
-        outside = _as(
-            cluster,
-            "compute-domain-daemon",
-            {POD_CLAIM: me},
-            ["-n", "default", "patch", "pod", me, "--type=merge", "-p", "{}"],
-        )
-        assert outside.returncode != 0 and "forbidden" in outside.stderr.lower()
+        status, text = label(me, c.CLIQUE_ID_LABEL, {POD_CLAIM: me}, where="default")
+        assert status == 403 and "cannot patch resource" in text, text
     finally:
         for name in names:
             with contextlib.suppress(NotFoundError):

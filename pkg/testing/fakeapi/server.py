@@ -217,7 +217,7 @@ class FakeApiServer:
 
     def handle(self, h: _Handler) -> None:
         split = urlsplit(h.path)
-        query = dict(parse_qsl(split.query))
+        query = dict(parse_qsl(split.query, keep_blank_values=True))
         self._log(h.command, split.path, query)
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length) if length else b""

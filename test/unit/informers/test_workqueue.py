@@ -38,8 +38,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.release: dict[int, threading.Event] = {}
         self.violations: list[str] = []
         self.pending: set[str] = set()  # model: added and not yet picked up (dirty)
-        self.reruns: Counter[str] = Counter()
         self.picked = threading.Condition(self.lock)
+        self.completed: Counter[int] = Counter()
+        self.expected_runs: Counter[str] = Counter()  # one per clean -> dirty transition
+        self.runs: Counter[str] = Counter()
         self.threads = [threading.Thread(target=self.worker, args=(i,)) for i in range(self.WORKERS)]
         for t in self.threads:
             t.start()
@@ -57,12 +59,16 @@ class QueueMachine(RuleBasedStateMachine):
                 self.in_hand[wid] = item
                 self.release[wid] = ev
                 self.pending.discard(item)
+                self.runs[item] += 1
                 self.picked.notify_all()
             ev.wait()
             with self.lock:
                 del self.in_hand[wid]
                 del self.release[wid]
             self.q.done(item)
+            with self.lock:
+                self.completed[wid] += 1
+                self.picked.notify_all()
 
     def settle(self) -> None:
         """Wait (real time, bounded) until every deliverable item is in a worker's hand."""
@@ -75,21 +81,27 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(key=KEYS, times=st.integers(1, 3))
     def add(self, key: str, times: int) -> None:
+        with self.lock:
+            if key not in self.pending:
+                self.expected_runs[key] += 1
+            self.pending.add(key)
         for _ in range(times):
             self.q.add(key)
-        with self.lock:
-            self.pending.add(key)
         self.settle()
 
     @precondition(lambda self: bool(self.in_hand))
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
         with self.lock:
-            wid = data.draw(st.sampled_from(sorted(self.in_hand)))
+            by_item = {item: wid for wid, item in self.in_hand.items()}
+        item = data.draw(st.sampled_from(sorted(by_item)))
+        wid = by_item[item]
+        with self.lock:
+            before = self.completed[wid]
             ev = self.release[wid]
         ev.set()
         with self.lock:
-            self.picked.wait_for(lambda: wid not in self.in_hand, timeout=2)
+            assert self.picked.wait_for(lambda: self.completed[wid] > before, timeout=5)
         self.settle()
 
     @invariant()
@@ -104,6 +116,9 @@ class QueueMachine(RuleBasedStateMachine):
             deferred = self.pending & set(held)
             assert queued == len(waiting) or len(held) == self.WORKERS
             del deferred
+            # Nothing lost, nothing duplicated: each dirty period yields exactly one run.
+            for key, want in self.expected_runs.items():
+                assert self.runs[key] + (key in self.pending) == want
 
     def teardown(self) -> None:
         drained = threading.Thread(target=self.q.shutdown_with_drain)
@@ -198,7 +213,8 @@ def test_rate_limited_requeue_and_metrics() -> None:
     assert reg.get_sample_value("workqueue_retries_total", {"name": "test"}) == 1
     assert reg.get_sample_value("workqueue_depth", {"name": "test"}) == 0
     assert reg.get_sample_value("workqueue_work_duration_seconds_count", {"name": "test"}) == 2
-    assert reg.get_sample_value("workqueue_queue_duration_seconds_sum", {"name": "test"}) == 1
+    # Promotion happens inside get(), so the delayed item spent no time in the FIFO itself.
+    assert reg.get_sample_value("workqueue_queue_duration_seconds_sum", {"name": "test"}) == 0
     RateLimitingQueue(name="other", clock=clock, registry=reg)  # shares the collectors
 
 

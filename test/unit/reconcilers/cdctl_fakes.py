@@ -6,6 +6,7 @@ tests see a perfectly synced cache; cache *lag* is simulated explicitly where a 
 
 from __future__ import annotations
 
+import builtins
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +52,7 @@ class LiveCache:
     def list(self) -> list[JSON]:
         return self._indexer().list()
 
-    def by_index(self, index: str, value: str) -> list[JSON]:
+    def by_index(self, index: str, value: str) -> builtins.list[JSON]:
         return self._indexer().by_index(index, value)
 
 

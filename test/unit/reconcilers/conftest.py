@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, live_caches
+from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, live_caches  # type: ignore[import-not-found]
 from prometheus_client import CollectorRegistry
 
 from pkg.kube.client import RestClient
@@ -27,7 +27,8 @@ def client(server: FakeApiServer) -> RestClient:
 
 @pytest.fixture
 def caches(server: FakeApiServer) -> Caches:
-    return live_caches(server)
+    caches: Caches = live_caches(server)
+    return caches
 
 
 @pytest.fixture

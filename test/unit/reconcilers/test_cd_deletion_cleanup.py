@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
-from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, compute_domain, daemon_pod, node
+from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, compute_domain, daemon_pod, node  # type: ignore[import-not-found]
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
@@ -165,8 +166,6 @@ def test_orphan_sweep_confirms_with_the_api_before_deleting(
 def test_orphan_sweep_runs_periodically_until_stopped(
     server: FakeApiServer, cleaner: OrphanCleaner, clock: StepClock
 ) -> None:
-    import threading
-
     stop = threading.Event()
     calls: list[float] = []
     real = cleaner.sweep

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
-from cdctl_fakes import (
+from cdctl_fakes import (  # type: ignore[import-not-found]
     DRIVER_NS,
     RecordedEvents,
     StepClock,
@@ -133,8 +134,6 @@ def test_changed_config_updates_the_daemonset(
     events: RecordedEvents, clock: StepClock, reconciler: ComputeDomainReconciler,
 ) -> None:  # fmt: skip
     created_domain(server, reconciler)
-    from dataclasses import replace
-
     newer = ComputeDomainReconciler(
         client=client, caches=caches, config=replace(config, image_name="registry.local/cd:2"),
         events=events, metrics=DomainMetrics(CollectorRegistry()), clock=clock,
@@ -183,9 +182,7 @@ def test_status_aggregates_cliques_and_non_fabric_pods(
     assert ready_condition(cd)["reason"] == "AllNodesReady"
     assert events.reasons()[-2:] == ["NodeReady", "Ready"]
     assert registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 1
-    assert registry.get_sample_value(
-        "nvidia_dra_compute_domain_time_to_ready_seconds_count"
-    ) == 1
+    assert registry.get_sample_value("nvidia_dra_compute_domain_time_to_ready_seconds_count") == 1
 
 
 def test_node_loss_turns_entry_not_ready_with_reason(
@@ -234,6 +231,7 @@ def test_rct_name_clash_with_foreign_object_is_reported_not_touched(
         "metadata": {"name": "cd1-channel", "namespace": "team"}, "spec": {"spec": {}},
     })  # fmt: skip
     created_domain(server, reconciler)
+    assert reconciler.reconcile("team/cd1").requeue_after == 300.0  # slow recheck, no storm
     cond = ready_condition(get_cd(server))
     assert cond["reason"] == "ResourceClaimTemplateConflict"
     assert "spec.channel.resourceClaimTemplate.name" in cond["message"]
@@ -319,3 +317,42 @@ def test_many_concurrent_daemon_writers_never_lose_an_entry(
     reconciler.reconcile("team/cd1")
     status = get_cd(server)["status"]
     assert status["nodeCount"] == n_nodes and status["status"] == "Ready"
+
+
+def test_upstream_daemonset_is_adopted_without_restarting_daemons(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler
+) -> None:
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    upstream = server.seed(res.DAEMONSETS, {
+        "metadata": {"name": f"computedomain-daemon-{uid}", "namespace": DRIVER_NS,
+                     "labels": {c.COMPUTE_DOMAIN_LABEL: uid}},
+        "spec": {"template": {"spec": {"containers": [{"name": "old", "image": "upstream"}]}}},
+    })  # fmt: skip
+    reconciler.reconcile("team/cd1")
+    (ds,) = server.objects(res.DAEMONSETS)
+    assert ds["metadata"]["resourceVersion"] == upstream["metadata"]["resourceVersion"]
+
+
+def test_gauge_counts_domains_already_ready_at_startup(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, registry: CollectorRegistry,
+    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
+    clock: StepClock,
+) -> None:  # fmt: skip
+    uid = created_domain(server, reconciler)
+    server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+    server.seed(res.PODS, daemon_pod(uid, "a", clique=""))
+    reconciler.reconcile("team/cd1")
+    fresh_registry = CollectorRegistry()
+    restarted = ComputeDomainReconciler(
+        client=client, caches=caches, config=config, events=events,
+        metrics=DomainMetrics(fresh_registry), clock=clock,
+    )  # fmt: skip
+    server.clear_log()
+    restarted.reconcile("team/cd1")
+    assert writes(server) == []
+    labels = {"status": "Ready"}
+    assert fresh_registry.get_sample_value("nvidia_dra_compute_domain_info", labels) == 1
+    assert (
+        fresh_registry.get_sample_value("nvidia_dra_compute_domain_time_to_ready_seconds_count")
+        == 0
+    )

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cdctl_fakes import DRIVER_NS, compute_domain
+from cdctl_fakes import DRIVER_NS, compute_domain  # type: ignore[import-not-found]
 
 from pkg.api import constants as c
 from pkg.kube import resources as res

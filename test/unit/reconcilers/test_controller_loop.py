@@ -81,12 +81,15 @@ def test_success_error_terminal_and_requeue_after(exporter: InMemorySpanExporter
     ctl.enqueue("ns/a")
     assert ctl.process_next()
     assert total(registry, "requeue") == 1 and queue.waiting() == 1
-    assert registry.get_sample_value(
-        "nvidia_dra_reconcile_errors_total", {"controller": "demo"}
-    ) == 2
-    assert registry.get_sample_value(
-        "nvidia_dra_reconcile_duration_seconds_count", {"controller": "demo"}
-    ) == 4
+    assert (
+        registry.get_sample_value("nvidia_dra_reconcile_errors_total", {"controller": "demo"}) == 2
+    )
+    assert (
+        registry.get_sample_value(
+            "nvidia_dra_reconcile_duration_seconds_count", {"controller": "demo"}
+        )
+        == 4
+    )
     assert registry.get_sample_value("workqueue_adds_total", {"name": "demo"}) is not None
     spans = exporter.get_finished_spans()
     assert [s.name for s in spans] == ["reconcile demo"] * 4

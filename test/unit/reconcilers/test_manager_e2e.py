@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
-from cdctl_fakes import (
+from cdctl_fakes import (  # type: ignore[import-not-found]
     DRIVER_NS,
     RecordedEvents,
     channel_claim,
@@ -66,7 +67,7 @@ def test_domain_lifecycle_is_event_driven_end_to_end(
     assert manager.start(sync_timeout=10)
     assert manager.synced()
 
-    def cd() -> dict[str, object] | None:
+    def cd() -> dict[str, Any] | None:
         objs = server.objects(res.COMPUTE_DOMAINS)
         return objs[0] if objs else None
 
@@ -81,7 +82,7 @@ def test_domain_lifecycle_is_event_driven_end_to_end(
     # The DaemonSet's pod starts there and its daemon registers Ready in its clique.
     server.seed(res.PODS, daemon_pod(uid, "a", clique="uuid.3"))
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "uuid.3", [daemon_entry("a", index=0)]))
-    eventually(lambda: (cd() or {}).get("status", {}).get("status") == "Ready")  # type: ignore[union-attr]
+    eventually(lambda: (cd() or {}).get("status", {}).get("status") == "Ready")
     eventually(
         lambda: registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "Ready"})
     )

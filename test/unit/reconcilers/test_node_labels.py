@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from cdctl_fakes import RecordedEvents, channel_claim, compute_domain, node, resource_slice
+from cdctl_fakes import RecordedEvents, channel_claim, compute_domain, node, resource_slice  # type: ignore[import-not-found]
 
 from pkg.api import constants as c
 from pkg.kube import resources as res
@@ -24,7 +24,7 @@ def labels(server: FakeApiServer, name: str) -> dict[str, str]:
     return dict(obj["metadata"].get("labels") or {})
 
 
-def annotations(server: FakeApiServer, name: str) -> dict[str, str]:
+def node_annotations(server: FakeApiServer, name: str) -> dict[str, str]:
     obj = next(o for o in server.objects(res.NODES) if o["metadata"]["name"] == name)
     return dict(obj["metadata"].get("annotations") or {})
 
@@ -119,14 +119,14 @@ def test_clique_label_follows_the_slice(
     server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id="uuid.7", qualified=qualified))
     cliques.reconcile("a")
     assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.7"
-    assert annotations(server, "a")[MANAGED_ANNOTATION] == "true"
+    assert node_annotations(server, "a")[MANAGED_ANNOTATION] == "true"
     server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id="uuid.8"))
     cliques.reconcile("a")
     assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.8"  # our own stale value
     server.store.delete(res.RESOURCE_SLICES, None, "a-cd")
     cliques.reconcile("a")
     assert c.GPU_CLIQUE_NODE_LABEL not in labels(server, "a")
-    assert MANAGED_ANNOTATION not in annotations(server, "a")
+    assert MANAGED_ANNOTATION not in node_annotations(server, "a")
 
 
 def test_foreign_clique_label_is_never_overwritten_or_removed(
@@ -140,7 +140,7 @@ def test_foreign_clique_label_is_never_overwritten_or_removed(
         cliques.reconcile(name)
     assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "gfd.1"
     assert events.reasons() == ["CliqueLabelConflict"]
-    assert MANAGED_ANNOTATION not in annotations(server, "b")  # equal value, still not ours
+    assert MANAGED_ANNOTATION not in node_annotations(server, "b")  # equal value, still not ours
     server.store.delete(res.RESOURCE_SLICES, None, "b-cd")
     cliques.reconcile("b")
     assert labels(server, "b")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.7"

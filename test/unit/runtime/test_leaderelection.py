@@ -6,7 +6,7 @@ import re
 import threading
 
 import pytest
-from runtime_fakes import LeaseStore, ManualClock
+from runtime_fakes import LeaseStore, ManualClock  # type: ignore[import-not-found]
 
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector, format_micro_time
 
@@ -75,12 +75,12 @@ def test_conflicting_takeovers_have_exactly_one_winner() -> None:
     assert a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew() and not c.try_acquire_or_renew()
     clock.advance(16)
-    stale = store.get(None, "cd-controller", namespace="drv")  # type: ignore[arg-type]
+    stale = store.get(None, "cd-controller", namespace="drv")
     assert b.try_acquire_or_renew()
     real_get = store.get
-    store.get = lambda *args, **kw: stale  # type: ignore[assignment, method-assign]
+    store.get = lambda *args, **kw: stale
     assert not c.try_acquire_or_renew()  # c read before b's write: its update is a 409
-    store.get = real_get  # type: ignore[method-assign]
+    store.get = real_get
     assert store.objects[("drv", "cd-controller")]["spec"]["holderIdentity"] == "b"
 
 
@@ -99,9 +99,9 @@ def test_run_releases_the_lease_on_stop_so_the_successor_takes_over_at_once() ->
     def wait(event: threading.Event, timeout: float) -> bool:
         if len(clock.waits) >= 5:
             stop.set()
-        return original_wait(event, timeout)
+        return bool(original_wait(event, timeout))
 
-    clock.wait = wait  # type: ignore[method-assign]
+    clock.wait = wait
     kept = a.run(stop, on_started_leading=started, on_stopped_leading=lambda: calls.append("x"))
     assert kept is True
     assert calls == ["started", "x"]
@@ -151,7 +151,7 @@ def test_acquire_returns_false_when_stopped_while_waiting() -> None:
 
     def wait(event: threading.Event, timeout: float) -> bool:
         stop.set()
-        return original_wait(event, timeout)
+        return bool(original_wait(event, timeout))
 
-    clock.wait = wait  # type: ignore[method-assign]
+    clock.wait = wait
     assert b.run(stop, on_started_leading=pytest.fail, on_stopped_leading=pytest.fail) is True

@@ -1,0 +1,171 @@
+"""SharedInformer delivery semantics, resync on a FakeClock, factory sharing, Indexer/Lister."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from pkg.informers.clock import FakeClock
+from pkg.informers.factory import SharedInformerFactory
+from pkg.informers.lister import Lister
+from pkg.informers.store import (
+    BY_NODE_NAME,
+    BY_OWNER_UID,
+    BY_UID,
+    DeletedFinalStateUnknown,
+    Indexer,
+    by_label,
+    index_by_node_name,
+    index_by_owner_uid,
+    index_by_uid,
+)
+from pkg.kube import resources as r
+from pkg.kube.client import JSON
+from pkg.testing.fakeapiserver import FakeApiServer
+
+
+def eventually(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "condition not reached"
+        time.sleep(0.002)
+
+
+def pod(name: str, node: str = "n1", **labels: str) -> JSON:
+    return {"metadata": {"name": name, "namespace": "ns", "labels": labels},
+            "spec": {"nodeName": node}}  # fmt: skip
+
+
+def test_handlers_ordered_isolated_and_cache_first() -> None:
+    with FakeApiServer() as api:
+        api.seed(r.PODS, pod("a"))
+        c = api.client()
+        factory = SharedInformerFactory(c, clock=FakeClock())
+        inf = factory.informer_for(r.PODS)
+        lister = factory.lister_for(r.PODS)
+        gate = threading.Event()
+        slow: list[str] = []
+        fast: list[tuple[str, str, bool]] = []
+
+        def slow_add(o: JSON) -> None:
+            gate.wait(5)
+            slow.append(o["metadata"]["name"])
+
+        def fast_add(o: JSON) -> None:
+            name = o["metadata"]["name"]
+            fast.append(("add", name, lister.get(name, "ns") is not None))  # cache first
+
+        inf.add_event_handler(on_add=slow_add)
+        fast_reg = inf.add_event_handler(
+            on_add=fast_add,
+            on_update=lambda _o, n: fast.append(("update", n["metadata"]["name"], True)),
+            on_delete=lambda o: fast.append(("delete", o["metadata"]["name"], True)),
+        )
+        factory.start()
+        assert factory.wait_for_cache_sync(5)
+        for i in range(20):
+            c.create(r.PODS, pod(f"p{i:02d}"))
+        c.patch(r.PODS, "p03", {"metadata": {"labels": {"x": "1"}}}, namespace="ns")
+        c.delete(r.PODS, "p03", namespace="ns")
+        eventually(lambda: len(fast) == 23)  # the slow handler blocks only itself
+        assert slow == []
+        assert [f[1] for f in fast[:21]] == ["a"] + [f"p{i:02d}" for i in range(20)]
+        assert fast[21:] == [("update", "p03", True), ("delete", "p03", True)]
+        assert all(seen for kind, _, seen in fast if kind == "add")
+        assert fast_reg.has_synced()
+        gate.set()
+        eventually(lambda: len(slow) == 21)
+        assert slow == ["a"] + [f"p{i:02d}" for i in range(20)]
+        factory.shutdown()
+
+
+def test_late_handler_gets_synthetic_adds_and_resync_replays_cache() -> None:
+    clock = FakeClock()
+    with FakeApiServer() as api:
+        for n in ("a", "b"):
+            api.seed(r.PODS, pod(n))
+        factory = SharedInformerFactory(api.client(), clock=clock, resync_period=30)
+        inf = factory.informer_for(r.PODS)
+        assert factory.informer_for(r.PODS) is inf
+        assert factory.informer_for(r.PODS, "ns") is not inf
+        factory.start()
+        assert factory.wait_for_cache_sync(5)
+        got: list[tuple[str, str]] = []
+        reg = inf.add_event_handler(
+            on_add=lambda o: got.append(("add", o["metadata"]["name"])),
+            on_update=lambda o, n: got.append(("resync" if o is n else "update",
+                                               n["metadata"]["name"])),  # fmt: skip
+        )
+        eventually(reg.has_synced)
+        assert got == [("add", "a"), ("add", "b")]
+        api.clear_log()
+        clock.step(29)
+        assert reg.wait_idle(5) and len(got) == 2
+        clock.step(1)
+        eventually(lambda: len(got) == 4)
+        assert got[2:] == [("resync", "a"), ("resync", "b")]
+        assert not [q for q in api.requests if not q.query.get("watch")]  # no API calls
+        factory.shutdown()
+
+
+def test_handler_exception_does_not_stop_delivery() -> None:
+    with FakeApiServer() as api:
+        factory = SharedInformerFactory(api.client(), clock=FakeClock())
+        inf = factory.informer_for(r.NODES)
+        seen: list[str] = []
+
+        def flaky(o: JSON) -> None:
+            seen.append(o["metadata"]["name"])
+            raise RuntimeError("boom")
+
+        inf.add_event_handler(on_add=flaky)
+        factory.start()
+        assert factory.wait_for_cache_sync(5)
+        for n in ("x", "y"):
+            api.seed(r.NODES, {"metadata": {"name": n}})
+        eventually(lambda: seen == ["x", "y"])
+        factory.shutdown()
+
+
+def test_indexer_indexes_and_replace() -> None:
+    idx = Indexer({BY_NODE_NAME: index_by_node_name, "app": by_label("app"), BY_UID: index_by_uid})
+    a = pod("a", "n1", app="x") | {}
+    a["metadata"] = a["metadata"] | {"uid": "u-a"}
+    b = pod("b", "n2", app="x")
+    b["metadata"] = b["metadata"] | {"ownerReferences": [{"uid": "u-a"}]}
+    idx.add(a)
+    idx.add(b)
+    idx.add_indexers({BY_OWNER_UID: index_by_owner_uid})
+    assert [o["metadata"]["name"] for o in idx.by_index("app", "x")] == ["a", "b"]
+    assert idx.index_keys(BY_NODE_NAME, "n2") == ["ns/b"]
+    assert idx.index_keys(BY_OWNER_UID, "u-a") == ["ns/b"]
+    moved = pod("b", "n3", app="y")
+    idx.update(moved)
+    assert idx.index_keys(BY_NODE_NAME, "n2") == [] and idx.index_keys("app", "y") == ["ns/b"]
+    gone = idx.replace([pod("c")])
+    assert sorted(gone) == ["ns/a", "ns/b"] and idx.list_keys() == ["ns/c"]
+    assert idx.by_index(BY_UID, "u-a") == []
+    idx.delete(DeletedFinalStateUnknown("ns/c", pod("c")))
+    assert len(idx) == 0
+    with pytest.raises(KeyError):
+        idx.by_index("nope", "x")
+    with pytest.raises(ValueError, match="exists"):
+        idx.add_indexers({"app": by_label("app")})
+
+
+def test_lister_lookups() -> None:
+    idx = Indexer({"app": by_label("app")})
+    for p in (pod("a", app="x"), pod("b", app="y")):
+        idx.add(p)
+    idx.add({"metadata": {"name": "c", "namespace": "other", "labels": {"app": "x"}}})
+    lister = Lister(idx, r.PODS)
+    assert lister.get("a", "ns") is not None and lister.get("zz", "ns") is None
+    assert [o["metadata"]["name"] for o in lister.list("ns")] == ["a", "b"]
+    assert [o["metadata"]["name"] for o in lister.list(labels={"app": "x"})] == ["c", "a"]
+    assert [o["metadata"]["name"] for o in lister.by_index("app", "x")] == ["a", "c"]
+    assert lister.get_by_key("other/c") is not None
+    with pytest.raises(ValueError, match="namespaced"):
+        lister.get("a")

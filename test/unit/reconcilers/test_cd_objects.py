@@ -1,0 +1,119 @@
+"""Pure renderers of the workload RCT, daemon RCT and daemon DaemonSet."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from pkg.api import constants as c
+from pkg.api.computedomain import parse_compute_domain
+from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.objects import (
+    SPEC_HASH_ANNOTATION,
+    render_daemon_rct,
+    render_daemonset,
+    render_workload_rct,
+)
+
+JSON = dict[str, Any]
+CONFIG = ControllerConfig(
+    namespace="drv", image_name="img:1", log_verbosity_cd_daemon=3, feature_gates="A=true",
+    image_pull_secret_names=("s1", "s2"), unreachable_toleration_seconds=45,
+)  # fmt: skip
+CD = parse_compute_domain({
+    "metadata": {"namespace": "team", "name": "cd1", "uid": "u-1", "generation": 1},
+    "spec": {"channel": {"resourceClaimTemplate": {"name": "chan"}, "allocationMode": "All"}},
+})  # fmt: skip
+
+
+def env(ds: JSON) -> dict[str, Any]:
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_workload_rct_matches_upstream_shape_and_is_owned_by_the_cd() -> None:
+    rct = render_workload_rct(CD, owner={"metadata": {}})
+    assert rct["apiVersion"] == "resource.k8s.io/v1"
+    assert (rct["metadata"]["name"], rct["metadata"]["namespace"]) == ("chan", "team")
+    devices = rct["spec"]["spec"]["devices"]
+    assert devices["requests"] == [
+        {"name": "channel", "exactly": {"deviceClassName": c.CHANNEL_DEVICE_CLASS}}
+    ]
+    assert devices["config"][0]["requests"] == ["channel"]
+    assert devices["config"][0]["opaque"]["parameters"]["allocationMode"] == "All"
+    (ref,) = rct["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["uid"], ref["controller"]) == ("ComputeDomain", "u-1", True)
+    assert "finalizers" not in rct["metadata"]
+    assert "ownerReferences" not in render_workload_rct(CD)["metadata"]
+
+
+def test_daemon_rct_lives_in_the_driver_namespace() -> None:
+    rct = render_daemon_rct(CD, CONFIG)
+    assert (rct["metadata"]["name"], rct["metadata"]["namespace"]) == (
+        "computedomain-daemon-u-1", "drv",
+    )  # fmt: skip
+    assert rct["metadata"]["labels"][c.TARGET_LABEL] == c.TARGET_DAEMON
+    params = rct["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert params == {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": "u-1"}
+
+
+def test_daemonset_contract_with_the_daemon() -> None:
+    ds = render_daemonset(CD, CONFIG)
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert ds["metadata"]["labels"] == {c.COMPUTE_DOMAIN_LABEL: "u-1"}
+    assert ds["spec"]["selector"]["matchLabels"] == {c.COMPUTE_DOMAIN_LABEL: "u-1"}
+    assert ds["spec"]["template"]["metadata"]["labels"][c.COMPUTE_DOMAIN_LABEL] == "u-1"
+    assert pod["nodeSelector"] == {c.COMPUTE_DOMAIN_LABEL: "u-1"}
+    assert container["command"] == ["compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "run"]
+    assert container["image"] == "img:1"
+    assert container["resources"] == {"claims": [{"name": "compute-domain-daemon"}]}
+    assert pod["resourceClaims"] == [
+        {"name": "compute-domain-daemon", "resourceClaimTemplateName": "computedomain-daemon-u-1"}
+    ]
+    assert pod["imagePullSecrets"] == [{"name": "s1"}, {"name": "s2"}]
+    assert pod["serviceAccountName"] == "compute-domain-daemon-service-account"
+    e = env(ds)
+    assert (e["LOG_VERBOSITY"], e["MAX_NODES_PER_IMEX_DOMAIN"], e["FEATURE_GATES"]) == (
+        "3", "18", "A=true",
+    )  # fmt: skip
+    assert e["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert e["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert e["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    for probe, period, threshold in (("startupProbe", 1, 1200), ("livenessProbe", 60, 20),
+                                     ("readinessProbe", 10, 1)):  # fmt: skip
+        p = container[probe]
+        assert p["exec"]["command"][-1] == "check"
+        assert (p["periodSeconds"], p["failureThreshold"], p["timeoutSeconds"]) == (
+            period, threshold, 10,
+        )  # fmt: skip
+
+
+def test_daemons_do_not_tolerate_dead_nodes_forever() -> None:
+    tolerations = render_daemonset(CD, CONFIG)["spec"]["template"]["spec"]["tolerations"]
+    no_execute = [t for t in tolerations if t["effect"] == "NoExecute"]
+    assert {t["key"] for t in no_execute} == {
+        "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready",
+    }  # fmt: skip
+    assert all(t["tolerationSeconds"] == 45 for t in no_execute)
+    assert {"operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+def test_spec_hash_changes_with_config_only() -> None:
+    a = render_daemonset(CD, CONFIG)
+    assert render_daemonset(CD, CONFIG) == a
+    b = render_daemonset(CD, replace(CONFIG, image_name="img:2"))
+    assert (a["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+            != b["metadata"]["annotations"][SPEC_HASH_ANNOTATION])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("namespace", "", "namespace"), ("image_name", "", "image-name"),
+     ("max_nodes_per_imex_domain", 0, "max-nodes")],
+)  # fmt: skip
+def test_config_validation(field: str, value: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        replace(CONFIG, **{field: value}).validate()

@@ -1,0 +1,119 @@
+"""Pure status aggregation: membership, readiness rules, conditions and transition events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cdctl_fakes import clique, daemon_entry, daemon_pod, node  # type: ignore[import-not-found]
+from prometheus_client import CollectorRegistry
+
+from pkg.api.computedomain import global_status, parse_compute_domain, set_condition
+from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
+from pkg.reconcilers.status import Problem, collect_members, render_status, status_events
+
+JSON = dict[str, Any]
+
+
+def cd(num_nodes: int = 0) -> Any:
+    return parse_compute_domain({
+        "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 3},
+        "spec": {"numNodes": num_nodes, "channel": {"resourceClaimTemplate": {"name": "r"}}},
+    })  # fmt: skip
+
+
+def members(entries: list[JSON], nodes: dict[str, JSON] | None = None) -> Any:
+    pods = [daemon_pod("u", e["nodeName"], clique="cl.1") for e in entries]
+    return collect_members(cliques=[clique("u", "cl.1", entries)], pods=pods, nodes=nodes or {})
+
+
+@pytest.mark.parametrize(
+    ("num_nodes", "statuses", "expected", "reason"),
+    [
+        (0, [], "NotReady", "WaitingForNodes"),
+        (0, ["Ready"], "Ready", "AllNodesReady"),
+        (2, ["Ready"], "NotReady", "WaitingForNodes"),
+        (2, ["Ready", "Ready"], "Ready", "AllNodesReady"),
+        (1, ["Ready", "NotReady"], "NotReady", "DaemonsNotReady"),
+    ],
+    ids=["zero-empty", "zero-one", "short", "enough", "one-not-ready"],
+)
+def test_readiness_rules(num_nodes: int, statuses: list[str], expected: str, reason: str) -> None:
+    ms = members([daemon_entry(f"n{i}", index=i, status=s) for i, s in enumerate(statuses)])
+    status = render_status(cd(num_nodes), members=ms, previous=None, problem=None, now="T1")
+    assert status["status"] == expected
+    (cond,) = status["conditions"]
+    assert (cond["reason"], cond["status"], cond["observedGeneration"]) == (
+        reason, "True" if expected == "Ready" else "False", 3,
+    )  # fmt: skip
+
+
+def test_rendering_is_stable_and_transition_time_moves_only_on_flips() -> None:
+    ms = members([daemon_entry("a", index=0)])
+    first = render_status(cd(), members=ms, previous=None, problem=None, now="T1")
+    again = render_status(cd(), members=ms, previous=first, problem=None, now="T2")
+    assert again == first
+    broken = render_status(cd(), members=ms, previous=first, problem=Problem("X", "y"), now="T3")
+    assert broken["conditions"][0]["lastTransitionTime"] == "T3"
+    assert broken["status"] == "NotReady"
+
+
+def test_node_problems_override_clique_entries() -> None:
+    nodes = {
+        "a": node("a", ready="False"),
+        "b": node("b", taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]),
+        "c": node("c"),
+    }
+    ms = members([daemon_entry(n, index=i) for i, n in enumerate("abc")], nodes)
+    assert [(m.entry.status, m.problem) for m in ms] == [
+        ("NotReady", "NodeNotReady"), ("NotReady", "NodeUnreachable"), ("Ready", ""),
+    ]  # fmt: skip
+    status = render_status(cd(), members=ms, previous=None, problem=None, now="T")
+    assert status["conditions"][0]["reason"] == "NodesNotReady"
+
+
+def test_terminating_daemon_pod_is_not_ready() -> None:
+    pod = daemon_pod("u", "a", clique="cl.1")
+    pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    (m,) = collect_members(cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])],
+                           pods=[pod], nodes={})  # fmt: skip
+    assert (m.entry.status, m.problem) == ("NotReady", "DaemonTerminating")
+
+
+def test_events_for_joins_leaves_and_readiness() -> None:
+    one = render_status(cd(), members=members([daemon_entry("a", index=0)]), previous=None,
+                        problem=None, now="T")  # fmt: skip
+    ms = members([daemon_entry("b", index=1, status="NotReady")])
+    two = render_status(cd(), members=ms, previous=one, problem=None, now="T")
+    reasons = [(e.type, e.reason) for e in status_events(one, two, members=ms)]
+    assert reasons == [("Normal", "NodeJoined"), ("Normal", "NodeLeft"), ("Warning", "NotReady")]
+    assert [e.reason for e in status_events(None, one, members=[])] == ["NodeJoined", "Ready"]
+
+
+def test_api_helpers() -> None:
+    assert global_status([], num_nodes=0) == "NotReady"
+    conds = set_condition([], type_="Ready", status=True, reason="R", message="m" * 40000,
+                          observed_generation=1, now="T")  # fmt: skip
+    assert len(conds[0]["message"]) == 32000
+
+
+def test_domain_metrics_count_by_status_and_time_to_ready() -> None:
+    registry = CollectorRegistry()
+    m = DomainMetrics(registry)
+    created = parse_timestamp("2026-01-01T00:00:00Z")
+    assert created is not None and parse_timestamp("garbage") is None
+    m.observe_status("u1", status="NotReady", previous=None, created=created, now=created + 1)
+    m.observe_status("u1", status="Ready", previous="NotReady", created=created, now=created + 7)
+    m.observe_status("u1", status="Ready", previous="Ready", created=created, now=created + 9)
+    m.observe_status("u2", status="Ready", previous="Ready", created=created, now=created + 99)
+
+    def value(name: str, labels: dict[str, str] | None = None) -> float | None:
+        return registry.get_sample_value(name, labels or {})
+
+    assert value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 2
+    assert value("nvidia_dra_compute_domain_info", {"status": "NotReady"}) == 0
+    assert value("nvidia_dra_compute_domain_time_to_ready_seconds_count") == 1
+    assert value("nvidia_dra_compute_domain_time_to_ready_seconds_sum") == 7
+    m.forget("u1")
+    m.forget("u1")
+    assert value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 1
