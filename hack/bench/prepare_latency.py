@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test" / "unit" / "kubeletplugin"))
 
-from kp_harness import (  # type: ignore[import-not-found]
+from kp_harness import (
     channel_params,
     running_plugin,
     seed_claim,

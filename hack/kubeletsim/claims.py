@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pkg.kube.client import KubeClient
-from pkg.kube.errors import NotFoundError
+from pkg.kube.errors import ForbiddenError, NotFoundError
 from pkg.kube.resources import RESOURCE_CLAIMS
 
 from .registration import ClaimRef, DraPlugin, PreparedDevice
@@ -67,6 +67,9 @@ def resolve_pod_claims(client: KubeClient, pod: Mapping[str, Any]) -> list[PodCl
             claim = client.get(RESOURCE_CLAIMS, name, namespace=meta["namespace"])
         except NotFoundError as e:
             raise ClaimNotReadyError(f"resourceclaim {name} not found") from e
+        except ForbiddenError as e:
+            # The Node authorizer learns pod -> claim edges from its informers: retry.
+            raise ClaimNotReadyError(f"resourceclaim {name}: {e}") from e
         status = claim.get("status") or {}
         if not status.get("allocation"):
             raise ClaimNotReadyError(f"resourceclaim {name} is not allocated")
@@ -81,8 +84,9 @@ def resolve_pod_claims(client: KubeClient, pod: Mapping[str, Any]) -> list[PodCl
 class ClaimInfo:
     ref: ClaimRef
     driver: str
-    devices: list[PreparedDevice]
+    devices: list[PreparedDevice] = field(default_factory=list)
     pods: set[str] = field(default_factory=set)
+    prepared: bool = False
 
 
 class DraManager:
@@ -96,23 +100,27 @@ class DraManager:
     def prepare(
         self, plugin: DraPlugin, pod_uid: str, claims: Sequence[PodClaim]
     ) -> dict[str, list[PreparedDevice]]:
-        """Prepare (once) every claim of the pod handled by ``plugin``; devices by pod claim."""
+        """Prepare (once) every claim of the pod handled by ``plugin``; devices by pod claim.
+
+        Like the kubelet, a claim enters the cache (with the pod's reference) *before* the
+        plugin is called, so a pod that goes away while Prepare keeps failing still gets its
+        claims unprepared.
+        """
+        mine = [c for c in claims if plugin.name in c.drivers()]
         with self._lock:
-            todo = [
-                c for c in claims if plugin.name in c.drivers() and c.ref.uid not in self._claims
-            ]
+            for c in mine:
+                info = self._claims.setdefault(c.ref.uid, ClaimInfo(c.ref, plugin.name))
+                info.pods.add(pod_uid)
+            todo = [c for c in mine if not self._claims[c.ref.uid].prepared]
+            self._save()
         result = plugin.prepare([c.ref for c in todo]) if todo else {}
-        out: dict[str, list[PreparedDevice]] = {}
         with self._lock:
             for c in todo:
-                self._claims.setdefault(c.ref.uid, ClaimInfo(c.ref, plugin.name, result[c.ref.uid]))
-            for c in claims:
-                info = self._claims.get(c.ref.uid)
-                if info is not None:
-                    info.pods.add(pod_uid)
-                    out[c.pod_claim_name] = list(info.devices)
+                info = self._claims.setdefault(c.ref.uid, ClaimInfo(c.ref, plugin.name))
+                info.devices, info.prepared = result[c.ref.uid], True
+                info.pods.add(pod_uid)
             self._save()
-        return out
+            return {c.pod_claim_name: list(self._claims[c.ref.uid].devices) for c in mine}
 
     def release(self, pod_uid: str) -> list[ClaimInfo]:
         """Drop the pod's references; return claims no pod uses any more (to unprepare)."""
@@ -143,6 +151,7 @@ class DraManager:
                 "name": i.ref.name,
                 "driver": i.driver,
                 "pods": sorted(i.pods),
+                "prepared": i.prepared,
                 "devices": [
                     {
                         "requestNames": list(d.request_names),

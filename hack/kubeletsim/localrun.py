@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .cdi import ContainerEdits
-from .podspec import Mount, PodSpecError, command_line, container_env
+from .podspec import Mount, PodSpecError, command_line, container_env, expand
 from .podstatus import ContainerState
 from .runtime import REPO_ROOT, LocalCommands, LocalContainer, Probe, ProcessSpec
 
@@ -83,7 +83,8 @@ class LocalRun:
                 return None
             if "exec" not in p:
                 raise PodSpecError(f"{key}: only exec probes are supported")
-            cmd = [str(a) for a in p["exec"].get("command") or []]
+            # Like the kubelet: $(VAR) in exec probe commands expands from the container env.
+            cmd = [expand(str(a), env) for a in p["exec"].get("command") or []]
             if ctx_commands.maps(cmd):
                 cmd = ctx_commands.translate(cmd)
             probe = Probe.from_spec(p, cmd)

@@ -62,6 +62,7 @@ class FleetConfig:
     bound_tokens: bool = True
     static_kubeconfigs: dict[str, Path] = field(default_factory=dict)
     plugin_service_account: str = "compute-domain-kubelet-plugin"
+    node_requests_pod_tokens: bool = False
     commands: LocalCommands = field(default_factory=driver_commands)
     plugin_argv: list[str] = field(default_factory=lambda: [sys.executable, str(PLUGIN_SCRIPT)])
     plugin_env: dict[str, str] = field(default_factory=dict)
@@ -90,9 +91,16 @@ class SimulatedNode:
         node_api = load_api_client(str(config.node_kubeconfig(spec.name)))
         self.client: KubeClient = RestClient(node_api, user_agent=f"kubeletsim/{spec.name}")
         server, ca_data = cluster_of(config.admin_kubeconfig)
-        self._pod_tokens = TokenMinter(self.client, server=server, ca_data=ca_data)
         admin = RestClient(load_api_client(str(config.admin_kubeconfig)), user_agent="kubeletsim")
         self._admin_tokens = TokenMinter(admin, server=server, ca_data=ca_data)
+        # The Node authorizer lets a node request a pod's token only for audiences the pod's
+        # projected token volumes name; without ServiceAccount admission (localcluster) pods
+        # have none, so by default the (identical) pod-bound token is requested as admin.
+        self._pod_tokens = (
+            TokenMinter(self.client, server=server, ca_data=ca_data)
+            if config.node_requests_pod_tokens
+            else self._admin_tokens
+        )
         self.plugin_kubeconfig = self.dirs.root / "plugin.kubeconfig"
         labels = dict(spec.labels)
         if config.gfd_clique_label and spec.clique is not None:

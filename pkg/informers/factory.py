@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from pkg.informers.clock import Clock
 from pkg.informers.informer import SharedInformer
 from pkg.informers.lister import Lister
 from pkg.informers.listwatch import ResourceListerWatcher
 from pkg.informers.reflector import DEFAULT_BACKOFF, BackoffPolicy
-from pkg.kube.client import KubeClient
+from pkg.kube.client import JSON, KubeClient
 from pkg.kube.resources import Resource
 
 __all__ = ["InformerKey", "SharedInformerFactory"]
@@ -34,8 +35,10 @@ class SharedInformerFactory:
         page_size: int = 500,
         min_watch_timeout: float = 300.0,
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
+        transform: Callable[[JSON], JSON] | None = None,
     ) -> None:
         self._client = client
+        self._transform = transform
         self._clock = clock
         self._resync_period = resync_period
         self._page_size = page_size
@@ -62,7 +65,7 @@ class SharedInformerFactory:
                 inf = SharedInformer(
                     lw, clock=self._clock, resync_period=self._resync_period,
                     page_size=self._page_size, min_watch_timeout=self._min_watch_timeout,
-                    backoff=self._backoff,
+                    backoff=self._backoff, transform=self._transform,
                 )  # fmt: skip
                 self._informers[key] = inf
             return inf

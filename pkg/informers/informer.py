@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from pkg.informers.clock import Clock
@@ -45,8 +46,11 @@ class SharedInformer:
         min_watch_timeout: float = 300.0,
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
+        transform: Callable[[JSON], JSON] | None = None,
     ) -> None:
         self.resource = lw.resource
+        # Applied to every object before it is cached (e.g. `compact.compact` to save memory).
+        self._transform = transform
         self._clock = clock
         self._resync_period = resync_period
         self.indexer = Indexer(indexers)
@@ -111,6 +115,8 @@ class SharedInformer:
     # -- ReflectorSink (called on the reflector thread) --------------------------------------
 
     def replace(self, items: list[JSON], resource_version: str) -> None:
+        if self._transform is not None:
+            items = [self._transform(o) for o in items]
         with self._lock:
             old = dict(self.indexer.items())
             gone = self.indexer.replace(items)
@@ -128,6 +134,8 @@ class SharedInformer:
                     reg.mark_sync_point()
 
     def add(self, obj: JSON) -> None:
+        if self._transform is not None:
+            obj = self._transform(obj)
         with self._lock:
             prev = self.indexer.add(obj)
             self._distribute(
@@ -137,6 +145,8 @@ class SharedInformer:
     update = add  # a MODIFIED for an unknown key is an add, as in client-go
 
     def delete(self, obj: JSON) -> None:
+        if self._transform is not None:
+            obj = self._transform(obj)
         with self._lock:
             self.indexer.delete(obj)
             self._distribute(Notification("delete", obj))

@@ -107,7 +107,7 @@ class ResourceClaimReconciler:
                 seen = self._seen.pop(node_name, None)
             if seen is not None and current == seen:
                 remove_domain_label(self._client, node, uid=seen)
-                log.info("node label removed (last claim deallocated) uid=%s", seen,
+                log.info("node label removed (no live claim left) uid=%s", seen,
                          extra={"key": node_name})  # fmt: skip
             return Result()
         if len(wanted) > 1:

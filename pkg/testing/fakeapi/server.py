@@ -331,6 +331,7 @@ class FakeApiServer:
 
 class _Httpd(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # the default backlog of 5 resets bursts of concurrent clients
     fake: FakeApiServer
 
     def __init__(self, addr: tuple[str, int], handler: type[_Handler]) -> None:

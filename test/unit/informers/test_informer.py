@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from pkg.informers.clock import FakeClock
+from pkg.informers.compact import compact
 from pkg.informers.factory import SharedInformerFactory
 from pkg.informers.lister import Lister
 from pkg.informers.store import (
@@ -21,6 +23,7 @@ from pkg.informers.store import (
     index_by_node_name,
     index_by_owner_uid,
     index_by_uid,
+    meta_namespace_key,
 )
 from pkg.kube import resources as r
 from pkg.kube.client import JSON
@@ -62,7 +65,7 @@ def test_handlers_ordered_isolated_and_cache_first() -> None:
         fast_reg = inf.add_event_handler(
             on_add=fast_add,
             on_update=lambda _o, n: fast.append(("update", n["metadata"]["name"], True)),
-            on_delete=lambda o: fast.append(("delete", o["metadata"]["name"], True)),
+            on_delete=lambda o: fast.append(("delete", meta_namespace_key(o), True)),
         )
         factory.start()
         assert factory.wait_for_cache_sync(5)
@@ -73,7 +76,7 @@ def test_handlers_ordered_isolated_and_cache_first() -> None:
         eventually(lambda: len(fast) == 23)  # the slow handler blocks only itself
         assert slow == []
         assert [f[1] for f in fast[:21]] == ["a"] + [f"p{i:02d}" for i in range(20)]
-        assert fast[21:] == [("update", "p03", True), ("delete", "p03", True)]
+        assert fast[21:] == [("update", "p03", True), ("delete", "ns/p03", True)]
         assert all(seen for kind, _, seen in fast if kind == "add")
         assert fast_reg.has_synced()
         gate.set()
@@ -96,8 +99,9 @@ def test_late_handler_gets_synthetic_adds_and_resync_replays_cache() -> None:
         got: list[tuple[str, str]] = []
         reg = inf.add_event_handler(
             on_add=lambda o: got.append(("add", o["metadata"]["name"])),
-            on_update=lambda o, n: got.append(("resync" if o is n else "update",
-                                               n["metadata"]["name"])),  # fmt: skip
+            on_update=lambda o, n: got.append(
+                ("resync" if o is n else "update", n["metadata"]["name"])
+            ),
         )
         eventually(reg.has_synced)
         assert got == [("add", "a"), ("add", "b")]
@@ -164,8 +168,17 @@ def test_lister_lookups() -> None:
     lister = Lister(idx, r.PODS)
     assert lister.get("a", "ns") is not None and lister.get("zz", "ns") is None
     assert [o["metadata"]["name"] for o in lister.list("ns")] == ["a", "b"]
-    assert [o["metadata"]["name"] for o in lister.list(labels={"app": "x"})] == ["c", "a"]
+    assert [o["metadata"]["name"] for o in lister.list(labels={"app": "x"})] == ["a", "c"]
     assert [o["metadata"]["name"] for o in lister.by_index("app", "x")] == ["a", "c"]
     assert lister.get_by_key("other/c") is not None
     with pytest.raises(ValueError, match="namespaced"):
         lister.get("a")
+
+
+def test_compact_transform_preserves_equality_and_shares_strings() -> None:
+    raw = json.loads('{"metadata": {"name": "a", "managedFields": [{"m": 1}]}, "s": ["Running"]}')
+    other = json.loads('{"s": ["Running"]}')
+    out = compact(raw)
+    assert out == {"metadata": {"name": "a"}, "s": ["Running"]}
+    assert "managedFields" in raw["metadata"]  # input untouched
+    assert out["s"][0] is compact(other)["s"][0]

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, precondition
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
 from pkg.informers.clock import FakeClock
@@ -42,7 +42,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.completed: Counter[int] = Counter()
         self.expected_runs: Counter[str] = Counter()  # one per clean -> dirty transition
         self.runs: Counter[str] = Counter()
-        self.threads = [threading.Thread(target=self.worker, args=(i,)) for i in range(self.WORKERS)]
+        self.threads = [
+            threading.Thread(target=self.worker, args=(i,)) for i in range(self.WORKERS)
+        ]
         for t in self.threads:
             t.start()
 
@@ -74,8 +76,10 @@ class QueueMachine(RuleBasedStateMachine):
         """Wait (real time, bounded) until every deliverable item is in a worker's hand."""
         with self.lock:
             self.picked.wait_for(
-                lambda: not (self.pending - set(self.in_hand.values()))
-                or len(self.in_hand) == self.WORKERS,
+                lambda: (
+                    not (self.pending - set(self.in_hand.values()))
+                    or len(self.in_hand) == self.WORKERS
+                ),
                 timeout=2,
             )
 
@@ -149,7 +153,7 @@ TestQueueMachine.settings = settings(
 def test_adds_during_processing_collapse_into_one_rerun() -> None:
     q: WorkQueue[str] = WorkQueue()
     q.add("a")
-    item, _ = q.get()
+    _item, _ = q.get()
     for _ in range(5):
         q.add("a")
     assert len(q) == 0  # deferred: never handed out while processing
@@ -196,7 +200,7 @@ def test_rate_limited_requeue_and_metrics() -> None:
         ItemExponentialFailureRateLimiter(1.0, 100.0), name="test", clock=clock, registry=reg
     )
     q.add("a")
-    item, _ = q.get()
+    _item, _ = q.get()
     clock.step(3)
     q.add_rate_limited("a")
     q.done("a")
@@ -205,7 +209,9 @@ def test_rate_limited_requeue_and_metrics() -> None:
     assert q.get() == ("a", False)
     q.forget("a")
     assert q.num_requeues("a") == 0
-    assert reg.get_sample_value("workqueue_longest_running_processor_seconds", {"name": "test"}) == 0
+    assert (
+        reg.get_sample_value("workqueue_longest_running_processor_seconds", {"name": "test"}) == 0
+    )
     clock.step(2)
     assert reg.get_sample_value("workqueue_unfinished_work_seconds", {"name": "test"}) == 2
     q.done("a")
@@ -245,7 +251,9 @@ def test_bucket_and_max_of() -> None:
     assert [bucket.when(i) for i in range(4)] == pytest.approx([0, 0, 0.1, 0.2])
     clock.step(1)
     assert bucket.when("z") == 0
-    combo = MaxOfRateLimiter(ItemExponentialFailureRateLimiter(1, 10), BucketRateLimiter(1, 1, clock=clock))
+    combo = MaxOfRateLimiter(
+        ItemExponentialFailureRateLimiter(1, 10), BucketRateLimiter(1, 1, clock=clock)
+    )
     assert combo.when("a") == 1 and combo.when("a") == 2 and combo.num_requeues("a") == 2
     combo.forget("a")
     assert combo.num_requeues("a") == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kp_harness import CLIQUE, make_config  # type: ignore[import-not-found]
+from kp_harness import CLIQUE, make_config
 from kubernetes import client as k8s_client
 
 from pkg.kube.client import RestClient

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kp_harness import (  # type: ignore[import-not-found]
+from kp_harness import (
     CLIQUE,
     NODE,
     Kubelet,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, live_caches  # type: ignore[import-not-found]
+from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, live_caches  # type: ignore[import-not-found, unused-ignore]
 from prometheus_client import CollectorRegistry
 
 from pkg.kube.client import RestClient

@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 import pytest
-from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, compute_domain, daemon_pod, node  # type: ignore[import-not-found]
+from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, compute_domain, daemon_pod, node  # type: ignore[import-not-found, unused-ignore]
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c

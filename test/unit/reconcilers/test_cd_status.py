@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from cdctl_fakes import clique, daemon_entry, daemon_pod, node  # type: ignore[import-not-found]
+from cdctl_fakes import clique, daemon_entry, daemon_pod, node  # type: ignore[import-not-found, unused-ignore]
 from prometheus_client import CollectorRegistry
 
 from pkg.api.computedomain import global_status, parse_compute_domain, set_condition

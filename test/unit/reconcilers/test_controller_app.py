@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cdctl_fakes import DRIVER_NS, compute_domain  # type: ignore[import-not-found]
+from cdctl_fakes import DRIVER_NS, compute_domain  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.api import constants as c
 from pkg.kube import resources as res
@@ -192,3 +192,23 @@ def test_binary_runs_from_any_cwd_and_exits_zero_on_sigterm(
     assert holder(server) == ""
     assert "key=team/cd1" in err  # structured logs carry the object key
     assert c.FINALIZER in server.objects(res.COMPUTE_DOMAINS)[0]["metadata"]["finalizers"]
+
+
+def test_without_leader_election_runs_directly_and_stops_cleanly(server: FakeApiServer) -> None:
+    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    opts = parse_options(["--image-name=img", f"--namespace={DRIVER_NS}",
+                          "--http-endpoint=127.0.0.1:0"], {})  # fmt: skip
+    stop = threading.Event()
+    ports: list[int] = []
+    rc: list[int] = []
+    thread = threading.Thread(
+        target=lambda: rc.append(run(opts, stop=stop, env={}, ready=ports.append,
+                                     client_factory=lambda _o: server.client())),
+    )  # fmt: skip
+    thread.start()
+    eventually(lambda: ports and get(f"http://127.0.0.1:{ports[0]}/readyz") == 200)
+    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+    assert server.objects(res.LEASES) == []
+    stop.set()
+    thread.join(10)
+    assert rc == [0]

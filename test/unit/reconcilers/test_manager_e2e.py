@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from cdctl_fakes import (  # type: ignore[import-not-found]
+from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     DRIVER_NS,
     RecordedEvents,
     channel_claim,

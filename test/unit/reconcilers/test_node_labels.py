@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from cdctl_fakes import RecordedEvents, channel_claim, compute_domain, node, resource_slice  # type: ignore[import-not-found]
+from cdctl_fakes import RecordedEvents, channel_claim, compute_domain, node, resource_slice  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.api import constants as c
 from pkg.kube import resources as res

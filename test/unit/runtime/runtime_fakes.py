@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from pkg.kube.errors import AlreadyExistsError, ConflictError, NotFoundError, ServerError
@@ -19,6 +20,7 @@ class ManualClock:
         self.wall = start
         self.mono = 0.0
         self.waits: list[float] = []
+        self.on_wait: Callable[[threading.Event], None] = lambda _stop: None
 
     def now(self) -> float:
         return self.wall
@@ -31,6 +33,7 @@ class ManualClock:
         self.mono += seconds
 
     def wait(self, event: threading.Event, timeout: float) -> bool:
+        self.on_wait(event)
         if event.is_set():
             return True
         self.waits.append(timeout)
@@ -46,6 +49,7 @@ class LeaseStore:
         self.rv = 0
         self.fail_next = 0
         self.writes: list[JSON] = []
+        self.stale_get: JSON | None = None  # answer GETs with this (a reader that lags)
 
     def _check(self) -> None:
         if self.fail_next:
@@ -57,6 +61,8 @@ class LeaseStore:
         subresource: str | None = None,
     ) -> JSON:  # fmt: skip
         self._check()
+        if self.stale_get is not None:
+            return copy.deepcopy(self.stale_get)
         obj = self.objects.get((namespace or "", name))
         if obj is None:
             raise NotFoundError(404, "NotFound", name)

@@ -6,7 +6,7 @@ import re
 import threading
 
 import pytest
-from runtime_fakes import LeaseStore, ManualClock  # type: ignore[import-not-found]
+from runtime_fakes import LeaseStore, ManualClock  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector, format_micro_time
 
@@ -75,12 +75,10 @@ def test_conflicting_takeovers_have_exactly_one_winner() -> None:
     assert a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew() and not c.try_acquire_or_renew()
     clock.advance(16)
-    stale = store.get(None, "cd-controller", namespace="drv")
     assert b.try_acquire_or_renew()
-    real_get = store.get
-    store.get = lambda *args, **kw: stale
-    assert not c.try_acquire_or_renew()  # c read before b's write: its update is a 409
-    store.get = real_get
+    store.stale_get = store.writes[-2]  # what c read before b's write
+    assert not c.try_acquire_or_renew()  # c's update carries the old resourceVersion: 409
+    store.stale_get = None
     assert store.objects[("drv", "cd-controller")]["spec"]["holderIdentity"] == "b"
 
 
@@ -94,14 +92,11 @@ def test_run_releases_the_lease_on_stop_so_the_successor_takes_over_at_once() ->
         calls.append("started")
         assert a.is_leader()
 
-    original_wait = clock.wait
-
-    def wait(event: threading.Event, timeout: float) -> bool:
+    def on_wait(_event: threading.Event) -> None:
         if len(clock.waits) >= 5:
             stop.set()
-        return bool(original_wait(event, timeout))
 
-    clock.wait = wait
+    clock.on_wait = on_wait
     kept = a.run(stop, on_started_leading=started, on_stopped_leading=lambda: calls.append("x"))
     assert kept is True
     assert calls == ["started", "x"]
@@ -147,11 +142,5 @@ def test_acquire_returns_false_when_stopped_while_waiting() -> None:
     assert elector(store, clock, "a").try_acquire_or_renew()
     b = elector(store, clock, "b")
     stop = threading.Event()
-    original_wait = clock.wait
-
-    def wait(event: threading.Event, timeout: float) -> bool:
-        stop.set()
-        return bool(original_wait(event, timeout))
-
-    clock.wait = wait
+    clock.on_wait = lambda _event: stop.set()
     assert b.run(stop, on_started_leading=pytest.fail, on_stopped_leading=pytest.fail) is True
