@@ -1,18 +1,83 @@
 """The controller's configuration as one frozen value, shared by every reconciler.
 
 Owns the knobs that shape the objects the controller renders (image, namespace, verbosity,
-feature gates, daemon tolerations) and the timing of its background loops. Built once by the
-binary from flags/env; reconcilers only read it. Invariant: a ``ControllerConfig`` that exists
-has passed :meth:`ControllerConfig.validate`, so renderers never see an empty image name.
+feature gates, daemon tolerations, extra daemon env) and the timing of its background loops.
+Built once by the binary from flags/env; reconcilers only read it. Invariant: a
+``ControllerConfig`` that exists has passed :meth:`ControllerConfig.validate`, so renderers
+never see an empty image name or an extra env var that shadows the daemon's own contract.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from pkg.api import constants as c
 
-__all__ = ["ControllerConfig"]
+__all__ = [
+    "DAEMON_CORE_ENV",
+    "DEFAULT_DAEMON_SERVICE_ACCOUNT",
+    "ControllerConfig",
+    "parse_extra_env",
+]
+
+DEFAULT_DAEMON_SERVICE_ACCOUNT = "compute-domain-daemon"
+"""The ServiceAccount config/rbac/daemon.yaml ships for the IMEX daemon pods."""
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+DAEMON_CORE_ENV: frozenset[str] = frozenset(
+    {
+        # Rendered by objects.py (downward API and the controller's own settings).
+        "LOG_VERBOSITY",
+        "MAX_NODES_PER_IMEX_DOMAIN",
+        "NODE_NAME",
+        "POD_IP",
+        "POD_UID",
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "NVIDIA_VISIBLE_DEVICES",
+        "FEATURE_GATES",
+        # Injected through CDI by the kubelet plugin from the prepared daemon claim.
+        "CLIQUE_ID",
+        "COMPUTE_DOMAIN_UUID",
+        "COMPUTE_DOMAIN_NAME",
+        "COMPUTE_DOMAIN_NAMESPACE",
+    }
+)
+"""Daemon env names an operator may not set through ``--cd-daemon-extra-env``."""
+
+
+def _check_extra_env(pairs: tuple[tuple[str, str], ...]) -> None:
+    seen: set[str] = set()
+    for name, _value in pairs:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"cd-daemon-extra-env: {name!r} is not a valid variable name")
+        if name in DAEMON_CORE_ENV:
+            raise ValueError(f"cd-daemon-extra-env: {name} is set by the controller")
+        if name in seen:
+            raise ValueError(f"cd-daemon-extra-env: {name} given twice")
+        seen.add(name)
+
+
+def parse_extra_env(text: str) -> tuple[tuple[str, str], ...]:
+    """``"A=1,B=x=y"`` → ``(("A", "1"), ("B", "x=y"))``, validated; raises ``ValueError``.
+
+    Items are comma separated (so values cannot contain commas), surrounding blanks and empty
+    items are ignored, and the value is everything after the first ``=`` (may be empty).
+    """
+    pairs: list[tuple[str, str]] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"cd-daemon-extra-env: {item!r} is not NAME=value")
+        pairs.append((name.strip(), value))
+    result = tuple(pairs)
+    _check_extra_env(result)
+    return result
 
 
 @dataclass(frozen=True)
@@ -28,13 +93,21 @@ class ControllerConfig:
     feature_gates: str = ""
     """Rendered ``FEATURE_GATES`` for the daemons (the controller's full effective map)."""
     image_pull_secret_names: tuple[str, ...] = ()
-    daemon_service_account: str = "compute-domain-daemon-service-account"
+    daemon_service_account: str = DEFAULT_DAEMON_SERVICE_ACCOUNT
+    """The daemon pods' ServiceAccount: the one config/rbac ships (upstream's chart names it
+    ``compute-domain-daemon-service-account``)."""
+    daemon_extra_env: tuple[tuple[str, str], ...] = ()
+    """Extra ``(name, value)`` env of the daemon container (e.g. ``IMEX_BIN_DIR``), rendered
+    after the core env; never one of :data:`DAEMON_CORE_ENV`."""
     unreachable_toleration_seconds: int = 60
     """How long a daemon pod stays bound to an unreachable/not-ready node before eviction."""
     cleanup_interval: float = 600.0
     """Seconds between orphan sweeps (upstream: 10 min)."""
     deletion_recheck: float = 30.0
     """Safety-net requeue while waiting for dependents to disappear (events usually win)."""
+    clique_entry_grace_period: float = 30.0
+    """How long a clique ``daemons[]`` entry survives with no daemon pod of its domain on its
+    node (as observed by this controller) before it is pruned; covers DaemonSet restarts."""
     extra_daemon_labels: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> ControllerConfig:
@@ -46,4 +119,7 @@ class ControllerConfig:
             raise ValueError("max-nodes-per-imex-domain: must be >= 1")
         if self.unreachable_toleration_seconds < 0:
             raise ValueError("unreachable toleration seconds must be >= 0")
+        if self.clique_entry_grace_period < 0:
+            raise ValueError("clique-entry-grace-period: must be >= 0")
+        _check_extra_env(self.daemon_extra_env)
         return self

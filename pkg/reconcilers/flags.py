@@ -20,7 +20,11 @@ from typing import Any
 
 from pkg.api import constants as c
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, FeatureGateError, FeatureGates
-from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.config import (
+    DEFAULT_DAEMON_SERVICE_ACCOUNT,
+    ControllerConfig,
+    parse_extra_env,
+)
 
 __all__ = ["Options", "parse_duration", "parse_options"]
 
@@ -82,10 +86,14 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
     ("max-nodes-per-imex-domain", "MAX_NODES_PER_IMEX_DOMAIN", int,
      c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN, "daemons per clique"),
     ("cd-daemon-service-account", "CD_DAEMON_SERVICE_ACCOUNT", str,
-     "compute-domain-daemon-service-account", "ServiceAccount of the daemon pods"),
+     DEFAULT_DAEMON_SERVICE_ACCOUNT, "ServiceAccount of the daemon pods"),
+    ("cd-daemon-extra-env", "CD_DAEMON_EXTRA_ENV", str, "",
+     "extra daemon env, comma separated NAME=value (e.g. IMEX_BIN_DIR=/path)"),
     ("cd-daemon-unreachable-toleration", "CD_DAEMON_UNREACHABLE_TOLERATION", parse_duration,
      60.0, "how long daemons tolerate unreachable/not-ready nodes"),
     ("cleanup-interval", "CLEANUP_INTERVAL", parse_duration, 600.0, "orphan sweep period"),
+    ("clique-entry-grace-period", "CLIQUE_ENTRY_GRACE_PERIOD", parse_duration, 30.0,
+     "how long a clique entry outlives its node's last daemon pod before it is pruned"),
     ("http-endpoint", "HTTP_ENDPOINT", str, "", "host:port for /metrics, /healthz, /readyz"),
     ("metrics-path", "METRICS_PATH", str, "/metrics", "metrics path"),
     ("pprof-path", "PPROF_PATH", str, "", "accepted for compatibility; ignored"),
@@ -148,6 +156,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         s for s in re.split(r"[,\s]+", str(values["cd_daemon_image_pull_secret_names"])) if s
     )
     try:
+        extra_env = parse_extra_env(str(values["cd_daemon_extra_env"]))
         controller = ControllerConfig(
             namespace=str(values["namespace"]),
             image_name=str(values["image_name"]),
@@ -156,8 +165,10 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             feature_gates=gates.render(),
             image_pull_secret_names=secrets,
             daemon_service_account=str(values["cd_daemon_service_account"]),
+            daemon_extra_env=extra_env,
             unreachable_toleration_seconds=int(values["cd_daemon_unreachable_toleration"]),
             cleanup_interval=float(values["cleanup_interval"]),
+            clique_entry_grace_period=float(values["clique_entry_grace_period"]),
         ).validate()
     except ValueError as exc:
         parser.error(str(exc))

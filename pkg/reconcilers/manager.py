@@ -2,7 +2,7 @@
 
 Owns the process-wide object graph of the ComputeDomain controller. One shared informer per
 watched slice of the API feeds the caches (:class:`pkg.reconcilers.cache.Caches`); event
-handlers only map objects to keys and enqueue them (never call the API); three controllers
+handlers only map objects to keys and enqueue them (never call the API); four controllers
 with their own named queues run the reconcilers:
 
 * ``computedomain`` (key ``ns/name``): from ComputeDomains, and from the DaemonSets, daemon
@@ -10,7 +10,9 @@ with their own named queues run the reconcilers:
   by membership events, with no polling;
 * ``resourceclaim`` (key node name): from ResourceClaims (old and new allocation node),
   Nodes, and ComputeDomains appearing after their claims;
-* ``cliquelabel`` (key node name): from ResourceSlices and Nodes.
+* ``cliquelabel`` (key node name): from ResourceSlices and Nodes;
+* ``cliqueprune`` (key clique ``ns/name``): from ComputeDomainCliques and the daemon pods of
+  their domain; a pending removal re-checks itself with ``add_after``, never by polling.
 
 Invariants: workers start only after every cache has synced (:meth:`ControllerManager.start`
 blocks until then); :meth:`stop` stops the queues, the sweep and the informers, in that order.
@@ -36,6 +38,7 @@ from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import BY_UID, INDEXES, Caches, allocated_node
 from pkg.reconcilers.cleanup import OrphanCleaner
 from pkg.reconcilers.cliquelabel import CliqueLabelReconciler
+from pkg.reconcilers.cliqueprune import CliquePruneReconciler
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import Controller, ReconcileMetrics, Reconciler
@@ -115,10 +118,14 @@ class ControllerManager:
         )  # fmt: skip
         self.claims = ResourceClaimReconciler(client=client, caches=self.caches, events=once)
         self.cliques = CliqueLabelReconciler(client=client, caches=self.caches, events=once)
+        self.prune = CliquePruneReconciler(
+            client=client, caches=self.caches, config=config, events=events, clock=clock
+        )
         self.controllers = [
             controller("computedomain", self.domains, cd_workers),
             controller("resourceclaim", self.claims, 1),
             controller("cliquelabel", self.cliques, 1),
+            controller("cliqueprune", self.prune, 1),
         ]
         self.cleaner = OrphanCleaner(
             client=client, caches=self.caches, config=config, events=events, clock=clock
@@ -149,7 +156,7 @@ class ControllerManager:
         )
 
     def _wire(self) -> None:
-        cd_ctl, claim_ctl, clique_ctl = self.controllers
+        cd_ctl, claim_ctl, clique_ctl, prune_ctl = self.controllers
         inf = self._informers
         self._watch(inf["compute_domains"], cd_ctl, lambda o: [_key(o)])
         self._watch(
@@ -158,6 +165,8 @@ class ControllerManager:
         )  # fmt: skip
         for name in ("daemonsets", "pods", "cliques", "rcts", "nodes"):
             self._watch(inf[name], cd_ctl, self._domain_keys)
+        self._watch(inf["cliques"], prune_ctl, lambda o: [_key(o)])
+        self._watch(inf["pods"], prune_ctl, self.prune.keys_for_pod)
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
         self._watch(inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])])
         self._watch(inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])])

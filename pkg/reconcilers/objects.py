@@ -164,6 +164,7 @@ def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
         {"name": "FEATURE_GATES", "value": config.feature_gates},
+        *({"name": name, "value": value} for name, value in config.daemon_extra_env),
     ]
     spec: JSON = {
         "serviceAccountName": config.daemon_service_account,

@@ -2,11 +2,12 @@
 
 Owns the rule "who is a member of domain X and is it Ready". Inputs are cache snapshots: the
 domain's ComputeDomainCliques (written by the daemons), its daemon pods and the Nodes they run
-on. The controller is the only writer of ``cd.status``; daemons only write their own clique
-entries, so nothing here ever writes a clique. Invariants:
+on. The controller is the only writer of ``cd.status``; daemons write their own clique
+entries, and nothing here ever writes a clique. Invariants:
 
 * a clique entry counts only while a daemon pod of *this* domain exists on that node (a stale
-  entry of a departed daemon is ignored, not pruned by us);
+  entry of a departed daemon is ignored here at once; :mod:`pkg.reconcilers.cliqueprune`
+  removes it from the clique after a grace period);
 * non-fabric daemons (pod label ``computeDomain.cliqueID`` present and empty) are members with
   index -1, Ready iff their pod is Ready;
 * a member on a node that is NotReady, Unknown or tainted unreachable, or whose daemon pod is

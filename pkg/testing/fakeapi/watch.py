@@ -83,12 +83,13 @@ def serve_watch(
     req: WatchRequest,
     store: ObjectStore,
     *,
+    opened_at: int,
     generation: Callable[[], int],
     stopping: Callable[[], bool],
     bookmark_interval: float,
 ) -> None:
     """Stream events until timeout, `close_watches()`, server stop or client disconnect."""
-    gen = generation()
+    gen = opened_at
     deadline = time.monotonic() + req.timeout
     bookmark_obj: Callable[[int], JSON] = lambda rv: {  # noqa: E731
         "kind": req.resource.kind,

