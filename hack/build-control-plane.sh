@@ -108,7 +108,7 @@ else
     ld+=" -X '$pkg.gitVersion=$K8S_VERSION' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
     ld+=" -X '$pkg.gitCommit=' -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=${build_date:-1970-01-01T00:00:00Z}'"
   done
-  log "kubernetes $K8S_VERSION: go build ${KUBE_BINS[*]} (cold: 20-40 min on 2 cores)"
+  log "kubernetes $K8S_VERSION: go build ${KUBE_BINS[*]} (cold: ~15 min on 2 cores)"
   t=$SECONDS; tmp="$(mktemp -d "$BIN_DIR/.build.XXXXXX")"
   (cd "$HACK_DIR/kube" && go build -trimpath -ldflags "$ld" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \

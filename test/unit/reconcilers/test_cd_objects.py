@@ -9,7 +9,7 @@ import pytest
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
-from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.config import ControllerConfig, parse_extra_env
 from pkg.reconcilers.objects import (
     SPEC_HASH_ANNOTATION,
     render_daemon_rct,
@@ -74,7 +74,7 @@ def test_daemonset_contract_with_the_daemon() -> None:
         {"name": "compute-domain-daemon", "resourceClaimTemplateName": "computedomain-daemon-u-1"}
     ]
     assert pod["imagePullSecrets"] == [{"name": "s1"}, {"name": "s2"}]
-    assert pod["serviceAccountName"] == "compute-domain-daemon-service-account"
+    assert pod["serviceAccountName"] == "compute-domain-daemon"  # the SA config/rbac ships
     e = env(ds)
     assert (e["LOG_VERBOSITY"], e["MAX_NODES_PER_IMEX_DOMAIN"], e["FEATURE_GATES"]) == (
         "3", "18", "A=true",
@@ -117,3 +117,38 @@ def test_spec_hash_changes_with_config_only() -> None:
 def test_config_validation(field: str, value: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         replace(CONFIG, **{field: value}).validate()
+
+
+def test_extra_env_is_rendered_after_the_core_env() -> None:
+    base = render_daemonset(CD, CONFIG)
+    config = replace(CONFIG, daemon_extra_env=(("IMEX_BIN_DIR", "/sim/bin"), ("X_1", "a=b")))
+    ds = render_daemonset(CD, config)
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    core = base["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert container["env"] == [
+        *core, {"name": "IMEX_BIN_DIR", "value": "/sim/bin"}, {"name": "X_1", "value": "a=b"},
+    ]  # fmt: skip
+    assert (ds["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+            != base["metadata"]["annotations"][SPEC_HASH_ANNOTATION])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("1X=a", "not a valid variable name"), ("A-B=a", "not a valid variable name"),
+     ("=a", "not a valid variable name"), ("NOVALUE", "not NAME=value"),
+     ("NODE_NAME=n", "set by the controller"), ("POD_IP=1.2.3.4", "set by the controller"),
+     ("FEATURE_GATES=A=true", "set by the controller"),
+     ("COMPUTE_DOMAIN_UUID=x", "set by the controller"), ("A=1,A=2", "given twice")],
+)  # fmt: skip
+def test_extra_env_is_validated(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_extra_env(text)
+    if "=" in text:  # the config built directly is held to the same rules
+        pairs = tuple((n, v) for n, _, v in (i.partition("=") for i in text.split(",")))
+        with pytest.raises(ValueError, match=message):
+            replace(CONFIG, daemon_extra_env=pairs).validate()
+
+
+def test_extra_env_parsing() -> None:
+    assert parse_extra_env("") == ()
+    assert parse_extra_env(" A=1 , B=x=y,,C=") == (("A", "1"), ("B", "x=y"), ("C", ""))

@@ -51,6 +51,19 @@ def test_env_fills_missing_flags_and_flags_win() -> None:
     assert parse_options(["--image-name=x", "--leader-election-enabled"], {}).leader_election
 
 
+def test_daemon_defaults_and_extra_env() -> None:
+    opts = parse_options(["--image-name=x"], {})
+    assert opts.controller.daemon_service_account == "compute-domain-daemon"
+    assert opts.controller.daemon_extra_env == ()
+    assert opts.controller.clique_entry_grace_period == 30.0
+    env = {"CD_DAEMON_EXTRA_ENV": "IMEX_BIN_DIR=/opt/sim/bin", "CLIQUE_ENTRY_GRACE_PERIOD": "1m"}
+    opts = parse_options(["--image-name=x"], env)
+    assert opts.controller.daemon_extra_env == (("IMEX_BIN_DIR", "/opt/sim/bin"),)
+    assert opts.controller.clique_entry_grace_period == 60.0
+    opts = parse_options(["--image-name=x", "--cd-daemon-extra-env=A=1,B=2"], env)
+    assert opts.controller.daemon_extra_env == (("A", "1"), ("B", "2"))
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -59,8 +72,12 @@ def test_env_fills_missing_flags_and_flags_win() -> None:
         (["--image-name=x", "--feature-gates=ComputeDomainCliques=false"], "not supported"),
         (["--image-name=x", "--additional-namespaces=old"], "not supported"),
         (["--image-name=x", "--leader-election-retry-period=soon"], "invalid duration"),
+        (["--image-name=x", "--cd-daemon-extra-env=POD_NAME=x"], "cd-daemon-extra-env"),
+        (["--image-name=x", "--cd-daemon-extra-env=bad name=x"], "cd-daemon-extra-env"),
+        (["--image-name=x", "--clique-entry-grace-period=-1s"], "clique-entry-grace-period"),
     ],
-    ids=["no-image", "bad-gate", "cliques-off", "additional-ns", "bad-duration"],
+    ids=["no-image", "bad-gate", "cliques-off", "additional-ns", "bad-duration",
+         "extra-env-core", "extra-env-name", "negative-grace"],
 )
 def test_bad_flags_fail_fast_naming_the_flag(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]

@@ -97,3 +97,37 @@ def test_domain_lifecycle_is_event_driven_end_to_end(
     client.delete(res.PODS, "daemon-a", namespace=DRIVER_NS)
     eventually(lambda: cd() is None)
     assert server.objects(res.RESOURCE_CLAIM_TEMPLATES) == []
+
+
+def test_stale_clique_entry_is_pruned_on_pod_delete_after_the_grace_period(
+    server: FakeApiServer,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
+    events: RecordedEvents,
+) -> None:
+    mgr = ControllerManager(
+        client=client, config=replace(config, cleanup_interval=3600, clique_entry_grace_period=0.5),
+        registry=registry, tracer=trace.NoOpTracer(), clock=SystemClock(),
+        informer_clock=RealClock(), events=events,
+    )  # fmt: skip
+    uid = "u-prune"
+    server.seed(res.PODS, daemon_pod(uid, "a"))
+    server.seed(res.PODS, daemon_pod(uid, "b"))
+    entries = [daemon_entry("a", index=0), daemon_entry("b", index=1)]
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", entries))
+
+    def nodes() -> list[str]:
+        return [d["nodeName"] for d in server.objects(res.COMPUTE_DOMAIN_CLIQUES)[0]["daemons"]]
+
+    try:
+        assert mgr.start(sync_timeout=10)
+        client.delete(res.PODS, "daemon-b", namespace=DRIVER_NS)
+        deleted = time.monotonic()
+        eventually(lambda: nodes() == ["a"])
+        assert time.monotonic() - deleted >= 0.5  # not before the grace period
+        time.sleep(1.0)  # well past the grace: the entry with a pod stays
+        assert nodes() == ["a"]
+        assert registry.get_sample_value("workqueue_adds_total", {"name": "cliqueprune"})
+    finally:
+        mgr.stop()
