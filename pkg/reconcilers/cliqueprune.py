@@ -188,9 +188,10 @@ class CliquePruneReconciler:
     def _fresh(self, obj: JSON) -> JSON | None:
         """The clique as the API server has it now (LIST by name: needs no ``get`` verb)."""
         meta = obj["metadata"]
-        items = self._client.list(
+        found = self._client.list(
             COMPUTE_DOMAIN_CLIQUES,
             namespace=meta["namespace"],
             field_selector=f"metadata.name={meta['name']}",
-        ).get("items") or []
+        )
+        items = found.get("items") or []
         return dict(items[0]) if items else None

@@ -67,8 +67,8 @@ def parse_extra_env(text: str) -> tuple[tuple[str, str], ...]:
     items are ignored, and the value is everything after the first ``=`` (may be empty).
     """
     pairs: list[tuple[str, str]] = []
-    for item in text.split(","):
-        item = item.strip()
+    for raw in text.split(","):
+        item = raw.strip()
         if not item:
             continue
         name, sep, value = item.partition("=")

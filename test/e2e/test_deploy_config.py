@@ -100,7 +100,7 @@ EXPECTED: dict[str, list[Grant]] = {
         ("", "events", "create patch", "everywhere"),
         ("apps", "daemonsets", "get list watch create update delete", "driver"),
         ("", "pods", "list watch", "driver"),
-        ("resource.nvidia.com", "computedomaincliques", "list watch", "driver"),
+        ("resource.nvidia.com", "computedomaincliques", "list watch update", "driver"),
         ("coordination.k8s.io", "leases", "create", "driver"),
         ("coordination.k8s.io", f"leases@{LEASE}", "get update", "driver"),
     ],

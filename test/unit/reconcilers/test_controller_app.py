@@ -76,8 +76,16 @@ def test_daemon_defaults_and_extra_env() -> None:
         (["--image-name=x", "--cd-daemon-extra-env=bad name=x"], "cd-daemon-extra-env"),
         (["--image-name=x", "--clique-entry-grace-period=-1s"], "clique-entry-grace-period"),
     ],
-    ids=["no-image", "bad-gate", "cliques-off", "additional-ns", "bad-duration",
-         "extra-env-core", "extra-env-name", "negative-grace"],
+    ids=[
+        "no-image",
+        "bad-gate",
+        "cliques-off",
+        "additional-ns",
+        "bad-duration",
+        "extra-env-core",
+        "extra-env-name",
+        "negative-grace",
+    ],
 )
 def test_bad_flags_fail_fast_naming_the_flag(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
