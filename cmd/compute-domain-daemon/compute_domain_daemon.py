@@ -1,7 +1,7 @@
 """Entry point of ``compute-domain-daemon`` (``run`` | ``check``); see pkg.daemon.options.
 
 Thin by design: parse flags and env, configure logging, build the real dependencies (API
-client, clock, process runner) and hand over to :class:`pkg.daemon.daemon.Daemon`. Runnable as
+client, clocks, process runner) and hand over to :class:`pkg.daemon.daemon.Daemon`. Runnable as
 ``python cmd/compute-domain-daemon/compute_domain_daemon.py run`` from any directory.
 """
 
@@ -24,6 +24,7 @@ from pkg.daemon.metrics import DaemonMetrics  # noqa: E402
 from pkg.daemon.options import OptionsError, parse  # noqa: E402
 from pkg.imex.ctl import SubprocessCommandRunner  # noqa: E402
 from pkg.imex.supervisor import SubprocessRunner  # noqa: E402
+from pkg.informers import RealClock  # noqa: E402
 from pkg.kube.client import RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
 from pkg.runtime.clock import SystemClock  # noqa: E402
@@ -50,7 +51,7 @@ def main(argv: list[str]) -> int:
     child_env = dict(os.environ)
     daemon = Daemon(opts, client=client, clock=SystemClock(), runner=SubprocessRunner(),
                     commands=SubprocessCommandRunner(), metrics=DaemonMetrics(),
-                    child_env=child_env)  # fmt: skip
+                    child_env=child_env, informer_clock=RealClock())  # fmt: skip
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -107,7 +108,7 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
     return ttr, time.monotonic() - start
 
 
-def bench(n: int, runs: int, workdir: Path) -> dict[str, Any]:
+def bench(n: int, runs: int, workdir: Path, *, probe_scale: float) -> dict[str, Any]:
     specs = layout([i // 18 for i in range(n)])
     audit_log = workdir / "audit.log"
     policy = workdir / "audit-policy.yaml"
@@ -130,6 +131,7 @@ def bench(n: int, runs: int, workdir: Path) -> dict[str, Any]:
             programs=cfg.commands.programs, path_env=cfg.commands.path_env,
             env={**cfg.commands.env, "IMEX_SIM_READY_DELAY": "0"},
         )  # fmt: skip
+        cfg.probe_period_scale = probe_scale
         fleet = NodeFleet(cfg)
         t = time.monotonic()
         fleet.add(specs)
@@ -152,6 +154,7 @@ def bench(n: int, runs: int, workdir: Path) -> dict[str, Any]:
                 per_component[k.split()[0]] += v
         return {
             "nodes": n, "runs": runs, "cliques": len({s.clique_id for s in specs}),
+            "probe_period_scale": probe_scale,
             "p50": statistics.median(ttrs), "max": max(ttrs), "all": ttrs,
             "requests_per_lifecycle": statistics.median(sum(c.values()) for c in requests),
             "requests_by_component": {k: v / runs for k, v in sorted(per_component.items())},
@@ -170,12 +173,19 @@ def main() -> int:
     ap.add_argument("--nodes", default="2,18,64")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--keep", action="store_true", help="keep work dirs (logs) of passing sizes")
+    ap.add_argument(
+        "--probe-period-scale", type=float, default=1.0,
+        help="stretch daemon readiness/liveness probe periods (see kubeletsim.localrun)",
+    )  # fmt: skip
     args = ap.parse_args()
     results = []
     for n in (int(x) for x in args.nodes.split(",")):
         workdir = Path(tempfile.mkdtemp(prefix=f"cdb{n}-", dir="/tmp"))
         try:
-            results.append(bench(n, args.runs, workdir))
+            results.append(bench(n, args.runs, workdir, probe_scale=args.probe_period_scale))
+            if not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
         except Exception as e:
             log(f"{n} nodes FAILED: {e!r} (logs in {workdir / 'logs'})")
             results.append({"nodes": n, "error": repr(e)})

@@ -9,6 +9,8 @@ container's ``started``/``ready`` flags. Probe commands are translated like the 
 Deviation from the kubelet, on purpose: exec-probe timeouts are at least ``MIN_PROBE_TIMEOUT``
 seconds, because a local Python probe process can need more than the 1 s default to start on a
 loaded 2-core machine, and the first readiness probe runs right after the startup probe passes.
+``probe_period_scale`` stretches readiness/liveness periods (benchmarks with many nodes on one
+small machine, where every exec probe is a Python start-up); the default 1.0 keeps the spec's.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class LocalRun:
         kubeconfig: Path | None,
         log_file: Path,
         cwd: Path,
+        probe_period_scale: float = 1.0,
     ) -> LocalRun:
         base = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -89,6 +92,8 @@ class LocalRun:
                 cmd = ctx_commands.translate(cmd)
             probe = Probe.from_spec(p, cmd)
             probe.timeout = max(probe.timeout, MIN_PROBE_TIMEOUT)
+            if key != "startupProbe":
+                probe.period *= probe_period_scale
             return probe
 
         return cls(

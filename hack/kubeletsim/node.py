@@ -63,6 +63,7 @@ class FleetConfig:
     static_kubeconfigs: dict[str, Path] = field(default_factory=dict)
     plugin_service_account: str = "compute-domain-kubelet-plugin"
     node_requests_pod_tokens: bool = False
+    probe_period_scale: float = 1.0
     commands: LocalCommands = field(default_factory=driver_commands)
     plugin_argv: list[str] = field(default_factory=lambda: [sys.executable, str(PLUGIN_SCRIPT)])
     plugin_env: dict[str, str] = field(default_factory=dict)
@@ -125,6 +126,7 @@ class SimulatedNode:
                 cdi=config.cdi_resolver,
                 commands=config.commands,
                 kubeconfig_for=self._kubeconfig_for,
+                probe_period_scale=config.probe_period_scale,
             )
         )
         self._running = False

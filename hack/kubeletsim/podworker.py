@@ -46,6 +46,7 @@ from .runtime import LocalCommands
 log = logging.getLogger(__name__)
 
 TICK = 0.25
+CLAIM_POLL = 0.2
 MAX_BACKOFF = 10.0
 
 
@@ -65,6 +66,7 @@ class NodeContext:
     # The kubeconfig a local container talks to the API with (its ServiceAccount's token).
     kubeconfig_for: Callable[[dict[str, Any]], Path | None]
     max_grace: float = 30.0
+    probe_period_scale: float = 1.0  # see localrun: >1 only for many-node benchmarks
 
 
 class StartError(RuntimeError):
@@ -171,7 +173,11 @@ class PodWorker:
             log.info("pod %s: %s: %s", self.key, e.reason, e)
             if e.event:
                 self._ctx.events.event(pod, "Warning", e.event, str(e))
-            self._delay_retry()
+            if e.reason == "ClaimNotReady":
+                # Not an error: the claim/authorizer graph is catching up; poll, don't back off.
+                self._next_try = time.monotonic() + CLAIM_POLL
+            else:
+                self._delay_retry()
             return
         self._started = True
         self._backoff = 0.5
@@ -265,6 +271,7 @@ class PodWorker:
                 kubeconfig=kubeconfig,
                 log_file=self._ctx.dirs.logs / f"{pod['metadata']['name']}_{spec['name']}.log",
                 cwd=pod_dir,
+                probe_period_scale=self._ctx.probe_period_scale,
             )
         except PodSpecError as e:
             state.set_waiting("CreateContainerConfigError", str(e))

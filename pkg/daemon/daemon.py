@@ -1,9 +1,12 @@
 """The ``run`` and ``check`` behaviour of ``compute-domain-daemon``: all parts wired together.
 
-Owns the daemon's one control loop. Threads: the object watcher (feeds the latest membership
-object), the optional metrics server, and the loop itself, which does everything else in order
-so no two actions race: supervise IMEX (watchdog tick), make sure our entry exists with our IP,
-apply the membership to IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
+Owns the daemon's one control loop. Threads: a `pkg.informers` SharedInformer following the
+membership object (field selector ``metadata.name=<object>``; its event handler only wakes the
+loop, which reads the object through the informer's `Lister`; resync every
+``Timing.resync_seconds`` like upstream's 4-minute informer resync), the optional metrics
+server, and the loop itself, which does everything else in order so no two actions race:
+supervise IMEX (watchdog tick), make sure our entry exists with our IP, apply the membership to
+IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
 
 Readiness: Ready iff the supervised IMEX runs and ``nvidia-imex-ctl -q`` prints exactly READY.
 While not ready it is polled every ``fast_interval``; once ready every ``slow_interval`` (and
@@ -21,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from pkg import informers
 from pkg.api import constants as c
 from pkg.daemon.imexsync import ImexSync
 from pkg.daemon.membership import (
@@ -34,7 +38,6 @@ from pkg.daemon.membership import (
 )
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import Options
-from pkg.daemon.watcher import ObjectWatcher
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES
 from pkg.imex import nodesconfig
 from pkg.imex.config import ImexConfig, write_file_atomically
@@ -44,9 +47,14 @@ from pkg.imex.supervisor import ProcessRunner, Supervisor
 from pkg.kube import resources as res
 from pkg.kube.client import JSON, KubeClient
 from pkg.kube.errors import ApiError, ConnectionFailedError, NotFoundError
+from pkg.kube.resources import Resource
 from pkg.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
+
+
+# Failed list/watch calls of the membership informer back off 0.4 s .. 10 s (+25 % jitter).
+WATCH_BACKOFF = informers.BackoffPolicy(initial=0.4, cap=10.0, jitter=0.25)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ class Timing:
     leave_timeout: float = 10.0
     imex_stop_timeout: float = 10.0
     resync_seconds: int = 240
+    watch_backoff: informers.BackoffPolicy = WATCH_BACKOFF
 
 
 def identity(opts: Options) -> Identity:
@@ -95,7 +104,10 @@ class Daemon:
         metrics: DaemonMetrics,
         child_env: dict[str, str],
         timing: Timing | None = None,
+        informer_clock: informers.Clock | None = None,
     ) -> None:
+        """``clock`` (`pkg.runtime.clock`) paces the loop and IMEX supervision;
+        ``informer_clock`` (`pkg.informers.clock`, real by default) the membership informer."""
         self.opts = opts
         self.me = identity(opts)
         self._client = client
@@ -124,9 +136,24 @@ class Daemon:
             peers=metrics.peers,
         )  # fmt: skip
         self._kick = threading.Event()
-        self._latest_lock = threading.Lock()
-        self._latest: JSON | None = None
-        self._have_latest = False
+        watched: Resource = (
+            res.COMPUTE_DOMAIN_CLIQUES
+            if isinstance(self.store, CliqueStore)
+            else res.COMPUTE_DOMAINS
+        )
+        self.informers = informers.SharedInformerFactory(
+            client, clock=informer_clock or informers.RealClock(),
+            resync_period=float(self._timing.resync_seconds), backoff=self._timing.watch_backoff,
+        )  # fmt: skip
+        self._informer = self.informers.informer_for(
+            watched, self.store.namespace, field_selector=f"metadata.name={self.store.name}"
+        )
+        self._lister = informers.Lister(self._informer.indexer, watched)
+        self._informer.add_event_handler(
+            on_add=lambda _obj: self.wake(),
+            on_update=lambda _old, _new: self.wake(),
+            on_delete=lambda _obj: self.wake(),
+        )
         self._ready = False
         self._next_ready_check = 0.0
 
@@ -149,16 +176,11 @@ class Daemon:
             log.warning("daemon pod %s/%s not found; not labelled",
                         self.opts.pod_namespace, self.opts.pod_name)  # fmt: skip
 
-    def _on_object(self, obj: JSON | None) -> None:
-        with self._latest_lock:
-            self._latest, self._have_latest = obj, True
-        self._kick.set()
-
     def _snapshot(self) -> tuple[list[DaemonEntry], JSON | None] | None:
-        with self._latest_lock:
-            if not self._have_latest:
-                return None
-            obj = self._latest
+        """The membership object as last observed (None until the informer's first list)."""
+        if not self._informer.has_synced():
+            return None
+        obj = self._lister.get(self.store.name, self.store.namespace)
         return (list(self.store.decode(obj).entries) if obj else []), obj
 
     def _check_ready(self) -> bool:
@@ -221,7 +243,7 @@ class Daemon:
 
     def _where(self) -> str:
         kind = "ComputeDomainClique" if isinstance(self.store, CliqueStore) else "ComputeDomain"
-        return f"{kind} {getattr(self.store, 'namespace', '')}/{getattr(self.store, 'name', '')}"
+        return f"{kind} {self.store.namespace}/{self.store.name}"
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -235,15 +257,7 @@ class Daemon:
         if self.opts.metrics_address:
             host, port = self._metrics.serve(self.opts.metrics_address)
             log.info("serving /metrics on %s:%d", host, port)
-        watched: Any = res.COMPUTE_DOMAIN_CLIQUES if isinstance(self.store, CliqueStore) \
-            else res.COMPUTE_DOMAINS  # fmt: skip
-        watcher = ObjectWatcher(
-            self._client, watched, namespace=getattr(self.store, "namespace", ""),
-            name=getattr(self.store, "name", ""), on_change=self._on_object, clock=self._clock,
-            resync_seconds=self._timing.resync_seconds,
-        )  # fmt: skip
-        thread = threading.Thread(target=watcher.run, name="watch", daemon=True)
-        thread.start()
+        self.informers.start()
         log.info(
             "daemon running (%s mode, membership in %s, max %d nodes)",
             "DNS-name" if self._dns else "IP",
@@ -262,11 +276,10 @@ class Daemon:
                 self._clock.wait(self._kick, wait)
                 self._kick.clear()
         finally:
-            watcher.stop()
+            self.informers.shutdown()
             self._leave()
             self.supervisor.stop()
             self._metrics.close()
-            thread.join(5)
         return 0
 
     def _retry(self, fn: Any, stop: threading.Event, what: str) -> None:

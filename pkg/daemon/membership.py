@@ -86,6 +86,9 @@ class Snapshot:
 class EntryStore(Protocol):
     """Where the entries live. ``write`` must carry ``snap``'s resourceVersion precondition."""
 
+    name: str  # the membership object (watched by the daemon loop)
+    namespace: str
+
     def read(self) -> Snapshot | None:
         """The current object, or None if it does not exist."""
 

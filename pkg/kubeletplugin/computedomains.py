@@ -2,13 +2,18 @@
 
 Owns three things:
 
-* lookups of ComputeDomains by UID (a cluster-wide watch cache indexed by UID);
+* lookups of ComputeDomains by UID: a cluster-wide `pkg.informers` SharedInformer of
+  ComputeDomains with a UID index, read through its `Lister`;
 * readiness of this node's IMEX daemon for a domain: the ComputeDomainClique
-  ``<cdUID>.<cliqueID>`` in the driver namespace has ``daemons[nodeName == me].status == Ready``;
-  on a node without a clique (or when no clique object says so) the fallback is
-  ``cd.status.nodes[name == me].status == Ready``. Waiting blocks on a condition variable that
-  both watch caches notify, so a Ready transition releases the waiter within one event - there is
-  no sleep-polling - and the wait is bounded by the caller's deadline;
+  ``<cdUID>.<cliqueID>`` in the driver namespace (a second informer, scoped to that namespace)
+  has ``daemons[nodeName == me].status == Ready``; on a node without a clique (or when no clique
+  object says so) the fallback is ``cd.status.nodes[name == me].status == Ready``. Both
+  informers' event handlers only notify one condition variable; a waiter re-checks its predicate
+  against the listers under that condition, so a Ready transition releases it within one event -
+  there is no sleep-polling - and the wait is bounded by the caller's deadline (on the injected
+  `pkg.informers.clock.Clock`). No event is lost: an informer updates its cache before it
+  queues the notification, and the handler must take the condition the waiter holds while
+  checking;
 * the node label ``resource.nvidia.com/computeDomain=<cdUID>``: added with a JSON patch whose
   first operation tests ``metadata.resourceVersion``, so two domains racing for one node can
   never both win (the loser re-reads and sees the other's label: a retryable error); removed only
@@ -17,17 +22,27 @@ Owns three things:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
+from pkg.informers import (
+    BY_UID,
+    Clock,
+    DeletedFinalStateUnknown,
+    HandlerRegistration,
+    Lister,
+    SharedInformer,
+    SharedInformerFactory,
+    index_by_uid,
+)
 from pkg.kube.client import JSON, KubeClient
 from pkg.kube.errors import ConflictError, InvalidError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES, COMPUTE_DOMAINS, NODES
 from pkg.kubeletplugin.errors import RetryableError
-from pkg.kubeletplugin.watchcache import WatchCache
 
 log = logging.getLogger(__name__)
 
@@ -35,94 +50,115 @@ _LABEL_PATH = "/metadata/labels/" + COMPUTE_DOMAIN_LABEL.replace("~", "~0").repl
 _LABEL_ATTEMPTS = 5
 
 
-def _uid(obj: JSON) -> str:
-    return str((obj.get("metadata") or {}).get("uid") or "")
-
-
 class DomainTracker:
-    """Watch-backed ComputeDomain/Clique view plus node-label management for one node."""
+    """Informer-backed ComputeDomain/Clique view plus node-label management for one node."""
 
     def __init__(
         self,
         *,
         client: KubeClient,
+        informers: SharedInformerFactory,
         node_name: str,
         driver_namespace: str,
         clique_id: str,
-        monotonic: Callable[[], float],
-        retry_delay: float = 1.0,
+        clock: Clock,
         domain_grace: float = 2.0,
     ) -> None:
         self._client = client
+        self._informers = informers
         self._node = node_name
         self._namespace = driver_namespace
         self._clique_id = clique_id
-        self._monotonic = monotonic
+        self._clock = clock
         self._grace = domain_grace
         self._cond = threading.Condition()
-        self._domains = WatchCache(
-            client=client, resource=COMPUTE_DOMAINS, cond=self._cond, retry_delay=retry_delay
+        self._domains: SharedInformer = informers.informer_for(COMPUTE_DOMAINS)
+        with contextlib.suppress(ValueError):  # another user of this informer added it already
+            self._domains.add_indexers({BY_UID: index_by_uid})
+        self._cliques: SharedInformer = informers.informer_for(
+            COMPUTE_DOMAIN_CLIQUES, driver_namespace
         )
-        self._cliques = WatchCache(
-            client=client, resource=COMPUTE_DOMAIN_CLIQUES, cond=self._cond,
-            namespace=driver_namespace, retry_delay=retry_delay,
-        )  # fmt: skip
-        self._by_uid: dict[str, JSON] = {}
-        self._domains.add_listener(self._index)
+        self._domain_lister = Lister(self._domains.indexer, COMPUTE_DOMAINS)
+        self._clique_lister = Lister(self._cliques.indexer, COMPUTE_DOMAIN_CLIQUES)
+        self._registrations: list[tuple[SharedInformer, HandlerRegistration]] = []
 
     def start(self) -> None:
-        self._domains.start()
-        self._cliques.start()
+        """Register the notify-only handlers and start the two informers."""
+        for informer in (self._domains, self._cliques):
+            reg = informer.add_event_handler(
+                on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete
+            )
+            self._registrations.append((informer, reg))
+        self._informers.start()
 
     def stop(self) -> None:
-        self._domains.stop()
-        self._cliques.stop()
+        """Unregister the handlers (the factory's owner shuts the informers down)."""
+        for informer, reg in self._registrations:
+            informer.remove_event_handler(reg)
+        self._registrations.clear()
+        with self._cond:
+            self._cond.notify_all()
 
     def synced(self) -> bool:
-        return self._domains.synced and self._cliques.synced
+        return self._domains.has_synced() and self._cliques.has_synced()
 
     def wait_synced(self, timeout: float) -> bool:
-        deadline = self._monotonic() + timeout
-        return self._domains.wait_synced(timeout) and self._cliques.wait_synced(
-            deadline - self._monotonic()
+        deadline = self._clock.monotonic() + timeout
+        return self._domains.wait_for_sync(max(timeout, 0.0)) and self._cliques.wait_for_sync(
+            max(deadline - self._clock.monotonic(), 0.0)
         )
 
-    def _index(self, event_type: str, obj: JSON) -> None:
+    # -- event handlers: notify only -------------------------------------------------------------
+
+    def _notify(self) -> None:
         with self._cond:
-            if event_type == "DELETED":
-                self._by_uid.pop(_uid(obj), None)
-            else:
-                self._by_uid[_uid(obj)] = obj
+            self._cond.notify_all()
+
+    def _on_add(self, _obj: JSON) -> None:
+        self._notify()
+
+    def _on_update(self, _old: JSON, _new: JSON) -> None:
+        self._notify()
+
+    def _on_delete(self, _obj: JSON | DeletedFinalStateUnknown) -> None:
+        self._notify()
+
+    # -- reads -----------------------------------------------------------------------------------
 
     def _wait(self, predicate: Callable[[], Any], deadline: float) -> Any:
         with self._cond:
             while True:
                 result = predicate()
-                remaining = deadline - self._monotonic()
+                remaining = deadline - self._clock.monotonic()
                 if result or remaining <= 0:
                     return result
-                self._cond.wait(remaining)
+                self._clock.wait(self._cond, remaining)
+
+    def _domain(self, uid: str) -> JSON | None:
+        found = self._domain_lister.by_index(BY_UID, uid)
+        return found[0] if found else None
 
     def get_domain(self, uid: str, *, deadline: float) -> JSON | None:
         """The ComputeDomain with this UID, waiting briefly for a just-created one to arrive."""
-        self._domains.wait_synced(deadline - self._monotonic())
+        self._domains.wait_for_sync(max(deadline - self._clock.monotonic(), 0.0))
         found: JSON | None = self._wait(
-            lambda: self._by_uid.get(uid), min(deadline, self._monotonic() + self._grace)
+            lambda: self._domain(uid), min(deadline, self._clock.monotonic() + self._grace)
         )
         return found
 
     def is_ready(self, cd_uid: str) -> bool:
-        """This node's daemon for the domain is Ready (caller holds no lock)."""
-        with self._cond:
-            return self._ready(cd_uid)
+        """This node's daemon for the domain is Ready."""
+        return self._ready(cd_uid)
 
     def _ready(self, cd_uid: str) -> bool:
         if self._clique_id:
-            clique = self._cliques.get(self._namespace, clique_object_name(cd_uid, self._clique_id))
+            clique = self._clique_lister.get(
+                clique_object_name(cd_uid, self._clique_id), self._namespace
+            )
             for daemon in (clique or {}).get("daemons") or []:
                 if daemon.get("nodeName") == self._node:
                     return bool(daemon.get("status") == STATUS_READY)
-        cd = self._by_uid.get(cd_uid) or {}
+        cd = self._domain(cd_uid) or {}
         for node in (cd.get("status") or {}).get("nodes") or []:
             if node.get("name") == self._node:
                 return bool(node.get("status") == STATUS_READY)

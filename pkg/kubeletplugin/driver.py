@@ -1,10 +1,13 @@
 """Wiring of the kubelet plugin: builds every part from a `PluginConfig` and runs them.
 
 Owns start/stop order and the per-request claim fan-out:
-start = plugin dir -> base CDI spec -> checkpoint open (corrupt policy) -> domain watches ->
+start = plugin dir -> base CDI spec -> checkpoint open (corrupt policy) -> domain informers ->
 crash/boot recovery -> DRA socket -> registration socket -> health -> metrics -> slices;
-stop = reverse. Claims of one request run in parallel (different claims never share a lock
-except the short node-lock sections in `state`), duplicates are answered once, and every
+stop = reverse, then the informer factory. One `pkg.informers.SharedInformerFactory` serves
+every watch of the process (ComputeDomains, driver-namespace cliques, this node's slices), and
+the injected `pkg.informers.clock.Clock` drives request deadlines, checkpoint timestamps and
+the informers' backoff. Claims of one request run in parallel (different claims never share a
+lock except the short node-lock sections in `state`), duplicates are answered once, and every
 requested UID gets an entry.
 """
 
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry, start_http_server
 
 from pkg.api.constants import DRIVER_NAME, IMEX_CHANNEL_COUNT
+from pkg.informers import BackoffPolicy, Clock, RealClock, SharedInformerFactory
 from pkg.kube.client import KubeClient
 from pkg.kubeletplugin import procdevices
 from pkg.kubeletplugin.cdi import CdiWriter, ContainerEdits
@@ -91,13 +94,13 @@ class KubeletPlugin:
         client: KubeClient,
         devices: NodeDevices,
         registry: CollectorRegistry | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Clock | None = None,
         store: CheckpointStore | None = None,
     ) -> None:
         self.config = config
         self.devices = devices
-        self._monotonic = monotonic
+        self.clock: Clock = clock or RealClock()
+        self._monotonic = self.clock.monotonic
         self.metrics = PluginMetrics(
             registry=registry or CollectorRegistry(), node_name=config.node_name
         )
@@ -105,11 +108,14 @@ class KubeletPlugin:
         self.store = store or CheckpointStore(
             directory=config.plugin_dir,
             boot_id=read_boot_id(config.boot_id_file),
-            now=wall_clock,
+            now=self.clock.now,
         )
+        # Failed LIST/WATCH calls back off from `retry_delay` up to 30x it (jittered).
+        backoff = BackoffPolicy(initial=config.retry_delay, cap=30 * config.retry_delay)
+        self.informers = SharedInformerFactory(client, clock=self.clock, backoff=backoff)
         self.domains = DomainTracker(
-            client=client, node_name=config.node_name, driver_namespace=config.namespace,
-            clique_id=devices.clique_id, monotonic=monotonic, retry_delay=config.retry_delay,
+            client=client, informers=self.informers, node_name=config.node_name,
+            driver_namespace=config.namespace, clique_id=devices.clique_id, clock=self.clock,
             domain_grace=config.domain_grace,
         )  # fmt: skip
         self.checkpoint_problem = ""
@@ -126,8 +132,8 @@ class KubeletPlugin:
         )  # fmt: skip
         self.health: HealthServer | None = None
         self.slices = SlicePublisher(
-            client=client, node_name=config.node_name, clique_id=devices.clique_id,
-            retry_delay=config.retry_delay,
+            client=client, informers=self.informers, node_name=config.node_name,
+            clique_id=devices.clique_id, retry_delay=config.retry_delay,
         )  # fmt: skip
 
     def _node_setup(self) -> NodeSetup:
@@ -197,6 +203,7 @@ class KubeletPlugin:
             self.health.stop()
         self.slices.stop()
         self.domains.stop()
+        self.informers.shutdown()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _gc_loop(self) -> None:

@@ -5,10 +5,12 @@ upstream attributes ``type`` (string) and ``id`` (int) plus ``cliqueID`` (string
 non-NVLink nodes) so placement can select on it; owner reference to the Node (so the slice dies
 with it); ``spec.nodeName``; ``pool.generation`` and ``resourceSliceCount = 1``.
 
-Invariants: the publisher watches the slices of its node (``spec.nodeName`` field selector) and
-re-syncs on every event, so a slice wiped by the kubelet (at its start and 30 s after we
-disconnect) is re-created within one watch round-trip; slices of our driver on this node with
-another name are deleted; the pool generation only grows (bumped whenever the content changes).
+Invariants: the publisher watches the slices of its node through a `pkg.informers`
+SharedInformer (``spec.nodeName`` field selector) whose event handler only marks it dirty, reads
+them through the informer's `Lister`, and re-syncs on every event, so a slice wiped by the
+kubelet (at its start and 30 s after we disconnect) is re-created within one watch round-trip;
+slices of our driver on this node with another name are deleted; the pool generation only grows
+(bumped whenever the content changes).
 """
 
 from __future__ import annotations
@@ -19,10 +21,15 @@ import threading
 from typing import Final
 
 from pkg.api.constants import CHANNEL_DEVICE_NAME, DAEMON_DEVICE_NAME, DRIVER_NAME
+from pkg.informers import (
+    DeletedFinalStateUnknown,
+    HandlerRegistration,
+    Lister,
+    SharedInformerFactory,
+)
 from pkg.kube.client import JSON, KubeClient
 from pkg.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
 from pkg.kube.resources import NODES, RESOURCE_SLICES
-from pkg.kubeletplugin.watchcache import WatchCache
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +57,16 @@ def desired_devices(clique_id: str) -> list[JSON]:
 
 class SlicePublisher:
     def __init__(
-        self, *, client: KubeClient, node_name: str, clique_id: str, retry_delay: float = 1.0
+        self,
+        *,
+        client: KubeClient,
+        informers: SharedInformerFactory,
+        node_name: str,
+        clique_id: str,
+        retry_delay: float = 1.0,
     ) -> None:
         self._client = client
+        self._informers = informers
         self._node = node_name
         self._clique_id = clique_id
         self._retry_delay = retry_delay
@@ -61,11 +75,11 @@ class SlicePublisher:
         self._node_uid = ""
         self._dirty = threading.Event()
         self._stop = threading.Event()
-        self._cache = WatchCache(
-            client=client, resource=RESOURCE_SLICES, cond=threading.Condition(),
-            field_selector=f"spec.nodeName={node_name}", retry_delay=retry_delay,
-        )  # fmt: skip
-        self._cache.add_listener(lambda _type, _obj: self._dirty.set())
+        self._informer = informers.informer_for(
+            RESOURCE_SLICES, field_selector=f"spec.nodeName={node_name}"
+        )
+        self._lister = Lister(self._informer.indexer, RESOURCE_SLICES)
+        self._registration: HandlerRegistration | None = None
         self._thread: threading.Thread | None = None
         self.syncs = 0
 
@@ -75,7 +89,10 @@ class SlicePublisher:
 
     def start(self) -> None:
         self._node_uid = str(self._client.get(NODES, self._node)["metadata"]["uid"])
-        self._cache.start()
+        self._registration = self._informer.add_event_handler(
+            on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete
+        )
+        self._informers.start()
         self._dirty.set()
         self._thread = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
         self._thread.start()
@@ -83,9 +100,21 @@ class SlicePublisher:
     def stop(self) -> None:
         self._stop.set()
         self._dirty.set()
-        self._cache.stop()
+        if self._registration is not None:
+            self._informer.remove_event_handler(self._registration)
+            self._registration = None
         if self._thread is not None:
             self._thread.join(5)
+
+    # Event handlers only mark the publisher dirty; `sync` reads the lister.
+    def _on_add(self, _obj: JSON) -> None:
+        self._dirty.set()
+
+    def _on_update(self, _old: JSON, _new: JSON) -> None:
+        self._dirty.set()
+
+    def _on_delete(self, _obj: JSON | DeletedFinalStateUnknown) -> None:
+        self._dirty.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -93,7 +122,7 @@ class SlicePublisher:
             if self._stop.is_set():
                 return
             self._dirty.clear()
-            if not self._cache.wait_synced(self._retry_delay):
+            if not self._informer.wait_for_sync(self._retry_delay):
                 self._dirty.set()
                 continue
             try:
@@ -134,9 +163,9 @@ class SlicePublisher:
     def sync(self) -> None:
         """Make the API match the desired slice (one pass; raises ApiError on failure)."""
         self.syncs += 1
-        ours = [
-            s for s in self._cache.items() if (s.get("spec") or {}).get("driver") == DRIVER_NAME
-        ]
+        ours = self._lister.list(
+            predicate=lambda s: (s.get("spec") or {}).get("driver") == DRIVER_NAME
+        )
         for stale in ours:
             if stale["metadata"]["name"] != self._name:
                 with contextlib.suppress(NotFoundError):

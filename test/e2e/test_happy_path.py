@@ -60,6 +60,16 @@ def test_cd_forms_runs_and_tears_down(
     daemons = daemon_pods(admin, driver.namespace, w.cd_uid)
     assert {p["spec"]["nodeName"] for p in daemons} == set(placement.values())
     assert all(p["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet" for p in daemons)
+
+    def daemons_ready() -> bool:  # the stand-in ran their startup/readiness `check` probes
+        pods = daemon_pods(admin, driver.namespace, w.cd_uid)
+        return len(pods) == n and all(
+            {x["type"]: x["status"] for x in p["status"].get("conditions", [])}.get("Ready")
+            == "True"
+            for p in pods
+        )
+
+    wait_for("daemon pods Ready", daemons_ready, timeout=60)
     for p in w.pods:
         assert channels_seen(fleet, ns, p) == ["channel0"], p
 

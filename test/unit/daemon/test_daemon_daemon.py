@@ -6,12 +6,16 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pkg import informers
 from pkg.api import constants as c
 from pkg.daemon.daemon import Daemon, Timing, run_check
 from pkg.daemon.metrics import DaemonMetrics
@@ -112,8 +116,43 @@ def make(api: FakeApiServer, opts: Options) -> tuple[Daemon, FakeRunner, FakeCtl
     ctl = FakeCtl(runner)
     metrics = DaemonMetrics()
     daemon = Daemon(opts, client=api.client(), clock=FakeClock(), runner=runner, commands=ctl,
-                    metrics=metrics, child_env={"PATH": "/bin"}, timing=Timing())  # fmt: skip
+                    metrics=metrics, child_env={"PATH": "/bin"}, timing=Timing(),
+                    informer_clock=informers.FakeClock())  # fmt: skip
     return daemon, runner, ctl, metrics
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.005)
+
+
+@contextmanager
+def following(daemon: Daemon) -> Iterator[None]:
+    """Run the daemon's membership informer (what ``run`` does) around direct ``step`` calls."""
+    daemon.informers.start()
+    assert daemon.informers.wait_for_cache_sync(5)
+    try:
+        yield
+    finally:
+        daemon.informers.shutdown()
+
+
+def observe(daemon: Daemon, written: dict[str, Any]) -> None:
+    """Wait until the daemon's informer has seen ``written`` (and woke the loop for it)."""
+    rv = written["metadata"]["resourceVersion"]
+
+    def seen() -> bool:
+        snap = daemon._snapshot()
+        return (
+            snap is not None
+            and snap[1] is not None
+            and snap[1]["metadata"]["resourceVersion"] == rv
+        )
+
+    wait_until(seen)
+    wait_until(daemon._kick.is_set)
 
 
 def own_entry(api: FakeApiServer) -> dict[str, object]:
@@ -151,15 +190,20 @@ def test_step_joins_starts_imex_and_tracks_readiness(api: FakeApiServer, tmp_pat
 def test_entry_removed_externally_is_restored(api: FakeApiServer, tmp_path: Path) -> None:
     daemon, _, _, _ = make(api, options(tmp_path))
     daemon._write_imex_config()
-    daemon.step()
-    client = api.client()
-    (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
-    clique["daemons"] = []
-    client.update(res.COMPUTE_DOMAIN_CLIQUES, clique)
-    daemon._on_object(client.get(res.COMPUTE_DOMAIN_CLIQUES, clique["metadata"]["name"],
-                                 namespace=NS))  # fmt: skip
-    daemon.step()
+    with following(daemon):
+        daemon.step()
+        client = api.client()
+        (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
+        clique["daemons"] = []
+        daemon._kick.clear()
+        observe(daemon, client.update(res.COMPUTE_DOMAIN_CLIQUES, clique))
+        assert daemon._snapshot() == ([], api.objects(res.COMPUTE_DOMAIN_CLIQUES)[0])
+        daemon.step()
     assert own_entry(api)["index"] == 0 and own_entry(api)["status"] == c.STATUS_READY
+    # One field-selected watch on the membership object, no polling of it.
+    watches = [r for r in api.requests if r.query.get("watch") in ("true", "1")]
+    assert watches and all(r.query.get("fieldSelector") == f"metadata.name={UID}.{CLIQUE}"
+                           for r in watches)  # fmt: skip
 
 
 def test_run_and_shutdown_removes_entry(api: FakeApiServer, tmp_path: Path) -> None:
@@ -227,15 +271,17 @@ def test_ip_mode_uses_cd_status_and_waits_for_num_nodes(api: FakeApiServer, tmp_
     opts = options(tmp_path, FEATURE_GATES=gates, COMPUTE_DOMAIN_UUID=cd["metadata"]["uid"])
     daemon, runner, _, _ = make(api, opts)
     daemon._write_imex_config()
-    daemon.step()
-    assert runner.procs == []  # barrier: 1 of 2
-    client = api.client()
-    obj = client.get(res.COMPUTE_DOMAINS, "cd", namespace="team")
-    assert [n["name"] for n in obj["status"]["nodes"]] == ["n0"]
-    obj["status"]["nodes"].append({"name": "n1", "ipAddress": "10.0.0.2", "cliqueID": CLIQUE,
-                                   "index": 1, "status": "NotReady"})  # fmt: skip
-    daemon._on_object(client.update(res.COMPUTE_DOMAINS, obj, subresource="status"))
-    daemon.step()
+    with following(daemon):
+        daemon.step()
+        assert runner.procs == []  # barrier: 1 of 2
+        client = api.client()
+        obj = client.get(res.COMPUTE_DOMAINS, "cd", namespace="team")
+        assert [n["name"] for n in obj["status"]["nodes"]] == ["n0"]
+        obj["status"]["nodes"].append({"name": "n1", "ipAddress": "10.0.0.2", "cliqueID": CLIQUE,
+                                       "index": 1, "status": "NotReady"})  # fmt: skip
+        daemon._kick.clear()
+        observe(daemon, client.update(res.COMPUTE_DOMAINS, obj, subresource="status"))
+        daemon.step()
     assert len(runner.procs) == 1
     assert (tmp_path / "imexd" / "nodes.cfg").read_text() == "10.0.0.1\n10.0.0.2\n"
     assert not (tmp_path / "hosts").exists()
