@@ -164,7 +164,6 @@ def run(workdir: Path, timeout: float) -> None:
         if driver is not None:
             driver.kill_controller()
         cluster.stop()
-        show(f"logs kept in {cluster.log_dir}")
 
 
 def main() -> int:
@@ -180,7 +179,9 @@ def main() -> int:
         print(f"demo failed: {e}", file=sys.stderr)
         return 1
     finally:
-        if not args.keep_dir:
+        if args.keep_dir:
+            show(f"work dir (component logs in logs/) kept: {workdir}")
+        else:
             shutil.rmtree(workdir, ignore_errors=True)
     step("done")
     return 0

@@ -108,7 +108,9 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
     return ttr, time.monotonic() - start
 
 
-def bench(n: int, runs: int, workdir: Path, *, probe_scale: float) -> dict[str, Any]:
+def bench(
+    n: int, runs: int, workdir: Path, *, probe_scale: float, imex_probe: float
+) -> dict[str, Any]:
     specs = layout([i // 18 for i in range(n)])
     audit_log = workdir / "audit.log"
     policy = workdir / "audit-policy.yaml"
@@ -129,7 +131,8 @@ def bench(n: int, runs: int, workdir: Path, *, probe_scale: float) -> dict[str, 
         cfg = config_from_cluster(cluster, workdir / "n")
         cfg.commands = type(cfg.commands)(
             programs=cfg.commands.programs, path_env=cfg.commands.path_env,
-            env={**cfg.commands.env, "IMEX_SIM_READY_DELAY": "0"},
+            env={**cfg.commands.env, "IMEX_SIM_READY_DELAY": "0",
+                 "IMEX_SIM_PROBE_INTERVAL": str(imex_probe)},
         )  # fmt: skip
         cfg.probe_period_scale = probe_scale
         fleet = NodeFleet(cfg)
@@ -154,7 +157,7 @@ def bench(n: int, runs: int, workdir: Path, *, probe_scale: float) -> dict[str, 
                 per_component[k.split()[0]] += v
         return {
             "nodes": n, "runs": runs, "cliques": len({s.clique_id for s in specs}),
-            "probe_period_scale": probe_scale,
+            "probe_period_scale": probe_scale, "imex_sim_probe_interval": imex_probe,
             "p50": statistics.median(ttrs), "max": max(ttrs), "all": ttrs,
             "requests_per_lifecycle": statistics.median(sum(c.values()) for c in requests),
             "requests_by_component": {k: v / runs for k, v in sorted(per_component.items())},
@@ -173,6 +176,8 @@ def main() -> int:
     ap.add_argument("--nodes", default="2,18,64")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--imex-probe-interval", type=float, default=0.5,
+                    help="simulated IMEX peer hello period (IMEX_SIM_PROBE_INTERVAL)")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep work dirs (logs) of passing sizes")
     ap.add_argument(
         "--probe-period-scale", type=float, default=1.0,
@@ -183,7 +188,8 @@ def main() -> int:
     for n in (int(x) for x in args.nodes.split(",")):
         workdir = Path(tempfile.mkdtemp(prefix=f"cdb{n}-", dir="/tmp"))
         try:
-            results.append(bench(n, args.runs, workdir, probe_scale=args.probe_period_scale))
+            results.append(bench(n, args.runs, workdir, probe_scale=args.probe_period_scale,
+                                 imex_probe=args.imex_probe_interval))  # fmt: skip
             if not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
         except Exception as e:

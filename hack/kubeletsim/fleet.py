@@ -8,6 +8,7 @@ ask: what a container received, which CDI spec files and checkpoint entries are 
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -72,6 +73,15 @@ class NodeFleet:
         pkg_logger = logging.getLogger(__package__)
         pkg_logger.addHandler(self._log_handler)
         pkg_logger.setLevel(logging.INFO)
+        # Processes run in their own sessions: never leave them behind if stop() is skipped.
+        atexit.register(self._kill_leftovers)
+
+    def _kill_leftovers(self) -> None:
+        for node in list(self.nodes.values()):
+            try:
+                node.kill_processes()
+            except Exception as e:  # interpreter exit: best effort
+                log.warning("node %s: kill at exit failed: %s", node.name, e)
 
     def add(self, specs: Sequence[NodeSpec], *, wait: bool = True) -> list[SimulatedNode]:
         """Start nodes (in parallel) and, with ``wait``, wait for their plugins to register."""
@@ -94,9 +104,17 @@ class NodeFleet:
 
     def stop(self, *, delete_nodes: bool = False) -> None:
         nodes = list(self.nodes.values())
-        self.nodes.clear()
+
+        def stop(node: SimulatedNode) -> None:
+            try:
+                node.stop(delete_node=delete_nodes)
+            except Exception:
+                log.exception("node %s: stop failed; killing its processes", node.name)
+                node.kill_processes()
+
         with ThreadPoolExecutor(min(8, max(1, len(nodes)))) as pool:
-            list(pool.map(lambda n: n.stop(delete_node=delete_nodes), nodes))
+            list(pool.map(stop, nodes))
+        self.nodes.clear()
         logging.getLogger(__package__).removeHandler(self._log_handler)
         self._log_handler.close()
 

@@ -16,6 +16,7 @@ small machine, where every exec probe is a Python start-up); the default 1.0 kee
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -141,6 +142,10 @@ class LocalRun:
         code = self._proc.stop(grace)
         self._proc = None
         return code
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.signal(signal.SIGKILL)
 
     def tick(self, state: ContainerState, *, restart_policy: str) -> None:
         """Called every worker tick: reap, restart, probe."""

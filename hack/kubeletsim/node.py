@@ -173,6 +173,12 @@ class SimulatedNode:
                 log.warning("node %s: delete failed: %s", self.name, e)
         self._running = False
 
+    def kill_processes(self) -> None:
+        """SIGKILL the plugin and every local container (no API calls): last-resort cleanup."""
+        self.kill_plugin()
+        for worker in self.kubelet.workers().values():
+            worker.kill_processes()
+
     # -- the plugin process -----------------------------------------------------------------
 
     def plugin_env(self) -> dict[str, str]:

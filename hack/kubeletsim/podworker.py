@@ -118,6 +118,11 @@ class PodWorker:
         for run in self._local.values():
             run.stop(0.5 if kill else self._ctx.max_grace)
 
+    def kill_processes(self) -> None:
+        """SIGKILL local containers now, from any thread (interpreter exit)."""
+        for run in list(self._local.values()):
+            run.kill()
+
     @property
     def done(self) -> bool:
         return not self._thread.is_alive()

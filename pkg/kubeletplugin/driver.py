@@ -46,6 +46,8 @@ tracer = trace.get_tracer("pkg.kubeletplugin")
 
 STALE_GC_INTERVAL: Final = 600.0
 
+NVIDIA_GPU_MAJOR = 195
+
 
 @dataclass(frozen=True)
 class PluginConfig:
@@ -161,8 +163,17 @@ class KubeletPlugin:
         cfg = self.config
         cfg.plugin_dir.mkdir(parents=True, exist_ok=True)
         setup = self._node_setup()
+        # Type and major are explicit (NVIDIA GPUs are always char major 195) so CDI consumers
+        # need not stat the host node: fake-GPU nodes have none, and real ones gain nothing.
         gpu_nodes = tuple(
-            {"path": f"/dev/nvidia{g.minor}"} for g in self.devices.gpus if g.minor is not None
+            {
+                "path": f"/dev/nvidia{g.minor}",
+                "type": "c",
+                "major": NVIDIA_GPU_MAJOR,
+                "minor": g.minor,
+            }
+            for g in self.devices.gpus
+            if g.minor is not None
         )
         self.cdi.write_base_spec(ContainerEdits(device_nodes=gpu_nodes))
         report = self.store.open()

@@ -9,6 +9,7 @@ every scenario ends with. Everything takes its dependencies as arguments.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -150,6 +151,7 @@ class Driver:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
+        atexit.register(self.kill_controller)  # own session: never orphan it
 
     def kill_controller(self, sig: signal.Signals = signal.SIGKILL) -> None:
         p = self.controller

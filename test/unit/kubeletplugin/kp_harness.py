@@ -17,6 +17,7 @@ import grpc
 from pkg.api import constants as c
 from pkg.kube import resources as res
 from pkg.kubeletplugin.discovery import NodeDevices
+from pkg.kubeletplugin.discovery.base import GpuInfo
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
 from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2 as v1
 from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2_grpc as v1_grpc
@@ -231,10 +232,15 @@ class Kubelet:
 
 @contextmanager
 def running_plugin(
-    api: FakeApiServer, root: Path, *, clique: str = CLIQUE, healthcheck_port: int = -1
+    api: FakeApiServer,
+    root: Path,
+    *,
+    clique: str = CLIQUE,
+    healthcheck_port: int = -1,
+    gpus: tuple[GpuInfo, ...] = (),
 ) -> Iterator[tuple[KubeletPlugin, Kubelet]]:
     config = make_config(root, healthcheck_port=healthcheck_port)
-    devices = NodeDevices(driver_version="580.65.06", gpus=(), clique_id=clique)
+    devices = NodeDevices(driver_version="580.65.06", gpus=gpus, clique_id=clique)
     plugin = KubeletPlugin(config=config, client=api.client(), devices=devices)
     plugin.start()
     try:

@@ -24,6 +24,7 @@ from kp_harness import (
 
 from pkg.api import constants as c
 from pkg.kube import resources as res
+from pkg.kubeletplugin.discovery.base import FabricInfo, GpuInfo
 from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2 as hpb
 from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2_grpc as hgrpc
 from pkg.testing.fakeapiserver import FakeApiServer
@@ -284,3 +285,19 @@ def test_health_checks_both_sockets(api: FakeApiServer, root: Path) -> None:
 
 def test_kubelet_fixture_type() -> None:
     assert Kubelet.__name__ == "Kubelet"
+
+
+def test_base_spec_gpu_nodes_need_no_host_stat(api: FakeApiServer, root: Path) -> None:
+    # The real CDI library stats a host node only when type/major are missing; fake-GPU nodes
+    # have no /dev/nvidiaN, so the base spec must carry them explicitly.
+    gpus = tuple(
+        GpuInfo(index=i, uuid=f"GPU-{i}", minor=i, fabric=FabricInfo(supported=False))
+        for i in range(2)
+    )
+    with running_plugin(api, root, gpus=gpus) as (plugin, _):
+        spec = json.loads(plugin.cdi.base_spec_path().read_text())
+    nodes = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    assert nodes, "fake GPUs must appear in the base spec"
+    assert len(nodes) == 2
+    for minor, node in enumerate(nodes):
+        assert node == {"path": f"/dev/nvidia{minor}", "type": "c", "major": 195, "minor": minor}
