@@ -13,7 +13,12 @@ still labels at NodePrepareResources as a fallback. Invariants:
 * the label is removed only when this process saw claims of that domain on that node and the
   last of them was deallocated, and only while the label still names that domain; a label
   this process never saw a claim for (e.g. set before a restart) is left to the plugin's
-  unprepare and the orphan cleanup.
+  unprepare and the orphan cleanup;
+* each allocated claim labels its node at most once: once the plugin's NodeUnprepareResources
+  has removed the label, the claim (still allocated while its pod terminates) must not put it
+  back, or the node stays held by a finished domain;
+* channel-0 is exclusive per node, so a claim of domain B allocated on a node proves that no
+  claim of domain A is: a label for A that this process set is replaced by B's.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ class ResourceClaimReconciler:
         self._events = events
         # node -> domain UID whose claims we saw allocated there (and so may unlabel).
         self._seen: dict[str, str] = {}
+        # node -> UIDs of the allocated claims the node's label was already applied for.
+        self._applied: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
     def nodes_of_domain(self, uid: str) -> list[str]:
@@ -99,12 +106,14 @@ class ResourceClaimReconciler:
         if node is None:
             with self._lock:
                 self._seen.pop(node_name, None)
+                self._applied.pop(node_name, None)
             return Result()
         current = (node["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
         wanted = self._wanted(node_name)
         if not wanted:
             with self._lock:
                 seen = self._seen.pop(node_name, None)
+                self._applied.pop(node_name, None)
             if seen is not None and current == seen:
                 remove_domain_label(self._client, node, uid=seen)
                 log.info("node label removed (no live claim left) uid=%s", seen,
@@ -119,11 +128,20 @@ class ResourceClaimReconciler:
                 )  # fmt: skip
             return Result()
         uid, (cd, claims) = next(iter(wanted.items()))
+        claim_uids = {str(cl["metadata"].get("uid")) for cl in claims}
         with self._lock:
-            self._seen[node_name] = uid
+            seen = self._seen.get(node_name)
+            applied = self._applied.get(node_name, set())
         if current == uid:
+            self._remember(node_name, uid, claim_uids)
             return Result()
-        if current and self._caches.compute_domains.by_index(BY_UID, current):
+        if current is None and seen == uid and claim_uids <= applied:
+            # The plugin unprepared these claims and released the node; their pods are
+            # terminating and deallocation follows. Re-labelling would restart the daemon.
+            log.debug("node released by the plugin; not re-labelling uid=%s", uid,
+                      extra={"key": node_name})  # fmt: skip
+            return Result()
+        if current and current != seen and self._caches.compute_domains.by_index(BY_UID, current):
             msg = (
                 f"node {node_name} already belongs to ComputeDomain UID {current}; "
                 f"one ComputeDomain per node, so {_ref(cd)} cannot use it yet"
@@ -135,6 +153,14 @@ class ResourceClaimReconciler:
         body = copy.deepcopy(node)
         body["metadata"].setdefault("labels", {})[c.COMPUTE_DOMAIN_LABEL] = uid
         self._client.update(NODES, body)
-        log.info("node labelled for domain uid=%s domain=%s", uid, _ref(cd),
-                 extra={"key": node_name})  # fmt: skip
+        self._remember(node_name, uid, claim_uids)
+        log.info("node labelled for domain uid=%s domain=%s replaced=%s", uid, _ref(cd),
+                 current or "-", extra={"key": node_name})  # fmt: skip
         return Result()
+
+    def _remember(self, node_name: str, uid: str, claim_uids: set[str]) -> None:
+        with self._lock:
+            if self._seen.get(node_name) != uid:
+                self._applied[node_name] = set()
+            self._seen[node_name] = uid
+            self._applied.setdefault(node_name, set()).update(claim_uids)

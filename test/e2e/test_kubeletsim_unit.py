@@ -150,6 +150,7 @@ def node(api: FakeApiServer, short_tmp: Path) -> Iterator[tuple[Kubelet, StubPlu
     plugin = StubPlugin(dirs.registry, dirs.plugins / DRIVER).start()
     watcher = PluginWatcher(dirs.registry, interval=0.05)
     watcher.start()
+    assert watcher.wait_for(DRIVER, 20) is not None
     client = api.client()
     cdi = FakeCdi()
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -228,7 +229,7 @@ def test_workload_pod_prepared_recorded_running_then_unprepared(
     assert status["podIP"] == kubelet.ctx.node_ip
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
     events = [e for e in api.objects(EVENTS) if e["reason"] == "FailedPrepareDynamicResources"]
-    assert events and "current node not ready" in events[0]["message"]
+    assert any("current node not ready" in e["message"] for e in events), events
     record = kubelet.ctx.dirs.container_record("ns", "w", "ctr")
     assert "channel0" in record.read_text()
     assert len(plugin.prepared) == 1

@@ -159,3 +159,39 @@ def test_non_fabric_node_and_invalid_values_get_no_label(
     cliques.reconcile("missing-node")
     assert [m for m, _ in server.request_log if m != "GET"] == []
     assert events.reasons() == ["InvalidCliqueID"]
+
+
+def test_label_removed_by_plugin_unprepare_is_not_put_back(
+    server: FakeApiServer, client: RestClient, claims: ResourceClaimReconciler
+) -> None:
+    uid = domain(server)
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
+    claims.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == uid
+    # The kubelet unprepared the claim (pod terminating): the plugin removed the label while
+    # the claim is still allocated.
+    obj = client.get(res.NODES, "a")
+    del obj["metadata"]["labels"][c.COMPUTE_DOMAIN_LABEL]
+    client.update(res.NODES, obj)
+    claims.reconcile("a")
+    assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
+    # A new claim of the same domain on that node labels it again.
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w1", ns="team", uid=uid, node_name="a"))
+    claims.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == uid
+
+
+def test_own_label_of_finished_domain_is_handed_to_the_next(
+    server: FakeApiServer, claims: ResourceClaimReconciler
+) -> None:
+    first, second = domain(server, "cd1"), domain(server, "cd2")
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=first, node_name="a"))
+    claims.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == first
+    # w0 went away and, before this reconcile ran, the scheduler gave channel-0 to cd2.
+    server.store.delete(res.RESOURCE_CLAIMS, "team", "w0")
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w1", ns="team", uid=second, node_name="a"))
+    claims.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == second
