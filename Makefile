@@ -29,9 +29,12 @@ control-plane:
 demo: venv control-plane
 	$(PY) hack/demo.py
 
-bench: venv
+## bench: every benchmark script; figures are recorded in docs/benchmarks.md
+bench: venv control-plane
 	$(PY) hack/bench/informer_ingest.py
 	$(PY) hack/bench/workqueue_throughput.py
+	$(PY) hack/bench/prepare_latency.py --claims 500
+	$(PY) hack/bench/time_to_ready.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
