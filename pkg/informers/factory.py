@@ -70,8 +70,16 @@ class SharedInformerFactory:
                 self._informers[key] = inf
             return inf
 
-    def lister_for(self, resource: Resource, namespace: str | None = None) -> Lister:
-        return Lister(self.informer_for(resource, namespace).indexer, resource)
+    def lister_for(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> Lister:
+        """Lister over the shared informer of exactly this (resource, namespace, selectors)."""
+        informer = self.informer_for(resource, namespace, label_selector, field_selector)
+        return Lister(informer.indexer, resource)
 
     def start(self) -> None:
         with self._lock:

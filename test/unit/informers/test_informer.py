@@ -182,3 +182,20 @@ def test_compact_transform_preserves_equality_and_shares_strings() -> None:
     assert out == {"metadata": {"name": "a"}, "s": ["Running"]}
     assert "managedFields" in raw["metadata"]  # input untouched
     assert out["s"][0] is compact(other)["s"][0]
+
+
+def test_factory_shares_one_informer_per_selector_set_and_lists_through_it() -> None:
+    with FakeApiServer() as api:
+        api.seed(r.PODS, pod("a", node="n1"))
+        api.seed(r.PODS, pod("b", node="n2"))
+        factory = SharedInformerFactory(api.client(), clock=FakeClock())
+        on_n1 = factory.informer_for(r.PODS, "ns", None, "spec.nodeName=n1")
+        assert factory.informer_for(r.PODS, "ns", field_selector="spec.nodeName=n1") is on_n1
+        assert factory.informer_for(r.PODS, "ns") is not on_n1
+        lister = factory.lister_for(r.PODS, "ns", field_selector="spec.nodeName=n1")
+        factory.start()
+        try:
+            assert factory.wait_for_cache_sync(5)
+            assert [o["metadata"]["name"] for o in lister.list("ns")] == ["a"]
+        finally:
+            factory.shutdown()
