@@ -2,7 +2,8 @@
 
 Owns the daemon's one control loop. Threads: a `pkg.informers` SharedInformer following the
 membership object (field selector ``metadata.name=<object>``; its event handler only wakes the
-loop, which reads the object through the informer's `Lister`; resync every
+loop and the membership's :class:`~pkg.daemon.membership.CacheView`; both read the object through
+the informer's `Lister`, so membership writes need no GET before each attempt; resync every
 ``Timing.resync_seconds`` like upstream's 4-minute informer resync), the optional metrics
 server, and the loop itself, which does everything else in order so no two actions race:
 supervise IMEX (watchdog tick), make sure our entry exists with our IP, apply the membership to
@@ -28,6 +29,7 @@ from pkg import informers
 from pkg.api import constants as c
 from pkg.daemon.imexsync import ImexSync
 from pkg.daemon.membership import (
+    CacheView,
     CliqueStore,
     DaemonEntry,
     EntryStore,
@@ -120,9 +122,6 @@ class Daemon:
             if opts.gates.enabled(COMPUTE_DOMAIN_CLIQUES)
             else StatusStore(client, self.me)
         )
-        self.membership = Membership(
-            self.store, self.me, max_nodes=opts.max_nodes, on_conflict=metrics.conflict
-        )
         self.supervisor = Supervisor(
             [*opts.imex_argv, "-c", opts.config_path], runner=runner, clock=clock,
             env=imex_child_env(opts, child_env), observer=metrics,
@@ -149,10 +148,18 @@ class Daemon:
             watched, self.store.namespace, field_selector=f"metadata.name={self.store.name}"
         )
         self._lister = informers.Lister(self._informer.indexer, watched)
+        self.cache = CacheView(
+            lambda: self._lister.get(self.store.name, self.store.namespace),
+            self._informer.wait_for_sync,
+        )
+        self.membership = Membership(
+            self.store, self.me, max_nodes=opts.max_nodes, cache=self.cache,
+            on_conflict=metrics.conflict,
+        )  # fmt: skip
         self._informer.add_event_handler(
-            on_add=lambda _obj: self.wake(),
-            on_update=lambda _old, _new: self.wake(),
-            on_delete=lambda _obj: self.wake(),
+            on_add=lambda _obj: self._changed(),
+            on_update=lambda _old, _new: self._changed(),
+            on_delete=lambda _obj: self._changed(),
         )
         self._ready = False
         self._next_ready_check = 0.0
@@ -160,6 +167,10 @@ class Daemon:
     def wake(self) -> None:
         """Run the loop now (new object, or shutdown requested)."""
         self._kick.set()
+
+    def _changed(self) -> None:
+        self.cache.notify()
+        self.wake()
 
     # -- pieces ----------------------------------------------------------------------------------
 
@@ -276,8 +287,9 @@ class Daemon:
                 self._clock.wait(self._kick, wait)
                 self._kick.clear()
         finally:
+            self._leave()  # while the informer still runs: a 409 waits for it, not for a GET
             self.informers.shutdown()
-            self._leave()
+            self.cache.close()
             self.supervisor.stop()
             self._metrics.close()
         return 0
