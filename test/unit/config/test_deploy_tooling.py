@@ -44,7 +44,7 @@ def _tool(name: str, package: str) -> Path:
         return path
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} not installed (pip install {package} into the venv)")
+        pytest.fail(f"{name} not installed: it is a dev dependency ({package}); run hack/venv.sh")
     return Path(found)
 
 
