@@ -90,6 +90,16 @@ class KubeClient(Protocol):
     ) -> WatchStream: ...  # fmt: skip
 
 
+def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+    """Query parameters of the selectors that are set (list and watch share them)."""
+    query: dict[str, str] = {}
+    if label_selector:
+        query["labelSelector"] = label_selector
+    if field_selector:
+        query["fieldSelector"] = field_selector
+    return query
+
+
 def _decode(data: bytes) -> Any:
     try:
         return json.loads(data) if data else None
@@ -229,11 +239,7 @@ class RestClient:
         continue_token: str | None = None,
         resource_version: str | None = None,
     ) -> JSON:
-        query: dict[str, str] = {}
-        if label_selector:
-            query["labelSelector"] = label_selector
-        if field_selector:
-            query["fieldSelector"] = field_selector
+        query = _selectors(label_selector, field_selector)
         if limit:
             query["limit"] = str(limit)
         if continue_token:
@@ -320,15 +326,12 @@ class RestClient:
         timeout_seconds: int,
         allow_watch_bookmarks: bool = True,
     ) -> WatchStream:
-        query = {"watch": "true", "timeoutSeconds": str(timeout_seconds)}
+        query = _selectors(label_selector, field_selector)
+        query.update(watch="true", timeoutSeconds=str(timeout_seconds))
         if resource_version:
             query["resourceVersion"] = resource_version
         if allow_watch_bookmarks:
             query["allowWatchBookmarks"] = "true"
-        if label_selector:
-            query["labelSelector"] = label_selector
-        if field_selector:
-            query["fieldSelector"] = field_selector
         path = resource.path(namespace)
 
         def opener() -> urllib3.BaseHTTPResponse:
