@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Build the local e2e control plane from the Go module proxy:
-#   kube-apiserver, kube-scheduler, kube-controller-manager  (hack/kube/go.mod)
+#   kube-apiserver, kube-scheduler, kube-controller-manager,
+#   kubelet, kube-proxy                                      (hack/kube/go.mod)
 #   etcd                                                     (hack/etcd/go.mod)
 #   cdi-resolve                                              (hack/cdi/go.mod)
+#   containerd, containerd-shim-runc-v2, ctr                 (hack/containerd/go.mod)
+# The node components (kubelet, kube-proxy, containerd) serve the real-node e2e
+# lane; hack/node-deps.sh installs the Debian packages that lane also needs.
 #
 # Binaries go to a cache directory OUTSIDE the repository, keyed by version:
 #   ${CD_E2E_CACHE:-$HOME/.cache/compute-domain-e2e}/k8s-v<K8S>/bin/
@@ -34,14 +38,15 @@ mod_version() { # <go.mod> <module path>
 K8S_VERSION="$(mod_version "$HACK_DIR/kube/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(mod_version "$HACK_DIR/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 CDI_VERSION="$(mod_version "$HACK_DIR/cdi/go.mod" tags.cncf.io/container-device-interface)"
-[[ -n "$K8S_VERSION" && -n "$ETCD_VERSION" && -n "$CDI_VERSION" ]] ||
-  die "could not read pinned versions from hack/{kube,etcd,cdi}/go.mod"
+CTRD_VERSION="$(mod_version "$HACK_DIR/containerd/go.mod" github.com/containerd/containerd/v2)"
+[[ -n "$K8S_VERSION" && -n "$ETCD_VERSION" && -n "$CDI_VERSION" && -n "$CTRD_VERSION" ]] ||
+  die "could not read pinned versions from hack/{kube,etcd,cdi,containerd}/go.mod"
 
 CACHE_ROOT="${CD_E2E_CACHE:-$HOME/.cache/compute-domain-e2e}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION/bin"
 
 # Bump when the build recipe (flags, ldflags) changes, to force a rebuild.
-RECIPE=2
+RECIPE=3
 stamp_of() { # <module dir> <extra key> -> hash of the files that define the build
   { echo "$RECIPE $2"; cat "$1"/go.mod "$1"/go.sum "$1"/*.go; } | sha256sum | cut -d' ' -f1
 }
@@ -51,16 +56,18 @@ fresh() { # <stamp name> <stamp value> <binaries...>
   local b; for b in "$@"; do [[ -x "$BIN_DIR/$b" ]] || return 1; done
 }
 
-KUBE_BINS=(kube-apiserver kube-scheduler kube-controller-manager)
+KUBE_BINS=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy)
+CTRD_BINS=(containerd containerd-shim-runc-v2 ctr)
 KUBE_STAMP="$(stamp_of "$HACK_DIR/kube" "$K8S_VERSION")"
 ETCD_STAMP="$(stamp_of "$HACK_DIR/etcd" "$ETCD_VERSION")"
 CDI_STAMP="$(stamp_of "$HACK_DIR/cdi" "$CDI_VERSION")"
+CTRD_STAMP="$(stamp_of "$HACK_DIR/containerd" "$CTRD_VERSION")"
 
 case "${1:-}" in
   --print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
   --check)
     fresh kube "$KUBE_STAMP" "${KUBE_BINS[@]}" && fresh etcd "$ETCD_STAMP" etcd &&
-      fresh cdi "$CDI_STAMP" cdi-resolve && { echo "$BIN_DIR"; exit 0; }
+      fresh cdi "$CDI_STAMP" cdi-resolve && fresh containerd "$CTRD_STAMP" "${CTRD_BINS[@]}" && { echo "$BIN_DIR"; exit 0; }
     exit 1 ;;
   "") ;;
   *) die "unknown argument '$1' (use --print-bin-dir or --check)" ;;
@@ -108,11 +115,12 @@ else
     ld+=" -X '$pkg.gitVersion=$K8S_VERSION' -X '$pkg.gitMajor=1' -X '$pkg.gitMinor=$minor'"
     ld+=" -X '$pkg.gitCommit=' -X '$pkg.gitTreeState=clean' -X '$pkg.buildDate=${build_date:-1970-01-01T00:00:00Z}'"
   done
-  log "kubernetes $K8S_VERSION: go build ${KUBE_BINS[*]} (cold: ~15 min on 2 cores)"
+  log "kubernetes $K8S_VERSION: go build ${KUBE_BINS[*]} (cold: ~20 min on 2 cores)"
   t=$SECONDS; tmp="$(mktemp -d "$BIN_DIR/.build.XXXXXX")"
   (cd "$HACK_DIR/kube" && go build -trimpath -ldflags "$ld" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kube-controller-manager) || { rm -rf "$tmp"; die "go build of kubernetes failed"; }
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy) || { rm -rf "$tmp"; die "go build of kubernetes failed"; }
   install_from "$tmp" "${KUBE_BINS[@]}"
   echo "$KUBE_STAMP" >"$BIN_DIR/.kube.stamp"
   log "kubernetes $K8S_VERSION: built in $((SECONDS - t))s"
@@ -145,6 +153,24 @@ else
   install_from "$tmp" cdi-resolve
   echo "$CDI_STAMP" >"$BIN_DIR/.cdi.stamp"
   log "cdi-resolve: built in $((SECONDS - t))s"
+fi
+
+if fresh containerd "$CTRD_STAMP" "${CTRD_BINS[@]}"; then
+  log "containerd $CTRD_VERSION: up to date"
+else
+  need_go
+  log "containerd $CTRD_VERSION: downloading modules"
+  download "$HACK_DIR/containerd"
+  log "containerd $CTRD_VERSION: go build ${CTRD_BINS[*]}"
+  t=$SECONDS; tmp="$(mktemp -d "$BIN_DIR/.build.XXXXXX")"
+  cld="-s -w -X github.com/containerd/containerd/v2/version.Version=$CTRD_VERSION"
+  (cd "$HACK_DIR/containerd" && go build -trimpath -tags "no_btrfs urfave_cli_no_docs" -ldflags "$cld" \
+    -o "$tmp/" github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr) || { rm -rf "$tmp"; die "go build of containerd failed"; }
+  install_from "$tmp" "${CTRD_BINS[@]}"
+  echo "$CTRD_STAMP" >"$BIN_DIR/.containerd.stamp"
+  log "containerd $CTRD_VERSION: built in $((SECONDS - t))s"
 fi
 
 log "done in $((SECONDS - T_ALL))s; binaries in $BIN_DIR"
