@@ -4,7 +4,9 @@ Owns the translation from an HTTP status (+ optional `Status` body) to a typed e
 callers write `except NotFoundError` instead of comparing integers. Invariant: every `ApiError`
 carries the numeric `status`, the Kubernetes `reason` (e.g. "AlreadyExists"), a human message
 and the decoded body when there was one. Transport failures (no HTTP status) are
-`ConnectionFailedError`, which is deliberately *not* an `ApiError`.
+`ConnectionFailedError`, which is deliberately *not* an `ApiError`. Loops that must survive an
+API server outage catch :data:`TRANSIENT_ERRORS` (or ask :func:`is_transient`): connection
+failures, client-side timeouts, 5xx and 429 all mean "the same request may succeed later".
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "TRANSIENT_ERRORS",
     "AlreadyExistsError",
     "ApiError",
     "BadRequestError",
@@ -25,6 +28,7 @@ __all__ = [
     "TooManyRequestsError",
     "UnauthorizedError",
     "error_from_status",
+    "is_transient",
 ]
 
 
@@ -83,6 +87,20 @@ class ServerError(ApiError):
 
 class ConnectionFailedError(Exception):
     """The request never produced an HTTP status (refused, reset, timed out, TLS failure)."""
+
+
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    ConnectionFailedError,
+    ServerError,
+    TooManyRequestsError,
+    TimeoutError,
+)
+"""Failures that say nothing about the request itself: retry it, with backoff."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is an outage or overload (retry later), not an answer about the request."""
+    return isinstance(exc, TRANSIENT_ERRORS)
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {

@@ -5,10 +5,13 @@ Owns the process lifecycle around :class:`ControllerManager`. Invariants:
 * the HTTP endpoint (if configured) is up before leader election starts, so a standby answers
   probes; ``/readyz`` is ready when this process is a healthy standby (not leading, elector
   running) or is leading with every cache synced, and never otherwise;
-* one leadership term per process: the manager is built when the term starts and the process
-  exits when it ends, so no in-memory state ever outlives a term (as upstream);
-* ``stop`` set (SIGTERM) → workers stop, the lease is released, :func:`run` returns 0;
-  leadership lost or caches never synced → :func:`run` returns 1 so the pod restarts.
+* one manager per leadership term: it is built (fresh caches, queues and metrics, registered
+  under the process registry only for the term) when a term starts and stopped completely
+  when it ends, so no in-memory state ever outlives a term; a lost term (the lease could not
+  be renewed, e.g. the API server was away longer than the renew deadline) is followed by a
+  new campaign in the same process, where upstream exits and waits for a pod restart;
+* ``stop`` set (SIGTERM) → workers stop, the lease is released, :func:`run` returns 0; caches
+  that never sync → :func:`run` returns 1 so the pod restarts.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def run(
     registry: CollectorRegistry | None = None,
     ready: Callable[[int], None] | None = None,
 ) -> int:
-    """Run until ``stop`` is set (0) or leadership/caches are lost (1).
+    """Run until ``stop`` is set (0) or the caches cannot sync (1); lost terms re-campaign.
 
     ``ready`` is called with the bound HTTP port once the server listens (0 without one).
     """
@@ -65,6 +68,7 @@ def run(
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
+    process_registry = registry
     tracing = setup_tracing(COMPONENT, env=os.environ if env is None else env)
     client = client_factory(options)
     recorder = EventRecorder(client, COMPONENT, clock)
@@ -91,10 +95,15 @@ def run(
     if ready is not None:
         ready(server.port if server else 0)
 
+    terms: dict[str, CollectorRegistry | None] = {"registry": None}
+
     def start_term() -> None:
+        term_registry = CollectorRegistry()
+        process_registry.register(term_registry)
+        terms["registry"] = term_registry
         manager = ControllerManager(
-            client=client, config=options.controller, registry=registry, tracer=tracing.tracer,
-            clock=clock, informer_clock=RealClock(), events=recorder,
+            client=client, config=options.controller, registry=term_registry,
+            tracer=tracing.tracer, clock=clock, informer_clock=RealClock(), events=recorder,
         )  # fmt: skip
         state["manager"] = manager
         leading.set()
@@ -111,6 +120,9 @@ def run(
         manager, state["manager"] = state["manager"], None
         if manager is not None:
             manager.stop()
+        term_registry, terms["registry"] = terms["registry"], None
+        if term_registry is not None:
+            process_registry.unregister(term_registry)
 
     log.info(
         "starting namespace=%s image=%s leader_election=%s gates=%s", options.controller.namespace,
@@ -128,8 +140,8 @@ def run(
                 ),
                 clock=clock,
             )  # fmt: skip
-            kept = elector.run(stop, on_started_leading=start_term, on_stopped_leading=stop_term)
-            return 0 if kept and not failed.is_set() else 1
+            elector.run_terms(stop, on_started_leading=start_term, on_stopped_leading=stop_term)
+            return 1 if failed.is_set() else 0
         start_term()
         stop.wait()
         stop_term()

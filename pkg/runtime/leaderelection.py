@@ -10,9 +10,14 @@ Owns the Lease record this process writes and the decision "am I the leader". In
 * ``acquireTime``/``renewTime`` are written as MicroTime with exactly six fractional digits
   (Go's parser rejects anything else, which Python's ``isoformat`` produces whenever the
   microsecond is zero);
+* no error escapes the loops: an API error, a dropped connection or a client-side timeout
+  (:data:`pkg.kube.errors.TRANSIENT_ERRORS`) is one failed attempt, retried every
+  ``retry_period``; anything unexpected is logged and counted the same way, so an API server
+  that is away for less than ``renew_deadline`` never costs the lease;
 * a leader that cannot renew within ``renew_deadline`` steps down (``on_stopped_leading``) and
-  never renews again; on a clean stop it releases the lease (empty holder) so a successor
-  need not wait for it to expire.
+  never renews that term again; :meth:`LeaderElector.run_terms` then campaigns again, so the
+  process leads again as soon as it wins the lease; on a clean stop it releases the lease
+  (empty holder) so a successor need not wait for it to expire.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pkg.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
+from pkg.kube.errors import (
+    TRANSIENT_ERRORS,
+    AlreadyExistsError,
+    ApiError,
+    ConflictError,
+    NotFoundError,
+)
 from pkg.kube.resources import LEASES, Resource
 from pkg.runtime.clock import Clock
 
@@ -35,6 +46,7 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 JITTER_FACTOR = 1.2
+_FAILURES: tuple[type[Exception], ...] = (ApiError, *TRANSIENT_ERRORS)
 
 
 def format_micro_time(epoch: float) -> str:
@@ -116,14 +128,17 @@ class LeaderElector:
     # -- one step ------------------------------------------------------------------------------
 
     def try_acquire_or_renew(self) -> bool:
-        """One attempt; returns whether we hold the lease afterwards. Never raises ApiError."""
+        """One attempt; returns whether we hold the lease afterwards.
+
+        Never raises an API, connection or timeout error: each is logged as a failed attempt.
+        """
         cfg = self._config
         now_wall = self._clock.now()
         try:
             lease = self._client.get(LEASES, cfg.name, namespace=cfg.namespace)
         except NotFoundError:
             return self._create(now_wall)
-        except ApiError as exc:
+        except _FAILURES as exc:
             log.warning("lease get failed lease=%s/%s error=%s", cfg.namespace, cfg.name, exc)
             return False
         spec: JSON = dict(lease.get("spec") or {})
@@ -175,7 +190,7 @@ class LeaderElector:
             written = call()
         except (ConflictError, AlreadyExistsError):
             return False
-        except ApiError as exc:
+        except _FAILURES as exc:
             log.warning("lease write failed lease=%s error=%s", self._config.name, exc)
             return False
         self._observed_spec = dict(written.get("spec") or {})
@@ -188,7 +203,7 @@ class LeaderElector:
         cfg = self._config
         try:
             lease = self._client.get(LEASES, cfg.name, namespace=cfg.namespace)
-        except ApiError as exc:
+        except _FAILURES as exc:
             log.warning("lease release: get failed error=%s", exc)
             return False
         spec = dict(lease.get("spec") or {})
@@ -210,13 +225,22 @@ class LeaderElector:
     def _jittered(self, seconds: float) -> float:
         return seconds * (1.0 + self._rng.random() * (JITTER_FACTOR - 1.0))
 
+    def _attempt(self) -> bool:
+        """:meth:`try_acquire_or_renew` that also survives an unexpected error (logged)."""
+        try:
+            return self.try_acquire_or_renew()
+        except Exception:
+            log.exception("lease attempt failed unexpectedly lease=%s/%s",
+                          self._config.namespace, self._config.name)  # fmt: skip
+            return False
+
     def acquire(self, stop: threading.Event) -> bool:
         """Block until we lead (True) or ``stop`` is set (False)."""
         cfg = self._config
         log.info("waiting for leadership lease=%s/%s identity=%s", cfg.namespace, cfg.name,
                  cfg.identity)  # fmt: skip
         while not stop.is_set():
-            if self.try_acquire_or_renew():
+            if self._attempt():
                 with self._lock:
                     self._leading = True
                 log.info("acquired leadership lease=%s/%s identity=%s", cfg.namespace,
@@ -233,7 +257,7 @@ class LeaderElector:
         while True:
             if self._clock.wait(stop, cfg.retry_period):
                 return True
-            if self.try_acquire_or_renew():
+            if self._attempt():
                 last_renew = self._clock.monotonic()
                 continue
             if self._clock.monotonic() - last_renew >= cfg.renew_deadline or (
@@ -268,3 +292,27 @@ class LeaderElector:
             if kept and self._config.release_on_cancel:
                 self.release()
         return kept
+
+    def run_terms(
+        self,
+        stop: threading.Event,
+        *,
+        on_started_leading: Callable[[], None],
+        on_stopped_leading: Callable[[], None],
+    ) -> int:
+        """:meth:`run` until ``stop`` is set, campaigning again after every lost term.
+
+        Returns how many terms were lost. The callbacks run once per term, in pairs, so each
+        term can build its state afresh and tear it down completely before the next one.
+        """
+        lost = 0
+        while not stop.is_set():
+            if self.run(
+                stop, on_started_leading=on_started_leading, on_stopped_leading=on_stopped_leading
+            ):
+                return lost
+            lost += 1
+            cfg = self._config
+            log.warning("stepped down; campaigning again lease=%s/%s identity=%s",
+                        cfg.namespace, cfg.name, cfg.identity)  # fmt: skip
+        return lost

@@ -4,7 +4,9 @@ Owns routing (`/api/v1/...`, `/apis/<group>/<version>/...`), request decoding, e
 the request log and pagination; object semantics live in `store.py`, watches in `watch.py`.
 Invariants: each connection is served by its own thread; every request is logged before it is
 answered; `stop()` closes every open connection and joins the handler threads.
-Error injection verbs are HTTP methods plus "LIST" and "WATCH" (GETs on a collection).
+Error injection verbs are HTTP methods plus "LIST" and "WATCH" (GETs on a collection). An
+outage (:meth:`FakeApiServer.set_available`) drops every connection, like an API server that is
+restarting; a stall (:meth:`FakeApiServer.inject_stall`) holds a request so the client times out.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ class _Injection:
     name: str | None
 
 
+@dataclass
+class _Stall:
+    verb: str
+    resource: Resource
+    seconds: float
+    count: int
+
+
 @dataclass(frozen=True, slots=True)
 class _Route:
     resource: Resource
@@ -83,6 +93,8 @@ class FakeApiServer:
         self.requests: list[LoggedRequest] = []
         self._lock = threading.Lock()
         self._injections: list[_Injection] = []
+        self._stalls: list[_Stall] = []
+        self._available = True
         self._generation = 0
         self._stopping = False
         self._snapshots: dict[str, tuple[int, list[JSON]]] = {}
@@ -156,6 +168,29 @@ class FakeApiServer:
         with self._lock:
             self._injections.append(_Injection(method.upper(), resource, status, count, name))
 
+    def inject_stall(
+        self, method: str, resource: Resource, seconds: float, *, count: int = 1
+    ) -> None:
+        """Hold the next ``count`` matching requests ``seconds`` before serving them (a client
+        with a shorter read timeout sees a timeout)."""
+        with self._lock:
+            self._stalls.append(_Stall(method.upper(), resource, seconds, count))
+
+    def set_available(self, available: bool) -> None:
+        """``False``: drop every request and open watch until called with ``True`` (an outage).
+
+        Requests are still logged, so a test can see that clients kept trying.
+        """
+        with self._lock:
+            self._available = available
+        if not available:
+            self.close_watches()
+
+    @property
+    def available(self) -> bool:
+        with self._lock:
+            return self._available
+
     def compact(self) -> None:
         self.store.compact()
         with self._lock:
@@ -186,6 +221,14 @@ class FakeApiServer:
                     inj.count -= 1
                     return inj.status
         return None
+
+    def _stalled(self, verb: str, route: _Route) -> float:
+        with self._lock:
+            for stall in self._stalls:
+                if stall.verb == verb and stall.resource == route.resource and stall.count > 0:
+                    stall.count -= 1
+                    return stall.seconds
+        return 0.0
 
     def _route(self, path: str) -> _Route:
         segs = [s for s in path.split("/") if s]
@@ -221,11 +264,17 @@ class FakeApiServer:
         self._log(h.command, split.path, query)
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length) if length else b""
+        if not self.available:
+            h.drop()
+            return
         try:
             route = self._route(split.path)
             verb = h.command
             if verb == "GET" and route.name is None:
                 verb = "WATCH" if query.get("watch") in ("true", "1") else "LIST"
+            stall = self._stalled(verb, route)
+            if stall:
+                time.sleep(stall)
             injected = self._injected(verb, route)
             if injected == 0:
                 h.drop()

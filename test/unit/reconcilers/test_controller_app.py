@@ -173,14 +173,54 @@ def test_two_instances_hand_over_the_lease_on_clean_shutdown(server: FakeApiServ
     assert b.rc == 0 and holder(server) == ""
 
 
-def test_lost_lease_makes_run_return_non_zero(server: FakeApiServer) -> None:
+def test_lost_lease_steps_down_and_campaigns_again_in_the_same_process(
+    server: FakeApiServer,
+) -> None:
     a = Instance(server, "a")
     eventually(lambda: holder(server).startswith("a-"))
+    ours = holder(server)
     lease = server.objects(res.LEASES)[0]
     lease["spec"]["holderIdentity"] = "usurper"
     server.seed(res.LEASES, lease)
+    # a steps down (its manager stops), waits out the usurper's 1.5 s lease, leads again.
+    eventually(lambda: holder(server) == ours, timeout=10)
+    assert a.thread.is_alive() and a.rc is None
+    server.seed(res.COMPUTE_DOMAINS, compute_domain("cd2"))
+    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)  # the new term reconciles
+    eventually(lambda: a.readyz() == 200)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{a.port}/metrics", timeout=5).read()
+    assert b"nvidia_dra_reconcile_total" in metrics  # the new term's metrics are served
+    a.stop.set()
     a.thread.join(10)
-    assert a.rc == 1
+    assert a.rc == 0
+
+
+def test_api_server_outage_shorter_than_the_renew_deadline_costs_nothing(
+    server: FakeApiServer,
+) -> None:
+    a = Instance(server, "a")
+    eventually(lambda: holder(server).startswith("a-"))
+    ours = holder(server)
+    transitions = server.objects(res.LEASES)[0]["spec"]["leaseTransitions"]
+    server.set_available(False)
+    time.sleep(0.5)  # an API server restart inside the 1 s renew deadline
+    server.set_available(True)
+    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+    assert a.thread.is_alive()
+    lease = server.objects(res.LEASES)[0]["spec"]
+    assert lease["holderIdentity"] == ours and lease["leaseTransitions"] == transitions
+    # A longer outage loses the term; the process campaigns again instead of exiting.
+    server.set_available(False)
+    time.sleep(2.0)
+    server.set_available(True)
+    eventually(lambda: holder(server) == ours, timeout=10)
+    server.seed(res.COMPUTE_DOMAINS, compute_domain("cd2"))
+    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 2)
+    assert a.thread.is_alive() and a.rc is None
+    a.stop.set()
+    a.thread.join(10)
+    assert a.rc == 0
 
 
 def test_binary_runs_from_any_cwd_and_exits_zero_on_sigterm(
