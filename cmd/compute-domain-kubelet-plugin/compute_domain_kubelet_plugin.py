@@ -29,6 +29,7 @@ from pkg.kubeletplugin.discovery.base import check_driver_version
 from pkg.kubeletplugin.discovery.fake import FakeDiscovery, load_fake_config
 from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery, load_pynvml
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
+from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError
 from pkg.kubeletplugin.procdevices import ProcDevicesError
 
 log = logging.getLogger("compute-domain-kubelet-plugin")
@@ -43,6 +44,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--node-name", default=_env("NODE_NAME"))
     p.add_argument("--namespace", default=_env("NAMESPACE", "default"))
     p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"))
+    # Upstream's names: the host path of the driver installation and its mount in this pod.
+    host_root = _env("NVIDIA_DRIVER_ROOT") or _env("HOST_DRIVER_ROOT") or "/"
+    p.add_argument("--nvidia-driver-root", default=host_root)
+    p.add_argument("--container-driver-root", default=_env("DRIVER_ROOT_CTR_PATH", "/driver-root"))
     registrar = _env("KUBELET_REGISTRAR_DIRECTORY_PATH", "/var/lib/kubelet/plugins_registry")
     p.add_argument("--kubelet-registrar-directory-path", default=registrar)
     plugins = _env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins")
@@ -66,10 +71,18 @@ def dns_names_enabled(spec: str) -> bool:
 
 
 def build_discovery(args: argparse.Namespace) -> DeviceDiscovery:
+    """Fake GPUs, or NVML loaded by absolute path from the driver root (no LD_LIBRARY_PATH)."""
     if args.device_discovery == "fake":
         config = load_fake_config(_env("FAKE_GPU_CONFIG"))
         return FakeDiscovery(config=config, node_name=args.node_name)
-    return NvmlDiscovery(nvml=load_pynvml())
+    root = DriverRoot(
+        host=Path(args.nvidia_driver_root), container=Path(args.container_driver_root)
+    )
+    try:
+        library = root.nvml_library()
+    except DriverRootError as err:
+        raise DiscoveryError(str(err)) from err
+    return NvmlDiscovery(nvml=load_pynvml(library))
 
 
 def main(argv: list[str]) -> int:
@@ -86,6 +99,8 @@ def main(argv: list[str]) -> int:
         registrar_dir=Path(args.kubelet_registrar_directory_path),
         plugins_dir=Path(args.kubelet_plugins_directory_path),
         proc_devices=Path(_env("ALT_PROC_DEVICES_PATH", "/proc/devices")),
+        driver_root=Path(args.nvidia_driver_root),
+        container_driver_root=Path(args.container_driver_root),
         healthcheck_port=args.healthcheck_port,
         metrics_port=int(metrics_port) if metrics_port else -1,
         metrics_host=metrics_host,

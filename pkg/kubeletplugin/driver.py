@@ -1,8 +1,9 @@
 """Wiring of the kubelet plugin: builds every part from a `PluginConfig` and runs them.
 
 Owns start/stop order and the per-request claim fan-out:
-start = plugin dir -> base CDI spec -> checkpoint open (corrupt policy) -> domain informers ->
-crash/boot recovery -> DRA socket -> registration socket -> health -> metrics -> slices;
+start = plugin dir -> base CDI spec (driver root scan) -> checkpoint open (corrupt policy) ->
+domain informers -> crash/boot recovery -> DRA socket -> registration socket -> health ->
+metrics -> slices;
 stop = reverse, then the informer factory. One `pkg.informers.SharedInformerFactory` serves
 every watch of the process (ComputeDomains, driver-namespace cliques, this node's slices), and
 the injected `pkg.informers.clock.Clock` drives request deadlines, checkpoint timestamps and
@@ -28,11 +29,12 @@ from pkg.api.constants import DRIVER_NAME, IMEX_CHANNEL_COUNT
 from pkg.informers import BackoffPolicy, Clock, RealClock, SharedInformerFactory
 from pkg.kube.client import KubeClient
 from pkg.kubeletplugin import procdevices
-from pkg.kubeletplugin.cdi import CdiWriter, ContainerEdits
+from pkg.kubeletplugin.cdi import CdiWriter
 from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, read_boot_id
 from pkg.kubeletplugin.claims import ClaimRef
 from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.kubeletplugin.discovery import NodeDevices
+from pkg.kubeletplugin.driverroot import BINARY_DIRS, DriverFiles, DriverRoot, management_edits
 from pkg.kubeletplugin.errors import ClaimError
 from pkg.kubeletplugin.health import HealthServer, HealthServicer
 from pkg.kubeletplugin.metrics import PluginMetrics
@@ -57,8 +59,13 @@ class PluginConfig:
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     proc_devices: Path = Path("/proc/devices")
-    # Only read when the node has a clique; absent in fake mode is tolerated.
-    imex_mgmt_caps_file: Path = Path("/proc/driver/nvidia/capabilities/fabric-imex-mgmt")
+    # The host's driver installation (NVIDIA_DRIVER_ROOT) and where this process sees it
+    # (DRIVER_ROOT_CTR_PATH); see pkg.kubeletplugin.driverroot.
+    driver_root: Path = Path("/")
+    container_driver_root: Path = Path("/driver-root")
+    # Only read when the node has a clique; absent in fake mode is tolerated. None: the driver
+    # root's proc/driver/nvidia/capabilities/fabric-imex-mgmt if present, else /proc's.
+    imex_mgmt_caps_file: Path | None = None
     healthcheck_port: int = -1
     metrics_port: int = -1
     metrics_host: str = ""
@@ -107,6 +114,10 @@ class KubeletPlugin:
             registry=registry or CollectorRegistry(), node_name=config.node_name
         )
         self.cdi = CdiWriter(root=config.cdi_root)
+        self.driver_root = DriverRoot(
+            host=config.driver_root, container=config.container_driver_root
+        )
+        self.driver_files = DriverFiles((), (), "", ())
         self.store = store or CheckpointStore(
             directory=config.plugin_dir,
             boot_id=read_boot_id(config.boot_id_file),
@@ -144,13 +155,12 @@ class KubeletPlugin:
             procdevices.IMEX_CHANNELS_DEVICE, path=cfg.proc_devices
         )
         mgmt = None
-        if self.devices.clique_id and cfg.imex_mgmt_caps_file.exists():
+        caps_file = cfg.imex_mgmt_caps_file or self.driver_root.imex_mgmt_caps_file()
+        if self.devices.clique_id and caps_file.exists():
             caps_major = procdevices.char_device_major(
                 procdevices.NVIDIA_CAPS_DEVICE, path=cfg.proc_devices
             )
-            mgmt = procdevices.imex_mgmt_node(
-                caps_file=cfg.imex_mgmt_caps_file, caps_major=caps_major
-            )
+            mgmt = procdevices.imex_mgmt_node(caps_file=caps_file, caps_major=caps_major)
         return NodeSetup(
             node_name=cfg.node_name,
             clique_id=self.devices.clique_id,
@@ -175,7 +185,21 @@ class KubeletPlugin:
             for g in self.devices.gpus
             if g.minor is not None
         )
-        self.cdi.write_base_spec(ContainerEdits(device_nodes=gpu_nodes))
+        self.driver_files = self.driver_root.scan()
+        if self.driver_files.missing_imex:
+            log.warning(
+                "driver root %s (mounted at %s) has no %s in %s: IMEX daemons on this node "
+                "cannot start (their pods report DriverRootIncomplete); install the IMEX "
+                "package in the driver root and restart this plugin",
+                cfg.driver_root, cfg.container_driver_root,
+                " or ".join(self.driver_files.missing_imex), ", ".join(BINARY_DIRS),
+            )  # fmt: skip
+        uvm_major = procdevices.optional_char_device_major(
+            procdevices.NVIDIA_UVM_DEVICE, path=cfg.proc_devices
+        )
+        self.cdi.write_base_spec(
+            management_edits(self.driver_files, uvm_major=uvm_major, extra_nodes=gpu_nodes)
+        )
         report = self.store.open()
         if report.corrupt:
             self.checkpoint_problem = (

@@ -17,6 +17,7 @@ from typing import Final
 PROC_DEVICES: Final = Path("/proc/devices")
 IMEX_CHANNELS_DEVICE: Final = "nvidia-caps-imex-channels"
 NVIDIA_CAPS_DEVICE: Final = "nvidia-caps"
+NVIDIA_UVM_DEVICE: Final = "nvidia-uvm"
 IMEX_CHANNEL_DIR: Final = "/dev/nvidia-caps-imex-channels"
 CHANNEL_FILE_MODE: Final = 0o666
 
@@ -66,6 +67,15 @@ def char_device_major(name: str, *, path: Path = PROC_DEVICES) -> int:
         found = "not found" if not majors else f"listed {len(majors)} times"
         raise ProcDevicesError(f'character device "{name}" {found} in {path}')
     return majors[0]
+
+
+def optional_char_device_major(name: str, *, path: Path = PROC_DEVICES) -> int | None:
+    """Like `char_device_major`, but None when ``name`` is not listed exactly once (or the
+    table is unreadable): for optional devices such as ``nvidia-uvm``."""
+    try:
+        return char_device_major(name, path=path)
+    except ProcDevicesError:
+        return None
 
 
 def imex_channel_nodes(major: int, count: int) -> tuple[DeviceNode, ...]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pkg.kubeletplugin.discovery.base import (
@@ -100,10 +102,24 @@ class NvmlDiscovery:
         )
 
 
-def load_pynvml() -> Any:
-    """Import pynvml lazily so the fake backend works on machines without the package."""
+def load_pynvml(library: Path | None = None, *, cdll: Callable[[str], Any] = ctypes.CDLL) -> Any:
+    """Import pynvml lazily (the fake backend works without it); with ``library``, bind it to
+    that ``libnvidia-ml.so`` instead of letting it ``dlopen("libnvidia-ml.so.1")``.
+
+    pynvml loads its library once, into the module global ``nvmlLib``, and only if that is
+    still unset; setting it first (under pynvml's own load lock) is how a path is chosen. The
+    plugin passes the driver root's file, so NVML never needs ``LD_LIBRARY_PATH`` -- which
+    would also hand the host's libc to the plugin's Python. ``cdll`` is injectable for tests.
+    """
     try:
         import pynvml  # noqa: PLC0415
     except ImportError as err:
         raise DiscoveryError("nvidia-ml-py (pynvml) is not installed") from err
+    if library is not None:
+        with pynvml.libLoadLock:
+            if pynvml.nvmlLib is None:
+                try:
+                    pynvml.nvmlLib = cdll(str(library))
+                except OSError as err:
+                    raise DiscoveryError(f"cannot load NVML from {library}: {err}") from err
     return pynvml
