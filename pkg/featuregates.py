@@ -3,50 +3,110 @@
 Owns the gate names, their upstream defaults and the inter-gate dependency check. The spec
 format is upstream's ``--feature-gates``/``FEATURE_GATES`` string: ``"Name=true,Other=false"``
 (whitespace and a trailing comma are tolerated, so the controller can hand its rendered map to
-the daemons verbatim).
+the daemons verbatim). Values are parsed like Go's ``strconv.ParseBool``.
+
+Three kinds of names, mirroring what upstream's binaries accept (``pkg/featuregates`` plus
+component-base's logging gates and its ``AllAlpha``/``AllBeta`` switches):
+
+- :data:`DEFAULTS` -- the gates this driver implements (all Beta, all on by default);
+- :data:`UPSTREAM_ONLY` -- gates the Go driver knows but this driver does not implement (GPU
+  plugin and logging gates). A shared ``FEATURE_GATES`` value may carry them, so they are
+  accepted, logged as a warning, and passed on to the daemons -- never acted upon;
+- ``AllAlpha``/``AllBeta`` -- component-base's switches: they set every gate of that stage that
+  is not named explicitly (``AllBeta=false`` therefore turns this driver's gates off).
 
 Invariants:
-- an unknown gate name or a non-boolean value is a :class:`FeatureGateError` naming the culprit
-  and listing the known gates -- a typo must never silently run with defaults;
+- any other name is a :class:`FeatureGateError` with component-base's wording
+  (``unrecognized feature gate: <name>``), so a typo stops the binary instead of silently
+  running with defaults -- the same outcome as upstream's flag parsing;
 - :class:`FeatureGates` is immutable; :meth:`FeatureGates.render` round-trips through
-  :meth:`FeatureGates.parse` and lists every known gate, explicitly set or not;
-- :meth:`FeatureGates.validate` rejects ``ComputeDomainCliques`` without
-  ``IMEXDaemonsWithDNSNames`` (upstream ``ValidateFeatureGates``).
+  :meth:`FeatureGates.parse`;
+- :meth:`FeatureGates.validate` applies upstream's ``ValidateFeatureGates`` rules, including
+  the ones among GPU gates, so a spec is accepted here exactly when upstream accepts it.
 
 This is the bottom layer: standard library only.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+log = logging.getLogger(__name__)
+
 IMEX_DAEMONS_WITH_DNS_NAMES: Final = "IMEXDaemonsWithDNSNames"
 COMPUTE_DOMAIN_CLIQUES: Final = "ComputeDomainCliques"
 CRASH_ON_NVLINK_FABRIC_ERRORS: Final = "CrashOnNVLinkFabricErrors"
+
+ALPHA: Final = "Alpha"
+BETA: Final = "Beta"
+ALL_ALPHA: Final = "AllAlpha"
+ALL_BETA: Final = "AllBeta"
 
 DEFAULTS: Final[Mapping[str, bool]] = {
     IMEX_DAEMONS_WITH_DNS_NAMES: True,
     COMPUTE_DOMAIN_CLIQUES: True,
     CRASH_ON_NVLINK_FABRIC_ERRORS: True,
 }
+_STAGES: Final[Mapping[str, str]] = dict.fromkeys(DEFAULTS, BETA)
 
-# gate -> gates that must also be enabled when it is enabled.
+# Known to the Go driver (name -> (default, stage)); accepted here, never acted upon.
+UPSTREAM_ONLY: Final[Mapping[str, tuple[bool, str]]] = {
+    "TimeSlicingSettings": (False, ALPHA),
+    "MPSSupport": (False, ALPHA),
+    "PassthroughSupport": (False, ALPHA),
+    "NVMLDeviceHealthCheck": (False, ALPHA),
+    "DynamicMIG": (False, ALPHA),
+    "DeviceMetadata": (False, ALPHA),
+    "FabricManagerPartitioning": (False, ALPHA),
+    "HostManagedIMEXDaemon": (False, ALPHA),
+    "DRAListTypeAttributes": (False, ALPHA),
+    "ConsumableShares": (False, ALPHA),
+    # component-base logging gates (upstream forces ContextualLogging on at start-up)
+    "ContextualLogging": (True, BETA),
+    "LoggingAlphaOptions": (False, ALPHA),
+    "LoggingBetaOptions": (True, BETA),
+}
+_SWITCHES: Final[Mapping[str, str]] = {ALL_ALPHA: ALPHA, ALL_BETA: BETA}
+
+# gate -> gates that must also be enabled when it is enabled (upstream ValidateFeatureGates).
 REQUIRES: Final[Mapping[str, tuple[str, ...]]] = {
     COMPUTE_DOMAIN_CLIQUES: (IMEX_DAEMONS_WITH_DNS_NAMES,),
+    "DeviceMetadata": ("PassthroughSupport",),
 }
+# Pairs that must not both be enabled (upstream ValidateFeatureGates, GPU gates).
+EXCLUSIVE: Final[tuple[tuple[str, str], ...]] = (
+    ("DynamicMIG", "PassthroughSupport"),
+    ("DynamicMIG", "NVMLDeviceHealthCheck"),
+    ("DynamicMIG", "MPSSupport"),
+    ("PassthroughSupport", "NVMLDeviceHealthCheck"),
+)
 
-_TRUE = {"true", "1", "t", "yes", "on"}
-_FALSE = {"false", "0", "f", "no", "off"}
+# strconv.ParseBool's accepted spellings.
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
 
 
 class FeatureGateError(ValueError):
     """A feature-gate spec that cannot be used (unknown gate, bad value, unmet dependency)."""
 
 
+def known_gates() -> list[str]:
+    """Every name a spec may carry, sorted."""
+    return sorted({*DEFAULTS, *UPSTREAM_ONLY, *_SWITCHES})
+
+
+def _check_known(name: str) -> None:
+    if name not in DEFAULTS and name not in UPSTREAM_ONLY and name not in _SWITCHES:
+        raise FeatureGateError(
+            f"unrecognized feature gate: {name} (known gates: {', '.join(known_gates())})"
+        )
+
+
 def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
+    value = raw.strip()
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -61,17 +121,18 @@ class FeatureGates:
     overrides: Mapping[str, bool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.overrides) - set(DEFAULTS))
-        if unknown:
-            raise FeatureGateError(
-                f'unknown feature gate "{unknown[0]}"; known gates: {", ".join(sorted(DEFAULTS))}'
-            )
+        for name in sorted(self.overrides):
+            _check_known(name)
         # Freeze a private copy so a caller mutating its dict cannot change our answers.
         object.__setattr__(self, "overrides", dict(self.overrides))
 
     @classmethod
     def parse(cls, spec: str | None) -> FeatureGates:
-        """Parse ``"A=true,B=false"``; ``None`` or ``""`` means all defaults."""
+        """Parse ``"A=true,B=false"``; ``None`` or ``""`` means all defaults.
+
+        Raises `FeatureGateError` for an unrecognized name or a bad value; logs one warning per
+        gate the Go driver knows but this driver does not implement.
+        """
         overrides: dict[str, bool] = {}
         for raw_item in (spec or "").split(","):
             item = raw_item.strip()
@@ -81,18 +142,38 @@ class FeatureGates:
             name = name.strip()
             if not sep or not name:
                 raise FeatureGateError(f'invalid feature gate entry "{item}", expected Name=bool')
-            if name not in DEFAULTS:
-                raise FeatureGateError(
-                    f'unknown feature gate "{name}"; known gates: {", ".join(sorted(DEFAULTS))}'
-                )
+            _check_known(name)
             overrides[name] = _parse_bool(name, raw)
-        return cls(overrides=overrides)
+        gates = cls(overrides=overrides)
+        for name in gates.unimplemented():
+            log.warning(
+                "feature gate %s=%s is known to the Go driver but not implemented by this "
+                "driver; accepted and ignored",
+                name, str(overrides[name]).lower(),
+            )  # fmt: skip
+        return gates
+
+    def unimplemented(self) -> list[str]:
+        """Explicitly set gates this driver accepts but does not act upon, sorted."""
+        return sorted(n for n in self.overrides if n not in DEFAULTS)
 
     def enabled(self, name: str) -> bool:
-        """Whether gate ``name`` is on; an unknown name is a programming error."""
-        if name not in DEFAULTS:
-            raise FeatureGateError(f'unknown feature gate "{name}"')
-        return self.overrides.get(name, DEFAULTS[name])
+        """Whether gate ``name`` is on: explicit value, else ``AllAlpha``/``AllBeta``, else default.
+
+        An unrecognized name is a programming error (`FeatureGateError`).
+        """
+        _check_known(name)
+        if name in self.overrides:
+            return self.overrides[name]
+        if name in _SWITCHES:
+            return False
+        default, stage = (
+            (DEFAULTS[name], _STAGES[name]) if name in DEFAULTS else UPSTREAM_ONLY[name]
+        )
+        for switch, switch_stage in _SWITCHES.items():
+            if stage == switch_stage and switch in self.overrides:
+                return self.overrides[switch]
+        return default
 
     def validate(self) -> FeatureGates:
         """Check inter-gate dependencies; returns ``self`` so it can be chained after parse."""
@@ -102,17 +183,26 @@ class FeatureGates:
             for need in needs:
                 if not self.enabled(need):
                     raise FeatureGateError(
-                        f"feature gate {gate} requires {need} to be enabled "
+                        f"feature gate {gate} requires {need} to also be enabled "
                         f"(set {need}=true or {gate}=false)"
                     )
+        for first, second in EXCLUSIVE:
+            if self.enabled(first) and self.enabled(second):
+                raise FeatureGateError(
+                    f"feature gate {first} is currently mutually exclusive with {second}"
+                )
         return self
 
     def as_dict(self) -> dict[str, bool]:
-        """Every known gate with its effective value."""
+        """Every gate this driver implements with its effective value."""
         return {name: self.enabled(name) for name in sorted(DEFAULTS)}
 
     def render(self) -> str:
-        """The full effective map as ``"A=true,B=false"`` (for the daemons' ``FEATURE_GATES``)."""
-        return ",".join(
-            f"{name}={'true' if value else 'false'}" for name, value in self.as_dict().items()
-        )
+        """``"A=true,B=false"`` for the daemons' ``FEATURE_GATES``.
+
+        Lists every implemented gate with its effective value, then every explicitly set
+        upstream-only gate or switch, so the daemons see what the controller was given.
+        """
+        values = self.as_dict()
+        values.update({name: self.overrides[name] for name in self.unimplemented()})
+        return ",".join(f"{name}={'true' if value else 'false'}" for name, value in values.items())

@@ -38,12 +38,13 @@ def test_parse(spec: str, gate: str, expected: bool) -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("NoSuchGate=true", 'unknown feature gate "NoSuchGate"'),
+        ("NoSuchGate=true", "unrecognized feature gate: NoSuchGate"),
+        ("ComputeDomainCliques=yes", 'invalid value "yes"'),
         ("ComputeDomainCliques=maybe", 'invalid value "maybe"'),
         ("ComputeDomainCliques", "expected Name=bool"),
         ("=true", "expected Name=bool"),
     ],
-    ids=["unknown", "bad-bool", "no-value", "no-name"],
+    ids=["unknown", "not-parsebool", "bad-bool", "no-value", "no-name"],
 )
 def test_parse_errors(spec: str, message: str) -> None:
     with pytest.raises(FeatureGateError, match=message):
@@ -58,7 +59,7 @@ def test_unknown_gate_error_lists_known_gates() -> None:
 def test_cliques_require_dns_names() -> None:
     gates = FeatureGates.parse("IMEXDaemonsWithDNSNames=false")
     with pytest.raises(
-        FeatureGateError, match="ComputeDomainCliques requires IMEXDaemonsWithDNSNames"
+        FeatureGateError, match="ComputeDomainCliques requires IMEXDaemonsWithDNSNames to also"
     ):
         gates.validate()
 
@@ -81,3 +82,41 @@ def test_render_round_trips(overrides: dict[str, bool]) -> None:
     again = FeatureGates.parse(gates.render())
     assert again.as_dict() == gates.as_dict()
     assert set(again.as_dict()) == set(fg.DEFAULTS)
+
+
+@pytest.mark.parametrize("name", sorted(fg.UPSTREAM_ONLY))
+def test_upstream_only_gates_are_accepted_with_a_warning(
+    name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shared FEATURE_GATES value (e.g. MPSSupport, set for the GPU plugin) must not stop us."""
+    with caplog.at_level("WARNING", logger="pkg.featuregates"):
+        gates = FeatureGates.parse(f"{name}=true,ComputeDomainCliques=true")
+    assert gates.enabled(name) and gates.unimplemented() == [name]
+    assert gates.as_dict() == FeatureGates().as_dict()  # nothing this driver does changes
+    assert f"feature gate {name}=true is known to the Go driver but not implemented" in caplog.text
+    assert f"{name}=true" in gates.render()
+
+
+def test_all_beta_switch_sets_unnamed_beta_gates() -> None:
+    """component-base semantics: AllBeta=false turns off every Beta gate not named explicitly."""
+    gates = FeatureGates.parse("AllBeta=false,IMEXDaemonsWithDNSNames=true").validate()
+    assert gates.enabled(fg.IMEX_DAEMONS_WITH_DNS_NAMES)
+    assert not gates.enabled(fg.COMPUTE_DOMAIN_CLIQUES)
+    assert not gates.enabled(fg.CRASH_ON_NVLINK_FABRIC_ERRORS)
+    again = FeatureGates.parse(gates.render())
+    assert again.as_dict() == gates.as_dict()
+    assert FeatureGates.parse("AllAlpha=true").enabled("MPSSupport")
+    assert FeatureGates.parse("AllAlpha=true").enabled(fg.COMPUTE_DOMAIN_CLIQUES)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("DeviceMetadata=true", "DeviceMetadata requires PassthroughSupport to also be enabled"),
+        ("DynamicMIG=true,MPSSupport=true", "DynamicMIG is currently mutually exclusive with MPS"),
+    ],
+    ids=["requires", "exclusive"],
+)
+def test_upstream_gpu_gate_rules_are_validated(spec: str, message: str) -> None:
+    with pytest.raises(FeatureGateError, match=message):
+        FeatureGates.parse(spec).validate()

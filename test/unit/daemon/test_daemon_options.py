@@ -58,7 +58,7 @@ def test_missing_cdi_edits() -> None:
     ("env", "message"),
     [
         ({"FEATURE_GATES": "IMEXDaemonsWithDNSNames=false"}, "requires IMEXDaemonsWithDNSNames"),
-        ({"FEATURE_GATES": "Bogus=true"}, 'unknown feature gate "Bogus"'),
+        ({"FEATURE_GATES": "Bogus=true"}, "unrecognized feature gate: Bogus"),
         ({"MAX_NODES_PER_IMEX_DOMAIN": "x"}, "not an integer"),
         ({"MAX_NODES_PER_IMEX_DOMAIN": "0"}, "outside"),
         ({"POD_IP": ""}, "POD_IP"),
