@@ -17,7 +17,10 @@ Owns three things:
 * the node label ``resource.nvidia.com/computeDomain=<cdUID>``: added with a JSON patch whose
   first operation tests ``metadata.resourceVersion``, so two domains racing for one node can
   never both win (the loser re-reads and sees the other's label: a retryable error); removed only
-  when its value is still ours.
+  when its value is still ours. A dropped connection, a timeout, a 5xx or a 429 while labelling
+  is retried within the call with capped exponential backoff (on the injected clock) and, if the
+  API server stays away, becomes a :class:`RetryableError` the kubelet retries; it never
+  surfaces as a crash or a permanent error.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from pkg.informers import (
     index_by_uid,
 )
 from pkg.kube.client import JSON, KubeClient
-from pkg.kube.errors import ConflictError, InvalidError, NotFoundError
+from pkg.kube.errors import TRANSIENT_ERRORS, ConflictError, InvalidError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES, COMPUTE_DOMAINS, NODES
 from pkg.kubeletplugin.errors import RetryableError
 
@@ -48,6 +51,7 @@ log = logging.getLogger(__name__)
 
 _LABEL_PATH = "/metadata/labels/" + COMPUTE_DOMAIN_LABEL.replace("~", "~0").replace("/", "~1")
 _LABEL_ATTEMPTS = 5
+_TRANSIENT_BACKOFF = (0.1, 0.2, 0.4, 0.8)  # then give up this call: the kubelet retries
 
 
 class DomainTracker:
@@ -63,6 +67,7 @@ class DomainTracker:
         clique_id: str,
         clock: Clock,
         domain_grace: float = 2.0,
+        transient_backoff: tuple[float, ...] = _TRANSIENT_BACKOFF,
     ) -> None:
         self._client = client
         self._informers = informers
@@ -71,6 +76,7 @@ class DomainTracker:
         self._clique_id = clique_id
         self._clock = clock
         self._grace = domain_grace
+        self._transient_backoff = transient_backoff
         self._cond = threading.Condition()
         self._domains: SharedInformer = informers.informer_for(COMPUTE_DOMAINS)
         with contextlib.suppress(ValueError):  # another user of this informer added it already
@@ -167,15 +173,51 @@ class DomainTracker:
     def wait_ready(self, cd_uid: str, *, deadline: float) -> bool:
         return bool(self._wait(lambda: self._ready(cd_uid), deadline))
 
+    def _with_retries(self, what: str, step: Callable[[], bool]) -> None:
+        """Run ``step`` until it reports done (True); conflicts and outages retry.
+
+        ``step`` returns False to be run again at once (the node changed under us); an API
+        outage waits out :attr:`_transient_backoff` between tries. Raises
+        :class:`RetryableError` when neither settles.
+        """
+        conflicts = 0
+        outages = 0
+        while True:
+            try:
+                if step():
+                    return
+                conflicts += 1
+                if conflicts >= _LABEL_ATTEMPTS:
+                    raise RetryableError(
+                        f"node {self._node} kept changing while {what}; will retry"
+                    )
+            except TRANSIENT_ERRORS as err:
+                if outages >= len(self._transient_backoff):
+                    raise RetryableError(
+                        f"API server unavailable while {what} on node {self._node}: {err}; "
+                        "will retry"
+                    ) from err
+                delay = self._transient_backoff[outages]
+                outages += 1
+                log.warning("%s on node %s failed: %s; retrying in %.1fs", what, self._node, err,
+                            delay)  # fmt: skip
+                pause = threading.Condition()
+                deadline = self._clock.monotonic() + delay
+                with pause:
+                    while self._clock.monotonic() < deadline:
+                        self._clock.wait(pause, deadline - self._clock.monotonic())
+
     def add_node_label(self, cd_uid: str) -> None:
-        """Label this node for the domain; `RetryableError` if another domain holds it."""
-        for _ in range(_LABEL_ATTEMPTS):
+        """Label this node for the domain; `RetryableError` if another domain holds it or the
+        API server stays unreachable."""
+
+        def step() -> bool:
             node = self._client.get(NODES, self._node)
             meta = node.get("metadata") or {}
             labels = meta.get("labels") or {}
             current = labels.get(COMPUTE_DOMAIN_LABEL)
             if current == cd_uid:
-                return
+                return True
             if current:
                 raise RetryableError(
                     f"node {self._node} is labeled for another ComputeDomain ({current}); "
@@ -200,32 +242,34 @@ class DomainTracker:
                 )
             try:
                 self._client.patch(NODES, self._node, ops, patch_type="json")
-                log.info("labeled node %s %s=%s", self._node, COMPUTE_DOMAIN_LABEL, cd_uid)
-                return
             except (ConflictError, InvalidError):
-                continue  # node changed since our read: re-read and decide again
-        raise RetryableError(f"node {self._node} kept changing while labeling it; will retry")
+                return False  # node changed since our read: re-read and decide again
+            log.info("labeled node %s %s=%s", self._node, COMPUTE_DOMAIN_LABEL, cd_uid)
+            return True
+
+        self._with_retries("labeling", step)
 
     def remove_node_label(self, cd_uid: str) -> None:
-        """Remove the label if (and only if) it still names this domain."""
-        for _ in range(_LABEL_ATTEMPTS):
+        """Remove the label if (and only if) it still names this domain; `RetryableError` if
+        that cannot be settled now."""
+
+        def step() -> bool:
             try:
                 node = self._client.get(NODES, self._node)
             except NotFoundError:
-                return
+                return True
             labels = (node.get("metadata") or {}).get("labels") or {}
             if labels.get(COMPUTE_DOMAIN_LABEL) != cd_uid:
-                return
+                return True
             ops: list[JSON] = [
                 {"op": "test", "path": _LABEL_PATH, "value": cd_uid},
                 {"op": "remove", "path": _LABEL_PATH},
             ]
             try:
                 self._client.patch(NODES, self._node, ops, patch_type="json")
-                log.info(
-                    "removed node label %s=%s from %s", COMPUTE_DOMAIN_LABEL, cd_uid, self._node
-                )
-                return
             except (ConflictError, InvalidError):
-                continue
-        raise RetryableError(f"could not remove node label for ComputeDomain {cd_uid}; will retry")
+                return False
+            log.info("removed node label %s=%s from %s", COMPUTE_DOMAIN_LABEL, cd_uid, self._node)
+            return True
+
+        self._with_retries("removing the ComputeDomain label", step)

@@ -10,7 +10,10 @@ SharedInformer (``spec.nodeName`` field selector) whose event handler only marks
 them through the informer's `Lister`, and re-syncs on every event, so a slice wiped by the
 kubelet (at its start and 30 s after we disconnect) is re-created within one watch round-trip;
 slices of our driver on this node with another name are deleted; the pool generation only grows
-(bumped whenever the content changes).
+(bumped whenever the content changes). The publisher never gives up: an API error, a dropped
+connection or a timeout (the API server restarting) is retried with capped exponential backoff
+(``retry_delay`` doubling up to ``max_retry_delay``, reset by a successful pass), and the Node
+read that supplies the owner reference happens inside that retry loop, not at start-up.
 """
 
 from __future__ import annotations
@@ -28,20 +31,30 @@ from pkg.informers import (
     SharedInformerFactory,
 )
 from pkg.kube.client import JSON, KubeClient
-from pkg.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
+from pkg.kube.errors import (
+    TRANSIENT_ERRORS,
+    AlreadyExistsError,
+    ApiError,
+    ConflictError,
+    NotFoundError,
+)
 from pkg.kube.resources import NODES, RESOURCE_SLICES
 
 log = logging.getLogger(__name__)
 
 _MAX_NAME: Final = 253
+_FAILURES: Final[tuple[type[Exception], ...]] = (ApiError, *TRANSIENT_ERRORS)
 
 
 def slice_name(node_name: str) -> str:
+    """The name of the node's slice: ``<node>-<driver>``, cut to the 253-character limit."""
     suffix = f"-{DRIVER_NAME}"
     return node_name[: _MAX_NAME - len(suffix)] + suffix
 
 
 def desired_devices(clique_id: str) -> list[JSON]:
+    """``channel-0`` and ``daemon-0`` with upstream's attributes plus ``cliqueID``."""
+
     def device(name: str, kind: str) -> JSON:
         return {
             "name": name,
@@ -56,6 +69,8 @@ def desired_devices(clique_id: str) -> list[JSON]:
 
 
 class SlicePublisher:
+    """Keeps this node's one ResourceSlice in place from a thread of its own."""
+
     def __init__(
         self,
         *,
@@ -64,12 +79,15 @@ class SlicePublisher:
         node_name: str,
         clique_id: str,
         retry_delay: float = 1.0,
+        max_retry_delay: float = 30.0,
     ) -> None:
         self._client = client
         self._informers = informers
         self._node = node_name
         self._clique_id = clique_id
         self._retry_delay = retry_delay
+        self._max_retry_delay = max_retry_delay
+        self.failures = 0  # consecutive failed passes (observability for tests)
         self._name = slice_name(node_name)
         self._generation = 1
         self._node_uid = ""
@@ -85,10 +103,11 @@ class SlicePublisher:
 
     @property
     def name(self) -> str:
+        """The slice's name."""
         return self._name
 
     def start(self) -> None:
-        self._node_uid = str(self._client.get(NODES, self._node)["metadata"]["uid"])
+        """Start the informer and the publishing thread; never blocks on the API server."""
         self._registration = self._informer.add_event_handler(
             on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete
         )
@@ -98,6 +117,7 @@ class SlicePublisher:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the publishing thread (the slice stays; the kubelet removes it)."""
         self._stop.set()
         self._dirty.set()
         if self._registration is not None:
@@ -127,10 +147,16 @@ class SlicePublisher:
                 continue
             try:
                 self.sync()
-            except ApiError as err:
-                log.warning("publishing ResourceSlice %s failed: %s; retrying", self._name, err)
-                self._stop.wait(self._retry_delay)
+            except Exception as err:
+                delay = min(self._retry_delay * 2**self.failures, self._max_retry_delay)
+                self.failures += 1
+                log.warning("publishing ResourceSlice %s failed: %s; retrying in %.1fs",
+                            self._name, err, delay,
+                            exc_info=not isinstance(err, _FAILURES))  # fmt: skip
+                self._stop.wait(delay)
                 self._dirty.set()
+            else:
+                self.failures = 0
 
     def _desired(self) -> JSON:
         return {
@@ -161,8 +187,13 @@ class SlicePublisher:
         }
 
     def sync(self) -> None:
-        """Make the API match the desired slice (one pass; raises ApiError on failure)."""
+        """Make the API match the desired slice (one pass).
+
+        Raises an API, connection or timeout error on failure; the loop retries.
+        """
         self.syncs += 1
+        if not self._node_uid:
+            self._node_uid = str(self._client.get(NODES, self._node)["metadata"]["uid"])
         ours = self._lister.list(
             predicate=lambda s: (s.get("spec") or {}).get("driver") == DRIVER_NAME
         )

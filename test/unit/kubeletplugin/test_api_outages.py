@@ -1,0 +1,143 @@
+"""The plugin's API loops while the fake API server drops connections or is down.
+
+The slice publisher must never die or block start-up on an unreachable API server, and the
+node-label writer must turn an outage into a retryable error after backing off, never into a
+crash or a permanent error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from pkg.api import constants as c
+from pkg.informers import RealClock, SharedInformerFactory
+from pkg.kube import resources as res
+from pkg.kubeletplugin.computedomains import DomainTracker
+from pkg.kubeletplugin.errors import RetryableError
+from pkg.kubeletplugin.slices import SlicePublisher
+from pkg.testing.fakeapiserver import FakeApiServer
+
+NODE = "node-a"
+DRIVER_NS = "nvidia-dra-driver"
+JSON = dict[str, Any]
+
+
+class AdvancingClock(RealClock):
+    """`pkg.informers.clock.Clock` whose waits advance time instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.mono = 0.0
+        self.waits: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
+        assert timeout is not None
+        self.waits.append(round(timeout, 3))
+        self.mono += timeout
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Poll a condition another thread (the publisher) makes true."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as srv:
+        srv.seed(res.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        yield srv
+
+
+def publisher(api: FakeApiServer) -> tuple[SlicePublisher, SharedInformerFactory]:
+    client = api.client()
+    factory = SharedInformerFactory(client, clock=RealClock())
+    pub = SlicePublisher(
+        client=client, informers=factory, node_name=NODE, clique_id="cl.1",
+        retry_delay=0.02, max_retry_delay=0.1,
+    )  # fmt: skip
+    return pub, factory
+
+
+def slices(api: FakeApiServer) -> list[JSON]:
+    return api.objects(res.RESOURCE_SLICES)
+
+
+def test_slice_publisher_starts_while_the_api_server_is_down(api: FakeApiServer) -> None:
+    pub, factory = publisher(api)
+    api.set_available(False)
+    try:
+        pub.start()  # must neither raise nor block on the Node read
+        time.sleep(0.3)  # let it try against the dead server for a while
+        assert slices(api) == []
+        api.set_available(True)
+        [obj] = wait_until(lambda: slices(api))
+        assert obj["metadata"]["ownerReferences"][0]["name"] == NODE
+        wait_until(lambda: pub.failures == 0)
+    finally:
+        pub.stop()
+        factory.shutdown()
+
+
+def test_slice_publisher_survives_a_dropped_write(api: FakeApiServer) -> None:
+    pub, factory = publisher(api)
+    api.inject_error("POST", res.RESOURCE_SLICES, 0, count=2)  # POSTs are never auto-retried
+    try:
+        pub.start()
+        wait_until(lambda: slices(api))
+        assert pub.failures == 0
+        # The publisher thread is still alive: it repairs a deleted slice.
+        api.client().delete(res.RESOURCE_SLICES, pub.name)
+        wait_until(lambda: slices(api))
+    finally:
+        pub.stop()
+        factory.shutdown()
+
+
+def tracker(api: FakeApiServer, clock: AdvancingClock) -> DomainTracker:
+    client = api.client()
+    return DomainTracker(
+        client=client, informers=SharedInformerFactory(client, clock=clock), node_name=NODE,
+        driver_namespace=DRIVER_NS, clique_id="cl.1", clock=clock,
+    )  # fmt: skip
+
+
+def node_label(api: FakeApiServer) -> str | None:
+    [node] = api.objects(res.NODES)
+    return (node["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
+
+
+def test_label_writer_retries_a_dropped_patch_with_backoff(api: FakeApiServer) -> None:
+    clock = AdvancingClock()
+    api.inject_error("PATCH", res.NODES, 0, count=2)
+    tracker(api, clock).add_node_label("uid-1")
+    assert node_label(api) == "uid-1"
+    assert clock.waits == [0.1, 0.2]
+    api.inject_error("PATCH", res.NODES, 0, count=1)
+    tracker(api, clock).remove_node_label("uid-1")
+    assert node_label(api) is None
+
+
+def test_label_writer_turns_a_long_outage_into_a_retryable_error(api: FakeApiServer) -> None:
+    clock = AdvancingClock()
+    api.set_available(False)
+    with pytest.raises(RetryableError, match="API server unavailable while labeling"):
+        tracker(api, clock).add_node_label("uid-1")
+    assert clock.waits == [0.1, 0.2, 0.4, 0.8]
+    with pytest.raises(RetryableError, match="API server unavailable"):
+        tracker(api, clock).remove_node_label("uid-1")
+    api.set_available(True)
+    tracker(api, clock).add_node_label("uid-1")
+    assert node_label(api) == "uid-1"
