@@ -3,7 +3,11 @@
 Owns the Event objects this process writes. Invariants: `event()` never raises (failures are
 logged; an event is diagnostics, never control flow); an identical event (same involved object,
 type, reason, message) repeated within the dedup cache bumps `count`/`lastTimestamp` on the
-existing Event instead of creating a new one, as client-go's correlator does.
+existing Event instead of creating a new one, as client-go's correlator does. A write that
+fails because the API server is unreachable, too slow or overloaded
+(:data:`pkg.kube.errors.TRANSIENT_ERRORS`) is retried after each of ``retry_delays`` (a short,
+bounded backoff on the caller's thread, like client-go's event sink retries) before the event
+is dropped with a warning.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from cachetools import LRUCache
 
 from pkg.kube.client import JSON, KubeClient
-from pkg.kube.errors import NotFoundError
+from pkg.kube.errors import TRANSIENT_ERRORS, NotFoundError
 from pkg.kube.resources import EVENTS
 
 __all__ = ["EventRecorder", "WallClock"]
@@ -41,8 +46,19 @@ class EventRecorder:
     """Writes Events about objects on behalf of one component (thread-safe)."""
 
     def __init__(
-        self, client: KubeClient, component: str, clock: WallClock, *, cache_size: int = 4096
+        self,
+        client: KubeClient,
+        component: str,
+        clock: WallClock,
+        *,
+        cache_size: int = 4096,
+        retry_delays: tuple[float, ...] = (0.1, 0.4),
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``retry_delays``: pauses before each retry of a transiently failed write;
+        ``sleep``: how to pause (injected by tests)."""
+        self._retry_delays = retry_delays
+        self._sleep = sleep
         self._client = client
         self._component = component
         self._clock = clock
@@ -53,7 +69,15 @@ class EventRecorder:
     def event(self, obj: JSON, type_: str, reason: str, message: str) -> None:
         """Record an event about `obj`; never raises."""
         try:
-            self._record(obj, type_, reason, message)
+            for delay in (*self._retry_delays, None):
+                try:
+                    self._record(obj, type_, reason, message)
+                    return
+                except TRANSIENT_ERRORS as err:
+                    if delay is None:
+                        raise
+                    log.info("event write failed (%s); retrying in %.1fs", err, delay)
+                    self._sleep(delay)
         except Exception:
             log.warning(
                 "event not recorded reason=%s object=%s", reason, obj.get("metadata", {}),

@@ -134,9 +134,29 @@ def test_event_recorder_dedups_and_never_raises() -> None:
         created = next(e for e in events if e["reason"] == "Created")
         assert created["involvedObject"]["uid"] == obj["metadata"]["uid"]
         assert created["source"] == {"component": "controller"}
-        api.inject_error("POST", r.EVENTS, 500)
+        api.inject_error("POST", r.EVENTS, 403)
         rec.event(obj, "Normal", "Other", "swallowed")  # logged, not raised
         for e in events:  # expired events are recreated
             c.delete(r.EVENTS, e["metadata"]["name"], namespace="ns")
         rec.event(obj, "Normal", "Created", "made it")
         assert [e["count"] for e in api.objects(r.EVENTS)] == [1]
+
+
+def test_event_recorder_retries_an_outage_with_backoff_then_gives_up() -> None:
+    with FakeApiServer() as api:
+        c = api.client()
+        obj = c.create(r.COMPUTE_DOMAINS, {"metadata": {"name": "cd", "namespace": "ns"}})
+        pauses: list[float] = []
+        rec = EventRecorder(c, "controller", _Clock(), retry_delays=(0.1, 0.4),
+                            sleep=pauses.append)  # fmt: skip
+        api.inject_error("POST", r.EVENTS, 0, count=1)  # connection dropped
+        api.inject_error("POST", r.EVENTS, 503, count=1)
+        rec.event(obj, "Warning", "Lost", "delivered on the third try")
+        assert pauses == [0.1, 0.4]
+        assert [e["reason"] for e in api.objects(r.EVENTS)] == ["Lost"]
+        pauses.clear()
+        api.set_available(False)
+        rec.event(obj, "Warning", "Dropped", "never delivered")  # must not raise
+        assert pauses == [0.1, 0.4]
+        api.set_available(True)
+        assert [e["reason"] for e in api.objects(r.EVENTS)] == ["Lost"]
