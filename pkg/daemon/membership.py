@@ -42,13 +42,11 @@ from pkg.api import constants as c
 from pkg.kube import resources as res
 from pkg.kube.client import JSON, KubeClient
 from pkg.kube.errors import (
+    TRANSIENT_ERRORS,
     AlreadyExistsError,
     ApiError,
     ConflictError,
-    ConnectionFailedError,
     NotFoundError,
-    ServerError,
-    TooManyRequestsError,
 )
 
 log = logging.getLogger(__name__)
@@ -56,6 +54,18 @@ log = logging.getLogger(__name__)
 
 class MembershipError(Exception):
     """The membership list cannot take our entry (no free index, domain gone, API failure)."""
+
+
+class CliqueFullError(MembershipError):
+    """Every index of the clique is taken by another daemon (``MAX_NODES_PER_IMEX_DOMAIN``)."""
+
+    def __init__(self, clique_id: str, max_nodes: int) -> None:
+        super().__init__(
+            f"no free index: all {max_nodes} slots of clique {clique_id!r} are taken "
+            f"(MAX_NODES_PER_IMEX_DOMAIN={max_nodes})"
+        )
+        self.clique_id = clique_id
+        self.max_nodes = max_nodes
 
 
 @dataclass(frozen=True)
@@ -245,14 +255,13 @@ class StatusStore:
 
 
 def lowest_free_index(entries: list[DaemonEntry], *, clique_id: str, max_nodes: int) -> int:
+    """The lowest index below ``max_nodes`` no entry of the clique uses; else
+    :class:`CliqueFullError`."""
     used = {e.index for e in entries if e.clique_id == clique_id}
     for index in range(max_nodes):
         if index not in used:
             return index
-    raise MembershipError(
-        f"no free index: all {max_nodes} slots of clique {clique_id!r} are taken "
-        f"(MAX_NODES_PER_IMEX_DOMAIN={max_nodes})"
-    )
+    raise CliqueFullError(clique_id, max_nodes)
 
 
 def upsert(entries: list[DaemonEntry], me: Identity, *, max_nodes: int) -> list[DaemonEntry] | None:
@@ -299,13 +308,8 @@ def without_me(entries: list[DaemonEntry], me: Identity) -> list[DaemonEntry] | 
 
 # -- the read-modify-write loop ------------------------------------------------------------------
 
-_RETRYABLE = (
-    ConflictError,
-    NotFoundError,
-    ServerError,
-    TooManyRequestsError,
-    ConnectionFailedError,
-)
+# Outages (dropped connections, timeouts, 5xx, 429) back off and retry like a 409.
+_RETRYABLE: tuple[type[Exception], ...] = (ConflictError, NotFoundError, *TRANSIENT_ERRORS)
 
 _ABSENT = ""  # the "resourceVersion" of a missing object
 

@@ -1,0 +1,100 @@
+"""The daemon's clique writer while the fake API server drops connections, stalls or is down.
+
+Every membership write is a bounded read-modify-write loop: an outage must be one more reason
+to back off and try again (like a 409), never an error that ends the join, status flip or leave.
+A full clique is the one failure that is not retried blindly: it has its own error type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from pkg.api import constants as c
+from pkg.daemon.membership import (
+    CliqueFullError,
+    CliqueStore,
+    DaemonEntry,
+    Identity,
+    Membership,
+    upsert,
+)
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.testing.fakeapiserver import FakeApiServer
+
+UID = "uid-outage"
+CLIQUE = "cl.1"
+NS = "nvidia-dra-driver"
+
+
+def ident(node: str, ip: str) -> Identity:
+    return Identity(
+        domain_uid=UID, domain_name="cd", domain_namespace="team", clique_id=CLIQUE,
+        node_name=node, pod_ip=ip, pod_name=f"daemon-{node}", pod_uid=f"pod-uid-{node}",
+        pod_namespace=NS,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as srv:
+        yield srv
+
+
+def back_after(server: FakeApiServer, pauses: int) -> tuple[Callable[[float], None], list[float]]:
+    """A ``sleep`` that brings the API server back after ``pauses`` backoff pauses."""
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == pauses:
+            server.set_available(True)
+
+    return sleep, slept
+
+
+def membership(
+    client: RestClient, node: str, ip: str, sleep: Callable[[float], None]
+) -> Membership:
+    me = ident(node, ip)
+    return Membership(CliqueStore(client, me), me, max_nodes=18, sleep=sleep)
+
+
+def entries(server: FakeApiServer) -> dict[str, tuple[int, str]]:
+    [clique] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    return {d["nodeName"]: (d["index"], d["status"]) for d in clique["daemons"]}
+
+
+def test_join_rides_out_an_api_server_restart(server: FakeApiServer) -> None:
+    sleep, slept = back_after(server, 3)
+    m = membership(server.client(), "n1", "10.0.0.1", sleep)
+    server.set_available(False)
+    m.join()
+    assert len(slept) == 3  # backed off while the server was down, then wrote
+    assert entries(server) == {"n1": (0, c.STATUS_NOT_READY)}
+
+
+def test_status_flip_and_leave_retry_dropped_and_timed_out_writes(server: FakeApiServer) -> None:
+    sleep, slept = back_after(server, 0)
+    client = server.client(request_timeout=(1.0, 0.2))
+    m = membership(client, "n1", "10.0.0.1", sleep)
+    m.join()
+    server.inject_error("PUT", res.COMPUTE_DOMAIN_CLIQUES, 0, count=4)  # urllib3 retries 3x
+    m.set_status(c.STATUS_READY)
+    assert entries(server) == {"n1": (0, c.STATUS_READY)}
+    server.inject_stall("PUT", res.COMPUTE_DOMAIN_CLIQUES, 0.5, count=4)  # client times out
+    other = membership(client, "n2", "10.0.0.2", sleep)
+    other.join()
+    m.leave()
+    assert entries(server) == {"n2": (1, c.STATUS_NOT_READY)}
+    assert len(slept) >= 2
+
+
+def test_a_full_clique_is_its_own_error_and_writes_nothing(server: FakeApiServer) -> None:
+    full = [DaemonEntry(f"n{i}", f"10.0.1.{i}", CLIQUE, i) for i in range(2)]
+    with pytest.raises(CliqueFullError) as exc:
+        upsert(full, ident("late", "10.0.0.9"), max_nodes=2)
+    assert (exc.value.clique_id, exc.value.max_nodes) == (CLIQUE, 2)
+    assert "MAX_NODES_PER_IMEX_DOMAIN=2" in str(exc.value)
