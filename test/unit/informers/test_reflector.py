@@ -208,3 +208,23 @@ def test_stop_is_prompt_during_watch_and_backoff(api: FakeApiServer) -> None:
     t0 = time.monotonic()
     rig2.inf.stop()
     assert time.monotonic() - t0 < 2
+
+
+def test_api_server_outage_backs_off_then_resumes(api: FakeApiServer, rigs: list[Rig]) -> None:
+    """An API server restart: the watch drops, every reconnect fails, the reflector backs off
+    (never exits) and catches up with what changed meanwhile once the server is back."""
+    api.seed(r.PODS, pod("a"))
+    rig = Rig(api)
+    rigs.append(rig)
+    rig.start()
+    rig.watching()
+    api.set_available(False)
+    for _ in range(3):  # dropped re-watches: 1 s, 2 s, 4 s backoff, never an exit
+        assert rig.clock.block_until_waiters(1)
+        rig.clock.step(NO_JITTER.cap)
+    api.seed(r.PODS, pod("b"))  # changed while the clients could not see it
+    api.set_available(True)
+    if rig.clock.block_until_waiters(1, timeout=1.0):  # still in the last backoff
+        rig.clock.step(NO_JITTER.cap)
+    rig.converged()
+    assert ("add", "b") in rig.events

@@ -131,3 +131,29 @@ def test_stale_clique_entry_is_pruned_on_pod_delete_after_the_grace_period(
         assert registry.get_sample_value("workqueue_adds_total", {"name": "cliqueprune"})
     finally:
         mgr.stop()
+
+
+def test_status_writer_and_informers_ride_out_dropped_writes_and_an_outage(
+    server: FakeApiServer, client: RestClient, manager: ControllerManager
+) -> None:
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1"))
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES,
+                clique(uid, "cl.1", [daemon_entry("a", index=0, status="NotReady")]))  # fmt: skip
+    # The first status writes are dropped on the wire: the reconcile fails and is requeued.
+    server.inject_error("PUT", res.COMPUTE_DOMAINS, 0, count=8)
+    assert manager.start(sync_timeout=10)
+
+    def status() -> str:
+        return str(server.objects(res.COMPUTE_DOMAINS)[0].get("status", {}).get("status"))
+
+    eventually(lambda: status() == "NotReady")
+    # The API server restarts; meanwhile the daemon turns Ready (written before the outage
+    # ends, seen by nobody): once it is back, watches resume and the status catches up.
+    server.set_available(False)
+    time.sleep(1.0)
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [daemon_entry("a", index=0)]))
+    server.set_available(True)
+    eventually(lambda: status() == "Ready", timeout=20)
+    assert all(ctl._threads and all(t.is_alive() for t in ctl._threads)
+               for ctl in manager.controllers)  # fmt: skip
