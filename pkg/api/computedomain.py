@@ -15,6 +15,14 @@ from pkg.api import constants as c
 
 JSON = dict[str, Any]
 
+MAX_NUM_NODES = 5000
+"""Largest accepted ``spec.numNodes``: a ComputeDomain has at most one IMEX daemon per node,
+and 5,000 nodes is the largest cluster Kubernetes supports (its documented scalability limit,
+also the largest cluster it is tested at), so a larger value could never be satisfied and the
+domain would wait forever. Far above any NVLink domain (18 nodes per GB200/GB300 NVL72 clique;
+a domain may span several cliques). Enforced by the CRD schema and by :func:`parse_compute_
+domain` (objects stored before the limit existed)."""
+
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
@@ -106,6 +114,11 @@ def parse_compute_domain(obj: JSON) -> ComputeDomain:
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 0:
         raise InvalidComputeDomainError(
             f"spec.numNodes: Invalid value {num_nodes!r}: must be an integer >= 0"
+        )
+    if num_nodes > MAX_NUM_NODES:
+        raise InvalidComputeDomainError(
+            f"spec.numNodes: Invalid value {num_nodes}: must be less than or equal to "
+            f"{MAX_NUM_NODES} (no cluster has more nodes)"
         )
     return ComputeDomain(
         namespace=str(meta.get("namespace", "")),

@@ -2,8 +2,10 @@
 
 ``config/crd/*.yaml`` is generated from :func:`custom_resource_definitions` by
 ``hack/gen-crds.py`` and checked for drift in ``hack/check.sh``. The schemas accept every manifest
-the upstream CRDs accept (same fields, enums, defaults and minimums, spec immutability by CEL) and
-add what upstream lacks: the short name ``cd``, printer columns and ``status.conditions``.
+the upstream CRDs accept (same fields, enums, defaults and minimums, spec immutability by CEL),
+except a ``numNodes`` above :data:`pkg.api.computedomain.MAX_NUM_NODES` (upstream has no maximum
+and such a domain waits forever), and add what upstream lacks: the short name ``cd``, printer
+columns and ``status.conditions``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from pkg.api import constants as c
+from pkg.api.computedomain import MAX_NUM_NODES
 
 JSON = dict[str, Any]
 
@@ -81,10 +84,12 @@ def _compute_domain_schema() -> JSON:
             "numNodes": {
                 "type": "integer",
                 "minimum": 0,
+                "maximum": MAX_NUM_NODES,
                 "default": 0,
                 "description": (
                     "Deprecated. Minimum number of nodes that must be Ready before the "
-                    "ComputeDomain reports Ready; 0 means no minimum beyond at least one node."
+                    "ComputeDomain reports Ready; 0 means no minimum beyond at least one node. "
+                    f"At most {MAX_NUM_NODES}, the largest cluster Kubernetes supports."
                 ),
             },
             "channel": {

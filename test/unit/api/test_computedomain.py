@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
-from pkg.api.computedomain import InvalidComputeDomainError, parse_compute_domain
+from pkg.api.computedomain import (
+    MAX_NUM_NODES,
+    InvalidComputeDomainError,
+    parse_compute_domain,
+)
 from pkg.api.crds import custom_resource_definitions
 
 
@@ -40,12 +44,21 @@ def test_upstream_manifest_parses_with_defaults() -> None:
         (cd(channel={}), "spec.channel.resourceClaimTemplate.name"),
         (cd(channel={"resourceClaimTemplate": {"name": "Bad_Name"}}), "resourceClaimTemplate.name"),
         (cd(numNodes=-1), "spec.numNodes"),
+        (cd(numNodes=2**62), "spec.numNodes: Invalid value 4611686018427387904: must be less"),
         (
             cd(channel={"resourceClaimTemplate": {"name": "x"}, "allocationMode": "Some"}),
             "spec.channel.allocationMode",
         ),
     ],
-    ids=["no-spec", "no-channel", "no-rct", "bad-rct-name", "negative-nodes", "bad-mode"],
+    ids=[
+        "no-spec",
+        "no-channel",
+        "no-rct",
+        "bad-rct-name",
+        "negative-nodes",
+        "huge-nodes",
+        "bad-mode",
+    ],
 )
 def test_invalid_compute_domains_name_the_field(obj: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidComputeDomainError, match=field):
@@ -59,6 +72,8 @@ def test_crds_have_upstream_shape_and_extras() -> None:
     spec = schema["properties"]["spec"]
     assert spec["x-kubernetes-validations"][0]["rule"] == "self == oldSelf"
     assert spec["properties"]["numNodes"]["minimum"] == 0
+    assert spec["properties"]["numNodes"]["maximum"] == MAX_NUM_NODES == 5000
+    assert parse_compute_domain(cd(numNodes=MAX_NUM_NODES)).num_nodes == MAX_NUM_NODES
     assert spec["properties"]["channel"]["properties"]["allocationMode"]["enum"] == [
         "All",
         "Single",
