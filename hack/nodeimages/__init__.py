@@ -1,0 +1,103 @@
+"""Container images for real (kubelet + containerd) e2e nodes, built without Docker.
+
+The driver images of ``config/default`` (same layout as the ``Dockerfile`` targets, assembled
+from Debian packages and PyPI wheels), the pause image containerd and kubelet default to, and a
+busybox for workloads, each written as an OCI image-layout tarball for
+``ctr -n k8s.io images import``.  Import with ``hack/`` on ``sys.path`` (as ``localcluster``)::
+
+    from nodeimages import BUSYBOX_IMAGE, PAUSE_IMAGE, build_all, import_images
+    archives = build_all()                       # {image ref: archive path}, cached
+    import_images(bin_dir / "ctr", "/run/node-1/containerd.sock", archives.values())
+
+Modules: ``oci`` (deterministic layer tars, configs, layout archives), ``debs`` (apt
+resolution, download cache, unpacking), ``build`` (recipes, chroot self-check, cache keys).
+CLI: ``hack/build-node-images.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from .build import (
+    BUSYBOX_IMAGE,
+    PAUSE_IMAGE,
+    BuildError,
+    build_all,
+    cache_root,
+    driver_image_refs,
+    images_dir,
+    is_fresh,
+)
+from .debs import DebError
+from .oci import read_archive_index
+
+#: containerd namespace the CRI plugin (and so the kubelet) sees.
+K8S_NAMESPACE = "k8s.io"
+
+
+def archive_refs(archive: Path) -> list[str]:
+    """Image references an archive names (``io.containerd.image.name`` of its index)."""
+    index = read_archive_index(archive)
+    return [m["annotations"]["io.containerd.image.name"] for m in index["manifests"]]
+
+
+def import_images(
+    ctr_bin: Path,
+    address: str,
+    tars: Iterable[Path],
+    *,
+    namespace: str = K8S_NAMESPACE,
+    timeout: float = 600.0,
+) -> None:
+    """Import OCI archives into the containerd at socket ``address`` (each archive once).
+
+    Runs ``ctr --address <address> -n <namespace> images import --local <tar>``: ``--local``
+    imports in the ``ctr`` process (content written through the content API, then unpacked into
+    the default snapshotter), which does not depend on containerd's transfer service.  Raises
+    :class:`RuntimeError` with ctr's output when an import fails, and when afterwards
+    ``ctr images ls`` misses a reference the archive names.
+    """
+    archives = list(dict.fromkeys(Path(t) for t in tars))
+    base = [str(ctr_bin), "--address", address, "-n", namespace]
+    for tar in archives:
+        done = subprocess.run(
+            [*base, "images", "import", "--local", str(tar)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"`ctr images import {tar}` into {address} failed (exit {done.returncode}):\n"
+                f"{(done.stdout + done.stderr).strip()}"
+            )
+    listed = subprocess.run(
+        [*base, "images", "ls", "-q"], capture_output=True, text=True, timeout=60, check=False
+    )
+    have = set(listed.stdout.split())
+    wanted = [ref for tar in archives for ref in archive_refs(tar)]
+    missing = [ref for ref in wanted if ref not in have]
+    if listed.returncode != 0 or missing:
+        raise RuntimeError(
+            f"after import, `ctr -n {namespace} images ls` at {address} lacks {missing} "
+            f"(exit {listed.returncode}): {(listed.stdout + listed.stderr).strip()}"
+        )
+
+
+__all__ = [
+    "BUSYBOX_IMAGE",
+    "K8S_NAMESPACE",
+    "PAUSE_IMAGE",
+    "BuildError",
+    "DebError",
+    "archive_refs",
+    "build_all",
+    "cache_root",
+    "driver_image_refs",
+    "images_dir",
+    "import_images",
+    "is_fresh",
+]
