@@ -9,7 +9,8 @@
 #   /opt/venv                    runtime dependencies, pinned by hack/image-requirements.txt
 #   /opt/compute-domain-driver   pkg/ and cmd/ of this repository (PYTHONPATH), byte-compiled
 #   /opt/compute-domain-driver/bin/<binary>   entry points on PATH
-#   /opt/compute-domain-driver/pkg/imex/sim/bin   simulated nvidia-imex(-ctl) (IMEX_BIN_DIR)
+# pkg/imex/sim (the IMEX simulator) and pkg/testing (test doubles) are left out: nvidia-imex
+# reaches the IMEX daemon only from the node's driver root through the plugin's CDI spec.
 
 # Pinned by full version tag; bump deliberately (and rebuild) for security fixes.
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
@@ -40,6 +41,7 @@ RUN set -eu; \
         > "/opt/compute-domain-driver/bin/${bin}"; \
       chmod 0755 "/opt/compute-domain-driver/bin/${bin}"; \
     done; \
+    rm -rf /opt/compute-domain-driver/pkg/imex/sim /opt/compute-domain-driver/pkg/testing; \
     find /opt/compute-domain-driver -name '__pycache__' -prune -exec rm -rf {} +; \
     /opt/venv/bin/python -m compileall -q /opt/compute-domain-driver /opt/venv
 

@@ -27,6 +27,7 @@ from pkg.imex.supervisor import SubprocessRunner  # noqa: E402
 from pkg.informers import RealClock  # noqa: E402
 from pkg.kube.client import RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
+from pkg.kube.events import EventRecorder  # noqa: E402
 from pkg.runtime.clock import SystemClock  # noqa: E402
 
 
@@ -49,9 +50,11 @@ def main(argv: list[str]) -> int:
 
     client = RestClient(load_api_client(opts.kubeconfig), qps=5, burst=10)
     child_env = dict(os.environ)
-    daemon = Daemon(opts, client=client, clock=SystemClock(), runner=SubprocessRunner(),
+    clock = SystemClock()
+    daemon = Daemon(opts, client=client, clock=clock, runner=SubprocessRunner(),
                     commands=SubprocessCommandRunner(), metrics=DaemonMetrics(),
-                    child_env=child_env, informer_clock=RealClock())  # fmt: skip
+                    child_env=child_env, informer_clock=RealClock(),
+                    events=EventRecorder(client, "compute-domain-daemon", clock))  # fmt: skip
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

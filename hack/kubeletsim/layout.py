@@ -10,7 +10,9 @@ Directory of node ``<name>`` under a fleet root::
     <root>/<name>/plugins_registry/    KUBELET_REGISTRAR_DIRECTORY_PATH (registration sockets)
     <root>/<name>/cdi/                 CDI_ROOT (spec dir the CDI resolver reads)
     <root>/<name>/proc/devices         ALT_PROC_DEVICES_PATH (has nvidia-caps-imex-channels)
-    <root>/<name>/driver-root/         fake driver root (proc/driver/nvidia/capabilities/...)
+    <root>/<name>/driver-root/         NVIDIA_DRIVER_ROOT: a fake driver installation with the
+                                       IMEX simulator as usr/bin/nvidia-imex(-ctl)
+                                       (pkg.testing.fakedriverroot)
     <root>/<name>/gpus.json            FAKE_GPU_CONFIG (GPU UUIDs + fabric info = clique)
     <root>/<name>/kubelet/             the stand-in's own state (dra_manager_state.json)
     <root>/<name>/pods/<uid>/          per-pod files (hosts file, volumes)
@@ -20,10 +22,13 @@ Directory of node ``<name>`` under a fleet root::
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pkg.testing.fakedriverroot import FakeDriverRoot
 
 IMEX_CHANNELS_MAJOR = 235
 NVIDIA_CAPS_MAJOR = 236
@@ -53,13 +58,17 @@ class Clique:
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """A simulated node. ``clique=None`` is a non-NVLink (non-MNNVL) node."""
+    """A simulated node. ``clique=None`` is a non-NVLink (non-MNNVL) node.
+
+    ``driver_root_omit`` leaves files out of its fake driver root (e.g. ``("nvidia-imex",)``).
+    """
 
     name: str
     ip: str
     clique: Clique | None
     gpus: int = 4
     labels: dict[str, str] = field(default_factory=dict)
+    driver_root_omit: tuple[str, ...] = ()
 
     @property
     def clique_id(self) -> str:
@@ -138,13 +147,16 @@ class NodeDirs:
         ):
             d.mkdir(parents=True, exist_ok=True)
         self.proc_devices.write_text(proc_devices_text())
-        caps = self.driver_root / "proc" / "driver" / "nvidia" / "capabilities"
-        caps.mkdir(parents=True, exist_ok=True)
-        (caps / "fabric-imex-mgmt").write_text(
-            f"DeviceFileMinor: {FABRIC_IMEX_MGMT_MINOR}\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
-        )
+        self.write_driver_root(omit=self.spec.driver_root_omit)
         self.gpu_config.write_text(json.dumps(gpu_config(self.spec), indent=1))
         return self
+
+    def write_driver_root(self, *, omit: Sequence[str] = ()) -> FakeDriverRoot:
+        """(Re)create the node's fake driver root; its IMEX zipapps run under this Python."""
+        return FakeDriverRoot.create(
+            self.driver_root, driver_version=FAKE_DRIVER_VERSION, python=sys.executable,
+            imex_mgmt_minor=FABRIC_IMEX_MGMT_MINOR, omit=omit,
+        )  # fmt: skip
 
     def pod_dir(self, pod_uid: str) -> Path:
         d = self.pods / pod_uid

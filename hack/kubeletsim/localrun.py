@@ -2,9 +2,12 @@
 
 Owns, for one container: building its process (translated command, environment = runtime
 defaults + service-account kubeconfig + pod env with downward API + CDI env + host paths of its
-mounts), starting and restarting it (``restartPolicy``, capped exponential back-off like
-CrashLoopBackOff), and the startup -> readiness / liveness exec-probe sequence that sets the
-container's ``started``/``ready`` flags. Probe commands are translated like the main command.
+mounts, ``PATH`` remapped into its emulated root filesystem -- see ``runtime``), its
+termination message (``terminationMessagePath``, a per-container file read on exit into
+``terminated.message``), starting and restarting it (``restartPolicy``, capped exponential
+back-off like CrashLoopBackOff), and the startup -> readiness / liveness exec-probe sequence
+that sets the container's ``started``/``ready`` flags. Probe commands are translated like the
+main command.
 
 Deviation from the kubelet, on purpose: exec-probe timeouts are at least ``MIN_PROBE_TIMEOUT``
 seconds, because a local Python probe process can need more than the 1 s default to start on a
@@ -25,7 +28,16 @@ from typing import Any
 from .cdi import ContainerEdits
 from .podspec import Mount, PodSpecError, command_line, container_env, expand
 from .podstatus import ContainerState
-from .runtime import REPO_ROOT, LocalCommands, LocalContainer, Probe, ProcessSpec
+from .runtime import (
+    REPO_ROOT,
+    TERMINATION_MESSAGE_PATH,
+    LocalCommands,
+    LocalContainer,
+    Probe,
+    ProcessSpec,
+    build_rootfs,
+    read_termination_message,
+)
 
 MIN_PROBE_TIMEOUT = 10.0
 MAX_RESTART_BACKOFF = 10.0
@@ -39,8 +51,10 @@ class LocalRun:
         startup: Probe | None,
         readiness: Probe | None,
         liveness: Probe | None,
+        termination_log: Path | None = None,
     ) -> None:
         self._spec = spec
+        self._termination_log = termination_log
         self._startup, self._readiness, self._liveness = startup, readiness, liveness
         self._proc: LocalContainer | None = None
         self._next_probe: dict[str, float] = {}
@@ -75,8 +89,21 @@ class LocalRun:
         if kubeconfig is not None:
             base["KUBECONFIG"] = str(kubeconfig)
         env = container_env(pod, container, node_ip=node_ip, edits=edits, extra=base)
-        all_mounts = [*mounts, Mount(container_path="/etc/hosts", host_path=str(hosts_file))]
+        termination_log = cwd / f"{container['name']}.termination-log"
+        all_mounts = [
+            *mounts,
+            Mount(container_path="/etc/hosts", host_path=str(hosts_file)),
+            Mount(
+                container_path=container.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH,
+                host_path=str(termination_log),
+            ),
+        ]
         env.update(ctx_commands.path_vars(all_mounts))
+        rootfs = cwd / "rootfs" / container["name"]
+        build_rootfs(rootfs, all_mounts)
+        search_path = ctx_commands.search_path(rootfs)
+        if search_path is not None:
+            env["PATH"] = search_path
         argv = command_line(container, env)
         if not ctx_commands.maps(argv):
             raise PodSpecError(f"container {container['name']}: {argv[0]} is not runnable here")
@@ -102,6 +129,7 @@ class LocalRun:
             startup=probe("startupProbe"),
             readiness=probe("readinessProbe"),
             liveness=probe("livenessProbe"),
+            termination_log=termination_log,
         )
 
     @property
@@ -117,6 +145,10 @@ class LocalRun:
         return self._proc.pid if self._proc else None
 
     def start(self, state: ContainerState) -> None:
+        if self._termination_log is not None:
+            self._termination_log.write_bytes(
+                b""
+            )  # a fresh, empty file per start, like the kubelet
         self._proc = LocalContainer(self._spec)
         state.set_running(f"kubeletsim://pid/{self._proc.pid}")
         state.started = state.ready = False
@@ -158,7 +190,10 @@ class LocalRun:
         code = self._proc.exit_code()
         if code is not None:
             self._proc = None
-            state.set_terminated(code)
+            message = (
+                read_termination_message(self._termination_log) if self._termination_log else ""
+            )
+            state.set_terminated(code, message)
             if restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0):
                 self._restart_at = time.monotonic() + self._restart_backoff
                 self._restart_backoff = min(self._restart_backoff * 2, MAX_RESTART_BACKOFF)

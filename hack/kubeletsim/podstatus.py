@@ -33,18 +33,39 @@ class ContainerState:
     started: bool = False
     ready: bool = False
     container_id: str = ""
+    message: str = ""  # termination message of the current termination
+    # ``lastState.terminated`` once a terminated container was started again (kubelet keeps it
+    # until the next termination).
+    last_terminated: dict[str, Any] | None = None
 
     def set_running(self, container_id: str) -> None:
+        if self.exit_code is not None:
+            self.last_terminated = self._terminated()
         self.running_since = now_str()
         self.exit_code = None
         self.finished_at = None
+        self.message = ""
         self.waiting_reason = ""
         self.container_id = container_id
 
-    def set_terminated(self, code: int) -> None:
+    def set_terminated(self, code: int, message: str = "") -> None:
+        """Exited with ``code``; ``message`` is its termination message (terminationMessagePath)."""
         self.exit_code = code
         self.finished_at = now_str()
+        self.message = message
         self.ready = False
+
+    def _terminated(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "exitCode": self.exit_code,
+            "reason": "Completed" if self.exit_code == 0 else "Error",
+            "startedAt": self.running_since,
+            "finishedAt": self.finished_at,
+            "containerID": self.container_id,
+        }
+        if self.message:
+            out["message"] = self.message
+        return out
 
     def set_waiting(self, reason: str, message: str = "") -> None:
         self.waiting_reason, self.waiting_message = reason, message
@@ -58,15 +79,7 @@ class ContainerState:
     def to_status(self) -> dict[str, Any]:
         state: dict[str, Any]
         if self.exit_code is not None:
-            state = {
-                "terminated": {
-                    "exitCode": self.exit_code,
-                    "reason": "Completed" if self.exit_code == 0 else "Error",
-                    "startedAt": self.running_since,
-                    "finishedAt": self.finished_at,
-                    "containerID": self.container_id,
-                }
-            }
+            state = {"terminated": self._terminated()}
         elif self.running_since:
             state = {"running": {"startedAt": self.running_since}}
         else:
@@ -85,6 +98,8 @@ class ContainerState:
         }
         if self.container_id:
             out["containerID"] = self.container_id
+        if self.last_terminated is not None:
+            out["lastState"] = {"terminated": self.last_terminated}
         return out
 
 

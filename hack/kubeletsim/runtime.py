@@ -2,16 +2,27 @@
 
 Owns the "container runtime" of the stand-in. A :class:`LocalCommands` table maps the image
 command a container would run (``compute-domain-daemon run ...``) onto a local program (``python
-cmd/compute-domain-daemon/compute_domain_daemon.py run ...``); container paths the program must
-see (CDI mounts such as ``/imexd``, the pod's ``/etc/hosts``) are passed as environment variables
-named by ``path_env``. Containers whose command is not in the table are not run: the caller
-records their edits instead. Processes get their own session and log to one file per container.
+cmd/compute-domain-daemon/compute_domain_daemon.py run ...``). Containers whose command is not
+in the table are not run: the caller records their edits instead. Processes get their own
+session and log to one file per container.
+
+A local process cannot get real bind mounts (that needs root and a mount namespace), so the
+container's filesystem is emulated by path remapping:
+
+* every mount (CDI ``mounts``, the pod's ``/etc/hosts``, the termination log) becomes a symlink
+  ``<rootfs>/<containerPath> -> <hostPath>`` in a per-container directory (:func:`build_rootfs`);
+* ``PATH`` lists the image's ``PATH`` directories inside that rootfs (``image_path``), so a
+  program looked up through ``PATH`` -- the daemon's ``nvidia-imex`` -- is found exactly when a
+  CDI mount put it there, as in a real container;
+* container paths a program opens directly (``/imexd``, ``/etc/hosts``,
+  ``/dev/termination-log``) are passed as environment variables named by ``path_env``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,12 +42,15 @@ class LocalCommands:
 
     ``programs`` maps a command's basename to the argv prefix that replaces it;
     ``path_env`` maps a container path to the env var that receives its host path;
-    ``env`` is added to every local container (e.g. to select the IMEX simulator).
+    ``env`` is added to every local container (e.g. simulator tuning);
+    ``image_path`` is the image's ``PATH``; when set, a local container's ``PATH`` is those
+    directories inside its emulated root filesystem (see the module docstring).
     """
 
     programs: Mapping[str, Sequence[str]]
     path_env: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    image_path: str = ""
 
     def maps(self, argv: Sequence[str]) -> bool:
         return bool(argv) and os.path.basename(argv[0]) in self.programs
@@ -52,20 +66,65 @@ class LocalCommands:
                 out[var] = m.host_path
         return out
 
+    def search_path(self, rootfs: Path) -> str | None:
+        """The container's ``PATH`` remapped into ``rootfs`` (None without ``image_path``)."""
+        if not self.image_path:
+            return None
+        return ":".join(str(rootfs / d.lstrip("/")) for d in self.image_path.split(":") if d)
+
+
+# The daemon image's PATH (Dockerfile ENV PATH) minus its own bin directories: what CDI mounts
+# land in.
+DAEMON_IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 
 def driver_commands(*, python: str = sys.executable, repo: Path = REPO_ROOT) -> LocalCommands:
-    """The driver's daemon image command, run from this checkout with the IMEX simulator.
+    """The driver's daemon image command, run from this checkout.
 
-    ``/imexd`` and the pod's ``/etc/hosts`` reach the daemon as ``IMEX_CONFIG_DIR`` and
-    ``IMEX_HOSTS_FILE`` (see ``pkg.daemon.options``); ``IMEX_BIN_DIR`` selects the simulated
-    ``nvidia-imex``/``nvidia-imex-ctl`` (``pkg/imex/sim/bin``).
+    ``/imexd``, the pod's ``/etc/hosts`` and the termination log reach the daemon as
+    ``IMEX_CONFIG_DIR``, ``IMEX_HOSTS_FILE`` and ``TERMINATION_LOG`` (see
+    ``pkg.daemon.options``). ``nvidia-imex``/``nvidia-imex-ctl`` come only from the node's
+    fake driver root, through the plugin's CDI mounts and the remapped ``PATH``.
     """
     daemon = [python, str(repo / "cmd" / "compute-domain-daemon" / "compute_domain_daemon.py")]
     return LocalCommands(
         programs={"compute-domain-daemon": daemon},
-        path_env={"/imexd": "IMEX_CONFIG_DIR", "/etc/hosts": "IMEX_HOSTS_FILE"},
-        env={"IMEX_BIN_DIR": str(repo / "pkg" / "imex" / "sim" / "bin"), "PYTHONUNBUFFERED": "1"},
+        path_env={
+            "/imexd": "IMEX_CONFIG_DIR",
+            "/etc/hosts": "IMEX_HOSTS_FILE",
+            TERMINATION_MESSAGE_PATH: "TERMINATION_LOG",
+        },
+        env={"PYTHONUNBUFFERED": "1"},
+        image_path=DAEMON_IMAGE_PATH,
     )
+
+
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # the kubelet's default
+TERMINATION_MESSAGE_LIMIT = 4096  # the kubelet keeps at most this many bytes
+
+
+def build_rootfs(rootfs: Path, mounts: Sequence[Mount]) -> None:
+    """(Re)create ``rootfs`` with one symlink ``<containerPath> -> <hostPath>`` per mount."""
+    if rootfs.exists():
+        shutil.rmtree(rootfs)
+    rootfs.mkdir(parents=True)
+    for m in mounts:
+        link = rootfs / m.container_path.strip("/")
+        if link == rootfs:
+            continue
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink():
+            link.unlink()
+        link.symlink_to(m.host_path)
+
+
+def read_termination_message(path: Path) -> str:
+    """What the kubelet reports as ``terminated.message`` (policy File): the file, truncated."""
+    try:
+        with path.open("rb") as f:
+            return f.read(TERMINATION_MESSAGE_LIMIT).decode(errors="replace")
+    except OSError:
+        return ""
 
 
 @dataclass

@@ -45,6 +45,12 @@ STATUS_NOT_READY: Final = "NotReady"
 ALLOCATION_MODE_SINGLE: Final = "Single"
 ALLOCATION_MODE_ALL: Final = "All"
 
+# An IMEX daemon whose container received no nvidia-imex/nvidia-imex-ctl through CDI (the kubelet
+# plugin's driver root lacks them): reason of its pod's Event and of the ComputeDomain's Ready
+# condition, and the prefix "DriverRootIncomplete: <detail>" of its termination message, which
+# is how the controller learns it from the pod status.
+REASON_DRIVER_ROOT_INCOMPLETE: Final = "DriverRootIncomplete"
+
 DEFAULT_MAX_NODES_PER_IMEX_DOMAIN: Final = 18
 IMEX_CHANNEL_COUNT: Final = 2048
 DEFAULT_DRIVER_NAMESPACE: Final = "nvidia-dra-driver"

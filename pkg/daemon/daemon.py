@@ -16,14 +16,25 @@ at once when the process dies). The entry's ``status`` follows it.
 Non-NVLink node (empty ``CLIQUE_ID``): label the pod, start nothing, write nothing, wait for
 shutdown; ``check`` always succeeds. Shutdown (SIGTERM): remove our entry (bounded by
 ``leave_timeout``), then stop IMEX.
+
+Incomplete driver root: ``nvidia-imex`` and ``nvidia-imex-ctl`` reach the container only through
+the kubelet plugin's CDI spec, so before anything else :meth:`Daemon.run` checks that both can
+be executed. If not, it records a Warning Event ``DriverRootIncomplete`` on its pod, writes
+``DriverRootIncomplete: <detail>`` to the termination log (the kubelet copies it into the pod
+status, where the controller turns it into the ComputeDomain's condition) and exits with
+:data:`EXIT_DRIVER_ROOT_INCOMPLETE` -- a visible CrashLoopBackOff instead of a silent retry loop;
+a fixed driver root is picked up at the next restart.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from pkg import informers
 from pkg.api import constants as c
@@ -49,11 +60,17 @@ from pkg.imex.supervisor import ProcessRunner, Supervisor
 from pkg.kube import resources as res
 from pkg.kube.client import JSON, KubeClient
 from pkg.kube.errors import ApiError, ConnectionFailedError, NotFoundError
+from pkg.kube.events import WARNING, EventRecorder
 from pkg.kube.resources import Resource
 from pkg.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 
+
+# Exit code of `Daemon.run` when the IMEX binaries are not in the container.
+EXIT_DRIVER_ROOT_INCOMPLETE: Final = 3
+# The kubelet keeps at most this much of a termination message.
+TERMINATION_MESSAGE_LIMIT: Final = 4096
 
 # Failed list/watch calls of the membership informer back off 0.4 s .. 10 s (+25 % jitter).
 WATCH_BACKOFF = informers.BackoffPolicy(initial=0.4, cap=10.0, jitter=0.25)
@@ -83,6 +100,37 @@ def imex_child_env(opts: Options, base: dict[str, str]) -> dict[str, str]:
     return {**base, "IMEX_HOSTS_FILE": opts.hosts_file, "IMEX_DOMAIN_ID": opts.domain_uid}
 
 
+def path_lookup(env: Mapping[str, str]) -> Callable[[str], str | None]:
+    """Executable lookup the way ``exec`` does it: a name with a slash as is, else ``PATH``."""
+    search = env.get("PATH", os.defpath)
+
+    def locate(program: str) -> str | None:
+        if "/" in program:
+            return program if os.path.isfile(program) and os.access(program, os.X_OK) else None
+        return shutil.which(program, path=search)
+
+    return locate
+
+
+def missing_imex_programs(opts: Options, locate: Callable[[str], str | None]) -> list[str]:
+    """The IMEX programs (``argv[0]`` of ``nvidia-imex`` and ``nvidia-imex-ctl``) not found."""
+    return [argv[0] for argv in (opts.imex_argv, opts.imex_ctl_argv) if locate(argv[0]) is None]
+
+
+def write_termination_message(path: str, message: str) -> bool:
+    """Write the container's termination message if ``path`` exists (the kubelet creates it;
+    outside a pod nothing is created); True if written."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, "w", encoding="utf-8") as log_file:
+            log_file.write(message[:TERMINATION_MESSAGE_LIMIT])
+    except OSError as err:
+        log.warning("cannot write termination message to %s: %s", path, err)
+        return False
+    return True
+
+
 def run_check(opts: Options, commands: CommandRunner) -> tuple[bool, str]:
     if not opts.clique_id:
         return True, "check succeeded (noop, clique ID is empty)"
@@ -107,10 +155,16 @@ class Daemon:
         child_env: dict[str, str],
         timing: Timing | None = None,
         informer_clock: informers.Clock | None = None,
+        events: EventRecorder | None = None,
+        locate: Callable[[str], str | None] | None = None,
     ) -> None:
         """``clock`` (`pkg.runtime.clock`) paces the loop and IMEX supervision;
-        ``informer_clock`` (`pkg.informers.clock`, real by default) the membership informer."""
+        ``informer_clock`` (`pkg.informers.clock`, real by default) the membership informer;
+        ``events`` records Events on the daemon's pod (none when absent); ``locate`` finds an
+        executable (default: `path_lookup` over ``child_env``)."""
         self.opts = opts
+        self._events = events
+        self._locate = locate or path_lookup(child_env)
         self.me = identity(opts)
         self._client = client
         self._clock = clock
@@ -258,12 +312,38 @@ class Daemon:
 
     # -- run ---------------------------------------------------------------------------------
 
+    def report_incomplete_driver_root(self, missing: list[str]) -> None:
+        """Tell the operator (log, pod Event, termination message) that CDI brought no IMEX."""
+        detail = (
+            f"{' and '.join(missing)} not found in the container on node {self.opts.node_name}: "
+            "the IMEX binaries come only from the kubelet plugin's driver root "
+            "(nvidiaDriverRoot) through CDI, and it has none; install the NVIDIA IMEX package "
+            "there, then restart the kubelet plugin on this node"
+        )
+        log.error("%s: %s", c.REASON_DRIVER_ROOT_INCOMPLETE, detail)
+        if self._events is not None and self.opts.pod_name:
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": self.opts.pod_name, "namespace": self.opts.pod_namespace,
+                             "uid": self.opts.pod_uid},
+            }  # fmt: skip
+            self._events.event(pod, WARNING, c.REASON_DRIVER_ROOT_INCOMPLETE, detail)
+        write_termination_message(
+            self.opts.termination_log, f"{c.REASON_DRIVER_ROOT_INCOMPLETE}: {detail}"
+        )
+
     def run(self, stop: threading.Event) -> int:
+        """Run until ``stop``; the exit code (0, or `EXIT_DRIVER_ROOT_INCOMPLETE`)."""
         self._retry(self.label_pod, stop, "label own pod")
         if not self.opts.clique_id:
             log.info("clique ID is empty (no NVLink fabric): not starting IMEX, waiting for stop")
             stop.wait()
             return 0
+        missing = missing_imex_programs(self.opts, self._locate)
+        if missing:
+            self.report_incomplete_driver_root(missing)
+            return EXIT_DRIVER_ROOT_INCOMPLETE
         self._write_imex_config()
         if self.opts.metrics_address:
             host, port = self._metrics.serve(self.opts.metrics_address)

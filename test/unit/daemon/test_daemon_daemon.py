@@ -117,7 +117,8 @@ def make(api: FakeApiServer, opts: Options) -> tuple[Daemon, FakeRunner, FakeCtl
     metrics = DaemonMetrics()
     daemon = Daemon(opts, client=api.client(), clock=FakeClock(), runner=runner, commands=ctl,
                     metrics=metrics, child_env={"PATH": "/bin"}, timing=Timing(),
-                    informer_clock=informers.FakeClock())  # fmt: skip
+                    informer_clock=informers.FakeClock(),
+                    locate=lambda program: f"/usr/bin/{program}")  # fmt: skip
     return daemon, runner, ctl, metrics
 
 

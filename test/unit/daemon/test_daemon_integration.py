@@ -25,10 +25,10 @@ from pkg.api import constants as c
 from pkg.imex.sim import wire
 from pkg.kube import resources as res
 from pkg.testing.fakeapiserver import FakeApiServer
+from pkg.testing.fakedriverroot import FakeDriverRoot
 
 REPO = Path(__file__).resolve().parents[3]
 ENTRY = REPO / "cmd" / "compute-domain-daemon" / "compute_domain_daemon.py"
-SIM_BIN = REPO / "pkg" / "imex" / "sim" / "bin"
 NS = "nvidia-dra-driver"
 CLIQUE = "c0ffee00-0000-4000-8000-000000000001.7"
 UID_A = "aaaaaaaa-0000-4000-8000-000000000001"
@@ -74,6 +74,8 @@ class Cluster:
         }))  # fmt: skip
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ips: dict[str, str] = {}
+        # What CDI puts into a daemon container: the IMEX binaries at /usr/bin of the root.
+        self.driver_root = FakeDriverRoot.create(tmp / "driver-root", python=sys.executable)
 
     def start(self, node: str, ip: str, *, uid: str) -> None:
         pod = f"daemon-{node}-{ip.rsplit('.', 1)[1]}"
@@ -83,13 +85,12 @@ class Cluster:
         home.mkdir(exist_ok=True)
         (home / "hosts").write_text(f"127.0.0.1\tlocalhost\n{ip}\t{pod}\n")
         env = {
-            "PATH": os.environ.get("PATH", ""),
+            "PATH": f"{self.driver_root.root / 'usr' / 'bin'}:{os.environ.get('PATH', '')}",
             "CLIQUE_ID": CLIQUE, "COMPUTE_DOMAIN_UUID": uid, "COMPUTE_DOMAIN_NAME": f"cd-{uid[0]}",
             "COMPUTE_DOMAIN_NAMESPACE": "team", "NODE_NAME": node, "POD_IP": ip,
             "POD_UID": f"uid-{pod}", "POD_NAME": pod, "POD_NAMESPACE": NS,
             "KUBECONFIG": str(self.kubeconfig), "IMEX_CONFIG_DIR": str(home / "imexd"),
-            "IMEX_HOSTS_FILE": str(home / "hosts"), "IMEX_BIN_DIR": str(SIM_BIN),
-            "IMEX_SIM_PYTHON": sys.executable, "IMEX_SIM_PROBE_INTERVAL": "0.2",
+            "IMEX_HOSTS_FILE": str(home / "hosts"), "IMEX_SIM_PROBE_INTERVAL": "0.2",
             "IMEX_SERVER_PORT": str(self.port), "IMEX_CMD_PORT": str(self.port + 1),
             "MAX_NODES_PER_IMEX_DOMAIN": "8",
         }  # fmt: skip

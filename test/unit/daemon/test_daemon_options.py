@@ -28,20 +28,25 @@ def test_env_contract_and_defaults() -> None:
     )  # fmt: skip
     assert opts.max_nodes == 18 and opts.config_path == "/imexd/imexd.cfg"
     assert opts.hosts_file == "/etc/hosts" and opts.metrics_address == ""
+    # Found through PATH, where CDI put them (no simulator back door such as IMEX_BIN_DIR).
     assert opts.imex_argv == ("nvidia-imex",) and opts.imex_ctl_argv == ("nvidia-imex-ctl",)
+    assert opts.termination_log == "/dev/termination-log"
+    assert parse(["run"], {**ENV, "IMEX_BIN_DIR": "/sim/bin"}).imex_argv == ("nvidia-imex",)
     assert opts.gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES)
     assert (opts.server_port, opts.cmd_port) == (50000, 50005)
 
 
 def test_overrides_from_env_and_flags() -> None:
-    env = {**ENV, "IMEX_CONFIG_DIR": "/tmp/n1", "IMEX_BIN_DIR": "/sim/bin",
+    env = {**ENV, "IMEX_CONFIG_DIR": "/tmp/n1", "IMEX_BINARY": "/opt/imex/nvidia-imex",
            "MAX_NODES_PER_IMEX_DOMAIN": "4", "IMEX_HOSTS_FILE": "/tmp/n1/hosts",
+           "TERMINATION_LOG": "/tmp/n1/termination-log",
            "FEATURE_GATES": "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false"}  # fmt: skip
     opts = parse(["-v", "5", "--imex-ctl-binary", "python3 -m pkg.imex.sim.ctl",
                   "--imex-server-port", "41000", "run"], env)  # fmt: skip
     assert opts.verbosity == 5 and opts.max_nodes == 4
     assert opts.nodes_config_path == "/tmp/n1/nodes.cfg"
-    assert opts.imex_argv == ("/sim/bin/nvidia-imex",)
+    assert opts.imex_argv == ("/opt/imex/nvidia-imex",)
+    assert opts.termination_log == "/tmp/n1/termination-log"
     assert opts.imex_ctl_argv == ("python3", "-m", "pkg.imex.sim.ctl")
     assert opts.server_port == 41000 and not opts.gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES)
 

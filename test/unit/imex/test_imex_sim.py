@@ -18,9 +18,9 @@ import pytest
 from pkg.imex import nodesconfig as nc
 from pkg.imex.config import ImexConfig
 from pkg.imex.hosts import HostsFile
+from pkg.testing.fakedriverroot import FakeDriverRoot
 
 REPO = Path(__file__).resolve().parents[3]
-SIM_BIN = REPO / "pkg" / "imex" / "sim" / "bin"
 
 
 def free_port(ips: list[str]) -> int:
@@ -72,9 +72,11 @@ class SimNode:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> subprocess.Popen[bytes]:
+        # nvidia-imex as a test driver root installs it (a zipapp run by this interpreter).
+        root = FakeDriverRoot.create(self.dir / "driver-root", python=sys.executable)
         self.proc = subprocess.Popen(
-            [str(SIM_BIN / "nvidia-imex"), "-c", str(self.cfg)],
-            env={**self.env, "IMEX_SIM_PYTHON": sys.executable},
+            [str(root.binary("nvidia-imex")), "-c", str(self.cfg)],
+            env=self.env,
             stderr=subprocess.PIPE,
         )
         return self.proc
