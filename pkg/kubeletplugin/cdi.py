@@ -6,7 +6,8 @@ Owns the on-disk CDI documents in the CDI root (``/var/run/cdi`` by default):
   device ``all`` (GPU management nodes; always carries ``NVIDIA_VISIBLE_DEVICES=void`` so the
   device is never empty, which CDI rejects);
 * one spec per claim ``k8s.compute-domain.nvidia.com-claim_<claimUID>.json`` (class ``claim``)
-  whose device names are ``<claimUID>-<device>`` so a name is never reused across claims.
+  whose device names are ``<claimUID>-<device>`` so a name is never reused across claims;
+  deleting it also deletes the Go driver's ``.yaml`` spec of that claim.
 
 Invariants: files are written atomically (temp file in the same directory, fsync, rename), so a
 runtime never reads half a spec; ``cdiVersion`` is the lowest version the content needs (older
@@ -133,7 +134,10 @@ class CdiWriter:
         }
 
     def delete_claim_spec(self, claim_uid: str) -> None:
-        self.claim_spec_path(claim_uid).unlink(missing_ok=True)
+        """Remove the claim's spec, also under the Go driver's name (``.yaml``, same stem)."""
+        path = self.claim_spec_path(claim_uid)
+        path.unlink(missing_ok=True)
+        path.with_suffix(".yaml").unlink(missing_ok=True)
 
     @staticmethod
     def _spec(cdi_class: str, devices: list[CdiDevice]) -> dict[str, Any]:

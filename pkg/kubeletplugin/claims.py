@@ -1,20 +1,38 @@
 """Reading a ResourceClaim: which result is ours and which opaque config applies to it.
 
-Owns upstream's config resolution (``getConfigResultsMap``): configs from the DeviceClass come
-first, then the claim's; later entries take precedence; a config naming the result's request
-(``req`` or ``req/sub``) beats one with empty ``requests``; configs of other drivers are ignored.
-Invariant: everything here is pure and every failure is a `PermanentError` that names the
-offending config and field (strict decoding), because retrying the same claim cannot fix it.
+Owns upstream's config resolution (``GetOpaqueDeviceConfigs`` + ``getConfigResultsMap``):
+
+* every config must come from the class (``FromClass``) or the claim (``FromClaim``) and must
+  carry ``opaque`` -- anything else is an error, even in a config meant for another driver;
+* configs of other drivers are skipped; ours are strictly decoded, class configs first, then the
+  claim's, each in their listed order;
+* walking that list from the **last** entry backwards, the first config that names the result's
+  request (``req``, or ``req/sub`` for a subrequest) or that has empty ``requests`` and the
+  result's type wins -- a later ``requests: []`` config beats an earlier one naming the request;
+  a config naming the request but of the other type is an error;
+* only the devices this node publishes (``channel-0``, ``daemon-0``) can be prepared.
+
+Invariant: `resolve_claim_config` is pure and every failure is a `PermanentError` that names the
+offending config, field or device, because retrying the same claim cannot fix it.
+`status_targets` is the lenient twin for stored state (checkpoint entries written by either
+driver): it never raises and skips what it cannot read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from pkg.api.constants import DRIVER_NAME
+from pkg.api.constants import (
+    CHANNEL_CONFIG_KIND,
+    CHANNEL_DEVICE_NAME,
+    DAEMON_CONFIG_KIND,
+    DAEMON_DEVICE_NAME,
+    DRIVER_NAME,
+)
 from pkg.api.opaque import (
     ChannelConfig,
-    DaemonConfig,
     OpaqueConfig,
     OpaqueConfigError,
     decode_opaque_config,
@@ -22,7 +40,9 @@ from pkg.api.opaque import (
 from pkg.kube.client import JSON
 from pkg.kubeletplugin.errors import PermanentError
 
-_SOURCES = ("FromClass", "FromClaim")
+SOURCE_CLASS = "FromClass"
+SOURCE_CLAIM = "FromClaim"
+PUBLISHED_DEVICES: dict[str, str] = {CHANNEL_DEVICE_NAME: "channel", DAEMON_DEVICE_NAME: "daemon"}
 
 
 @dataclass(frozen=True)
@@ -33,19 +53,98 @@ class ClaimRef:
     uid: str
     name: str
 
+    def __str__(self) -> str:
+        """Upstream's ``<namespace>/<name>:<uid>`` (``ResourceClaimToString``)."""
+        return f"{self.namespace}/{self.name}:{self.uid}"
+
 
 def device_kind(device_name: str) -> str:
-    if device_name.startswith("channel-"):
-        return "channel"
-    if device_name.startswith("daemon-"):
-        return "daemon"
-    raise PermanentError(f'device "{device_name}" is not a device of driver {DRIVER_NAME}')
+    """``channel`` or ``daemon`` for a device this node publishes; `PermanentError` otherwise."""
+    kind = PUBLISHED_DEVICES.get(device_name)
+    if kind is None:
+        raise PermanentError(
+            f"requested device is not allocatable: {device_name} (driver {DRIVER_NAME} "
+            f"publishes only {', '.join(PUBLISHED_DEVICES)} on each node)"
+        )
+    return kind
+
+
+def _kind_by_prefix(device_name: str) -> str | None:
+    for kind in ("channel", "daemon"):
+        if device_name.startswith(f"{kind}-"):
+            return kind
+    return None
+
+
+def _kind_of(config: OpaqueConfig) -> str:
+    return "channel" if isinstance(config, ChannelConfig) else "daemon"
+
+
+_Configs = list[tuple[list[str], OpaqueConfig]]
+
+
+def _configs(devices: Mapping[str, Any], *, strict: bool) -> _Configs:
+    """Our decoded configs in precedence order (lowest first); lenient mode skips bad ones."""
+    by_source: dict[str, list[tuple[int, Any]]] = {SOURCE_CLASS: [], SOURCE_CLAIM: []}
+    for index, raw in enumerate(devices.get("config") or []):
+        source = raw.get("source") if isinstance(raw, Mapping) else None
+        if source not in by_source:
+            if strict:
+                raise PermanentError(f"config[{index}]: invalid config source: {source!r}")
+            continue
+        by_source[source].append((index, raw))
+    out: _Configs = []
+    for index, raw in by_source[SOURCE_CLASS] + by_source[SOURCE_CLAIM]:
+        opaque = raw.get("opaque")
+        if not isinstance(opaque, Mapping):
+            if strict:
+                raise PermanentError(
+                    f"config[{index}]: only opaque parameters are supported by this driver"
+                )
+            continue
+        if opaque.get("driver") != DRIVER_NAME:
+            continue
+        try:
+            decoded = decode_opaque_config(opaque.get("parameters"), strict=strict)
+        except OpaqueConfigError as err:
+            if strict:
+                raise PermanentError(f"config[{index}] (opaque parameters): {err}") from err
+            continue
+        out.append(([str(r) for r in raw.get("requests") or []], decoded))
+    return out
+
+
+def _select(configs: _Configs, *, request: str, kind: str, strict: bool) -> OpaqueConfig | None:
+    base_request = request.split("/", 1)[0]
+    for requests, config in reversed(configs):
+        if request in requests or base_request in requests:
+            if _kind_of(config) == kind:
+                return config
+            if not strict:
+                return None
+            wrong = CHANNEL_CONFIG_KIND if kind == "daemon" else DAEMON_CONFIG_KIND
+            raise PermanentError(
+                f"cannot apply {wrong} to request: {request} (it was allocated a {kind} device)"
+            )
+        if not requests and _kind_of(config) == kind:
+            return config
+    return None
+
+
+def _our_results(status: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[Any]]:
+    devices = (status.get("allocation") or {}).get("devices") or {}
+    results = [
+        r
+        for r in devices.get("results") or []
+        if isinstance(r, Mapping) and r.get("driver") == DRIVER_NAME
+    ]
+    return devices, results
 
 
 def resolve_claim_config(claim: JSON) -> tuple[JSON, OpaqueConfig] | None:
     """Our allocation result and its decoded config, or None if the claim has none of ours."""
-    devices = ((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}
-    ours = [r for r in devices.get("results") or [] if r.get("driver") == DRIVER_NAME]
+    devices, ours = _our_results(claim.get("status") or {})
+    configs = _configs(devices, strict=True)
     if not ours:
         return None
     if len(ours) != 1:
@@ -54,52 +153,36 @@ def resolve_claim_config(claim: JSON) -> tuple[JSON, OpaqueConfig] | None:
         )
     result = ours[0]
     request = str(result.get("request", ""))
-    base_request = request.split("/", 1)[0]
     kind = device_kind(str(result.get("device", "")))
-
-    configs: list[tuple[list[str], OpaqueConfig]] = []
-    raw_configs = devices.get("config") or []
-    ordered = sorted(
-        enumerate(raw_configs),
-        key=lambda item: (
-            _SOURCES.index(item[1].get("source")) if item[1].get("source") in _SOURCES else -1
-        ),
-    )
-    for index, raw in ordered:
-        opaque = raw.get("opaque")
-        if not opaque or opaque.get("driver") != DRIVER_NAME:
-            continue
-        if raw.get("source") not in _SOURCES:
-            raise PermanentError(f"config[{index}]: unsupported source {raw.get('source')!r}")
-        try:
-            decoded = decode_opaque_config(opaque.get("parameters"), strict=True)
-        except OpaqueConfigError as err:
-            raise PermanentError(f"config[{index}] (opaque parameters): {err}") from err
-        configs.append(([str(r) for r in raw.get("requests") or []], decoded))
-
-    chosen: OpaqueConfig | None = None
-    for requests, config in reversed(configs):
-        if request in requests or base_request in requests:
-            chosen = config
-            break
-    if chosen is None:
-        for requests, config in reversed(configs):
-            if not requests and _kind_of(config) == kind:
-                chosen = config
-                break
+    chosen = _select(configs, request=request, kind=kind, strict=True)
     if chosen is None:
         wanted = "ComputeDomainChannelConfig" if kind == "channel" else "ComputeDomainDaemonConfig"
         raise PermanentError(f'no {wanted} for request "{request}" (a domainID is required)')
-    if _kind_of(chosen) != kind:
-        raise PermanentError(
-            f"cannot apply {type(chosen).__name__.replace('Config', '')} config to request "
-            f'"{request}" allocated a {kind} device'
-        )
-    return result, chosen
+    return dict(result), chosen
 
 
-def _kind_of(config: OpaqueConfig) -> str:
-    if isinstance(config, ChannelConfig):
-        return "channel"
-    assert isinstance(config, DaemonConfig)
-    return "daemon"
+def status_targets(status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """``(kind, domainID)`` of each of our results in a stored claim status; never raises."""
+    try:
+        devices, ours = _our_results(status)
+        configs = _configs(devices, strict=False)
+    except (AttributeError, TypeError):
+        return ()
+    out: list[tuple[str, str]] = []
+    for result in ours:
+        kind = _kind_by_prefix(str(result.get("device", "")))
+        if kind is None:
+            continue
+        config = _select(configs, request=str(result.get("request", "")), kind=kind, strict=False)
+        if config is not None and config.domain_id:
+            out.append((kind, config.domain_id))
+    return tuple(out)
+
+
+def requested_devices(status: Mapping[str, Any]) -> set[str]:
+    """Names of our devices a claim status holds, without adminAccess ones (never raises)."""
+    try:
+        _, ours = _our_results(status)
+    except (AttributeError, TypeError):
+        return set()
+    return {str(r.get("device", "")) for r in ours if r.get("adminAccess") is not True}

@@ -35,7 +35,12 @@ from pkg.kubeletplugin.claims import ClaimRef
 from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.driverroot import BINARY_DIRS, DriverFiles, DriverRoot, management_edits
-from pkg.kubeletplugin.errors import ClaimError
+from pkg.kubeletplugin.errors import (
+    ClaimError,
+    is_permanent,
+    prepare_error_text,
+    unprepare_error_text,
+)
 from pkg.kubeletplugin.health import HealthServer, HealthServicer
 from pkg.kubeletplugin.metrics import PluginMetrics
 from pkg.kubeletplugin.registration import RegistrationServicer
@@ -85,12 +90,6 @@ class PluginConfig:
     @property
     def registration_socket(self) -> Path:
         return self.registrar_dir / f"{DRIVER_NAME}-reg.sock"
-
-
-def _error_text(err: Exception) -> str:
-    if isinstance(err, ClaimError):
-        return err.user_message()
-    return f"retryable error: internal error: {err}"
 
 
 class KubeletPlugin:
@@ -296,15 +295,16 @@ class KubeletPlugin:
                 devices = self.state.prepare(ref, deadline=deadline)
                 return PrepareOutcome(devices=devices)
             except Exception as err:
-                permanent = isinstance(err, ValueError) or getattr(err, "permanent", False)
+                permanent = is_permanent(err)
                 self.metrics.prepare_errors.labels(
                     DRIVER_NAME, "permanent" if permanent else "retryable"
                 ).inc()
-                text = (
-                    f"permanent error: {err}" if isinstance(err, ValueError) else _error_text(err)
-                )
-                if isinstance(err, ClaimError | ValueError):
-                    log.warning("prepare %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, text)
+                text = prepare_error_text(str(ref), err)
+                if permanent:
+                    # Upstream's wording: runbooks and its e2e tests grep for it.
+                    log.warning("Permanent error preparing devices for claim %s: %s", ref.uid, err)
+                elif isinstance(err, ClaimError):
+                    log.warning("prepare %s: %s", ref, text)
                 else:
                     log.exception("prepare %s/%s (%s) crashed", ref.namespace, ref.name, ref.uid)
                 span.record_exception(err)
@@ -335,7 +335,11 @@ class KubeletPlugin:
                 return ""
             except Exception as err:
                 self.metrics.unprepare_errors.labels(DRIVER_NAME, "unprepare_devices").inc()
-                log.warning("unprepare %s (%s) failed: %s", ref.name, ref.uid, err)
-                return (
-                    f"permanent error: {err}" if isinstance(err, ValueError) else _error_text(err)
-                )
+                text = unprepare_error_text(str(ref), err)
+                if is_permanent(err):
+                    log.warning(
+                        "Permanent error unpreparing devices for claim %s: %s", ref.uid, err
+                    )
+                else:
+                    log.warning("unprepare %s failed: %s", ref, text)
+                return text

@@ -29,3 +29,30 @@ class PermanentError(ClaimError):
 
 class RetryableError(ClaimError):
     """The condition may clear on its own; the kubelet's retry may succeed."""
+
+
+def is_permanent(err: Exception) -> bool:
+    """Whether retrying cannot help: a permanent `ClaimError` or a malformed request."""
+    return isinstance(err, ValueError) or bool(getattr(err, "permanent", False))
+
+
+def _classified(err: Exception) -> str:
+    if isinstance(err, ClaimError):
+        return err.user_message()
+    if isinstance(err, ValueError):
+        return f"permanent error: {err}"
+    return f"retryable error: internal error: {err}"
+
+
+def prepare_error_text(claim: str, err: Exception) -> str:
+    """The per-claim error the kubelet shows (Event ``FailedPrepareDynamicResources``).
+
+    Starts with upstream's ``error preparing devices for claim '<ns>/<name>:<uid>': `` so that
+    runbooks written for the Go driver match; the class (permanent/retryable) follows.
+    """
+    return f"error preparing devices for claim '{claim}': {_classified(err)}"
+
+
+def unprepare_error_text(claim: str, err: Exception) -> str:
+    """The per-claim Unprepare error, with upstream's ``error unpreparing devices ...`` prefix."""
+    return f"error unpreparing devices for claim '{claim}': {_classified(err)}"

@@ -86,7 +86,8 @@ class _DraServicer:
             for d in outcome.devices:
                 entry.devices.append(
                     pb2.Device(
-                        request_names=list(d.request_names),
+                        # Like the Go kubeletplugin library: subrequest names are stripped.
+                        request_names=[n.split("/", 1)[0] for n in d.request_names],
                         pool_name=d.pool_name,
                         device_name=d.device_name,
                         cdi_device_ids=list(d.cdi_device_ids),

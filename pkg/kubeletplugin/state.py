@@ -5,8 +5,9 @@ Owns the order of side effects for a claim and the locking around them:
 1. read the claim from the API (allocated, same UID), pick our driver's results, strictly decode
    the opaque configs - failures here are permanent and have no side effects;
 2. under the node lock: return the checkpointed devices if the claim is PrepareCompleted;
-   refuse a second channel claim (channel 0 is node-exclusive; retryable); record
-   PrepareStarted;
+   refuse a second channel claim (channel 0 is node-exclusive) and any device another claim
+   already holds, e.g. ``daemon-0`` (both retryable); record PrepareStarted with the claim's
+   status (the Go driver's checkpoint shape, see `checkpoint`);
 3. without the lock: domain checks (exists, same namespace: permanent), node label
    (retryable on conflict) and the event-driven wait for this node's IMEX daemon (retryable on
    timeout). The label and the Started record are kept on a retryable error - the daemon can only
@@ -14,7 +15,9 @@ Owns the order of side effects for a claim and the locking around them:
 4. under the node lock: write the CDI spec and record PrepareCompleted with the devices.
 
 Unprepare (idempotent) removes the label if this was the domain's last channel claim here, the
-per-domain dir if it was the last daemon claim, the CDI spec and finally the checkpoint entry.
+per-domain dir if it was the last daemon claim, the CDI spec and finally the checkpoint entry --
+for entries either driver wrote: what to undo comes from the entry's device groups, or for a
+PrepareStarted entry from the configs in its stored claim status.
 The node lock is an in-process mutex plus ``flock(<plugin dir>/pu.lock)`` so a second plugin
 instance during a rolling update is serialised too; claims of one request run in parallel
 outside it.
@@ -28,7 +31,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +46,14 @@ from pkg.kubeletplugin.checkpoint import (
     CheckpointStore,
     ClaimEntry,
     ClaimState,
+    DeviceGroup,
     OpenReport,
     PreparedDevice,
+    canonical_status,
 )
-from pkg.kubeletplugin.claims import ClaimRef, resolve_claim_config
+from pkg.kubeletplugin.claims import ClaimRef, requested_devices, resolve_claim_config
 from pkg.kubeletplugin.errors import PermanentError, RetryableError
+from pkg.kubeletplugin.gojson import SchemaError
 from pkg.kubeletplugin.procdevices import DeviceNode
 
 log = logging.getLogger(__name__)
@@ -144,6 +150,8 @@ class DeviceState:
                 e for e in self._store.entries().values() if e.state == ClaimState.PREPARE_STARTED
             ]
         for entry in started:
+            if not entry.name:
+                continue  # written without a name (older Go driver): cannot look it up
             try:
                 claim = self._client.get(RESOURCE_CLAIMS, entry.name, namespace=entry.namespace)
                 gone = (claim.get("metadata") or {}).get("uid") != entry.uid
@@ -164,28 +172,30 @@ class DeviceState:
     # -- prepare --------------------------------------------------------------------------------
 
     def prepare(self, ref: ClaimRef, *, deadline: float) -> tuple[PreparedDevice, ...]:
-        """Prepare one claim; raises `ClaimError` (permanent or retryable)."""
+        """Prepare one claim; raises `ClaimError` (permanent or retryable).
+
+        Idempotent: a claim already PrepareCompleted (by either driver) gets its recorded
+        devices back without any side effect.
+        """
         claim = self._get_claim(ref)
         resolved = resolve_claim_config(claim)
         if resolved is None:
             return ()  # nothing of ours in this claim
         result, config = resolved
         kind = "channel" if isinstance(config, ChannelConfig) else "daemon"
+        try:
+            status = canonical_status(claim.get("status"))
+        except SchemaError as err:
+            raise PermanentError(f"cannot record the claim's status: {err}") from err
         with self._lock.held():
             entries = self._store.entries()
             existing = entries.get(ref.uid)
             if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
                 return existing.devices
-            if kind == "channel":
-                for other in entries.values():
-                    if other.kind == "channel" and other.uid != ref.uid:
-                        raise RetryableError(
-                            f"IMEX channel 0 on node {self._setup.node_name} is in use by claim "
-                            f"{other.namespace}/{other.name} ({other.uid})"
-                        )
+            self._assert_not_held(ref, kind, requested_devices(status), entries.values())
             started = ClaimEntry(
-                uid=ref.uid, namespace=ref.namespace, name=ref.name,
-                state=ClaimState.PREPARE_STARTED, kind=kind, domain_id=config.domain_id,
+                uid=ref.uid, state=ClaimState.PREPARE_STARTED, status=status,
+                namespace=ref.namespace, name=ref.name,
             )  # fmt: skip
             self._put(started)
         try:
@@ -200,7 +210,7 @@ class DeviceState:
             with self._lock.held():
                 self._remove(ref.uid)  # nothing was changed yet for permanent failures
             raise
-        request = str(result.get("request", "")).split("/", 1)[0]
+        request = str(result.get("request", ""))
         device_name = str(result.get("device", ""))
         with self._lock.held():
             if ref.uid not in self._store.entries():
@@ -218,15 +228,38 @@ class DeviceState:
             self._put(
                 ClaimEntry(
                     uid=ref.uid,
+                    state=ClaimState.PREPARE_COMPLETED,
+                    status=status,
+                    groups=(DeviceGroup(kind, config.domain_id, devices),),
                     namespace=ref.namespace,
                     name=ref.name,
-                    state=ClaimState.PREPARE_COMPLETED,
-                    kind=kind,
-                    domain_id=config.domain_id,
-                    devices=devices,
                 )
             )
         return devices
+
+    def _assert_not_held(
+        self, ref: ClaimRef, kind: str, wanted: set[str], entries: Iterable[ClaimEntry]
+    ) -> None:
+        """Refuse devices another (Started or Completed) claim holds; retryable.
+
+        Channel claims all use IMEX channel 0, so any other channel claim blocks one (upstream
+        ``assertImexChannelNotAllocated``); any other overlap of device names -- e.g. a second
+        daemon claim for ``daemon-0`` -- is refused like upstream's
+        ``validateNoOverlappingPreparedDevices``. adminAccess results never conflict.
+        """
+        for other in entries:
+            if other.uid == ref.uid or other.state == ClaimState.PREPARE_ABORTED:
+                continue
+            holder = f"{other.namespace}/{other.name} ({other.uid})"
+            if kind == "channel" and any(k == "channel" for k, _ in other.targets):
+                raise RetryableError(
+                    f"IMEX channel 0 on node {self._setup.node_name} is in use by claim {holder}"
+                )
+            clash = sorted(wanted & other.held_devices())
+            if clash:
+                raise RetryableError(
+                    f"requested device {clash[0]} is already allocated to different claim {holder}"
+                )
 
     def _get_claim(self, ref: ClaimRef) -> JSON:
         try:
@@ -301,16 +334,14 @@ class DeviceState:
             if entry is None:
                 self._cdi.delete_claim_spec(ref.uid)  # also covers entries lost to corruption
                 return
-            siblings = [
-                e
-                for e in entries.values()
-                if e.kind == entry.kind and e.domain_id == entry.domain_id
-            ]
-            if not siblings and entry.domain_id:
-                if entry.kind == "channel":
-                    self._domains.remove_node_label(entry.domain_id)
+            for target in entry.targets:
+                kind, domain_id = target
+                if not domain_id or any(target in e.targets for e in entries.values()):
+                    continue  # another claim of this domain still needs it
+                if kind == "channel":
+                    self._domains.remove_node_label(domain_id)
                 else:
-                    shutil.rmtree(self._domain_dir(entry.domain_id), ignore_errors=True)
+                    shutil.rmtree(self._domain_dir(domain_id), ignore_errors=True)
             self._cdi.delete_claim_spec(ref.uid)
             self._remove(ref.uid)
 

@@ -1,5 +1,5 @@
-"""Unit tests of the plugin's pure parts: discovery (NVML mock, fake), /proc/devices, CDI,
-checkpoint corrupt-file policy and opaque-config resolution."""
+"""Unit tests of the plugin's pure parts: discovery (NVML mock, fake), /proc/devices, CDI and
+opaque-config resolution (the checkpoint has its own file, test_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from pkg.api import constants as c
 from pkg.kubeletplugin.cdi import CdiWriter, ContainerEdits, minimum_version
-from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, ClaimState, PreparedDevice
 from pkg.kubeletplugin.claims import resolve_claim_config
 from pkg.kubeletplugin.discovery import DiscoveryError
 from pkg.kubeletplugin.discovery.base import NodeDevices, check_driver_version
@@ -175,65 +174,6 @@ def test_cdi_minimum_version_and_atomic_files(tmp_path: Path) -> None:
     ids = writer.write_claim_spec("u1", [])
     assert ids == {} and not writer.claim_spec_path("u1").exists()
     assert [p.name for p in (tmp_path / "cdi").iterdir()] == [f"{c.CDI_VENDOR}-device_base.json"]
-
-
-# -- checkpoint ---------------------------------------------------------------------------------
-
-
-def entry(uid: str, state: ClaimState = ClaimState.PREPARE_COMPLETED) -> ClaimEntry:
-    dev = PreparedDevice(("channel",), "node", "channel-0", (f"x/claim={uid}-channel-0",))
-    return ClaimEntry(
-        uid=uid,
-        namespace="ns",
-        name=f"c-{uid}",
-        state=state,
-        kind="channel",
-        domain_id="cd",
-        devices=(dev,),
-    )
-
-
-def test_checkpoint_round_trip_and_boot_id(tmp_path: Path) -> None:
-    store = CheckpointStore(directory=tmp_path, boot_id="b1")
-    store.open()
-    store.put(entry("a"))
-    reopened = CheckpointStore(directory=tmp_path, boot_id="b1")
-    assert not reopened.open().corrupt
-    assert reopened.entries() == {"a": entry("a")}
-    rebooted = CheckpointStore(directory=tmp_path, boot_id="b2")
-    report = rebooted.open()
-    assert [e.uid for e in report.dropped_other_boot] == ["a"] and rebooted.entries() == {}
-
-
-def test_corrupt_checkpoint_is_moved_aside_and_intact_entries_recovered(tmp_path: Path) -> None:
-    store = CheckpointStore(directory=tmp_path, boot_id="b1")
-    store.open()
-    store.put(entry("a"))
-    store.put(entry("b"))
-    doc = json.loads(store.path.read_text())
-    doc["claims"]["b"]["entry"]["domain_id"] = "tampered"
-    store.path.write_text(json.dumps(doc))
-    fresh = CheckpointStore(directory=tmp_path, boot_id="b1", now=lambda: 1234.0)
-    report = fresh.open()
-    assert report.corrupt and (report.recovered, report.lost) == (1, 1)
-    assert report.moved_to == tmp_path / "checkpoint.json.corrupt-1234"
-    assert report.moved_to.exists()
-    assert set(fresh.entries()) == {"a"}
-    assert not CheckpointStore(directory=tmp_path, boot_id="b1").open().corrupt
-
-
-@pytest.mark.parametrize(
-    "content",
-    [b"{not json", b'{"v2": {"preparedClaims": {}}, "checksum": 1}', b"\x00\xff"],
-    ids=["truncated", "foreign-go-format", "binary"],
-)
-def test_unusable_checkpoint_never_crashes(tmp_path: Path, content: bytes) -> None:
-    (tmp_path / "checkpoint.json").write_bytes(content)
-    store = CheckpointStore(directory=tmp_path, boot_id="b1", now=lambda: 1.0)
-    report = store.open()
-    assert report.corrupt and report.problem
-    assert (tmp_path / "checkpoint.json.corrupt-1").read_bytes() == content
-    assert store.entries() == {}
 
 
 # -- opaque config resolution -------------------------------------------------------------------

@@ -35,6 +35,13 @@ def node_label(api: FakeApiServer) -> str | None:
     return (node["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
 
 
+def classified(error: str) -> str:
+    """The error after upstream's ``error preparing devices for claim '<ns>/<name>:<uid>': ``."""
+    prefix, sep, rest = error.partition("': ")
+    assert prefix.startswith("error preparing devices for claim '") and sep, error
+    return rest
+
+
 def cdi_spec(root: Path, uid: str) -> dict[str, object] | None:
     path = root / "cdi" / f"{c.CDI_VENDOR}-claim_{uid}.json"
     return json.loads(path.read_text()) if path.exists() else None
@@ -128,7 +135,7 @@ def test_bad_opaque_config_is_permanent_and_names_field(
     with running_plugin(api, root) as (_plugin, kubelet):
         resp = kubelet.prepare(claim, good)
         error = resp.claims[claim["metadata"]["uid"]].error
-        assert error.startswith("permanent error") and needle in error
+        assert classified(error).startswith("permanent error") and needle in error
         assert resp.claims[good["metadata"]["uid"]].error == ""  # plugin keeps serving
 
 
@@ -150,9 +157,9 @@ def test_cross_namespace_and_missing_domain_are_permanent(api: FakeApiServer, ro
     orphan = seed_claim(api, params=channel_params("no-such-uid"))
     with running_plugin(api, root) as (_plugin, kubelet):
         error = kubelet.prepare(claim).claims[claim["metadata"]["uid"]].error
-        assert error.startswith("permanent") and "namespace is different" in error
+        assert classified(error).startswith("permanent") and "namespace is different" in error
         error = kubelet.prepare(orphan).claims[orphan["metadata"]["uid"]].error
-        assert error.startswith("permanent") and "not found" in error
+        assert classified(error).startswith("permanent") and "not found" in error
         assert node_label(api) is None
 
 
@@ -165,7 +172,8 @@ def test_waits_for_daemon_ready_event_and_times_out_retryably(
     with running_plugin(api, root) as (_plugin, kubelet):
         # 3.2 s client deadline - 3 s safety margin = 0.2 s budget: no long real wait.
         resp = kubelet.prepare(claim, timeout=3.2)
-        assert resp.claims[uid].error.startswith("retryable error: current node not ready")
+        error = classified(resp.claims[uid].error)
+        assert error.startswith("retryable error: current node not ready")
         assert node_label(api) == cd  # label stays so the daemon can be scheduled
         result: dict[str, object] = {}
         waiter = threading.Thread(target=lambda: result.update(r=kubelet.prepare(claim)))
@@ -183,7 +191,7 @@ def test_label_held_by_other_domain_is_retryable(api: FakeApiServer, root: Path)
     claim = seed_claim(api, params=channel_params(cd))
     with running_plugin(api, root) as (_plugin, kubelet):
         error = kubelet.prepare(claim).claims[claim["metadata"]["uid"]].error
-        assert error.startswith("retryable") and "another ComputeDomain" in error
+        assert classified(error).startswith("retryable") and "another ComputeDomain" in error
         assert node_label(api) == "someone-else"
 
 

@@ -87,7 +87,7 @@ def test_sigkill_between_checkpoint_steps(api: FakeApiServer, root: Path, crash_
         kubelet.prepare(claim, timeout=10)
     assert crashing.wait(10) == -signal.SIGKILL
     checkpoint = json.loads((config.plugin_dir / "checkpoint.json").read_text())
-    assert checkpoint["claims"][uid]["entry"]["state"] == "PrepareStarted"
+    assert checkpoint["v2"]["preparedClaims"][uid]["checkpointState"] == "PrepareStarted"
 
     plugin = start_real_plugin(api, root)
     try:
@@ -133,7 +133,7 @@ def test_stale_started_entry_of_deleted_claim_is_unprepared_at_start(
 
         def cleaned() -> bool:
             doc = json.loads((config.plugin_dir / "checkpoint.json").read_text())
-            return uid not in doc["claims"]
+            return uid not in doc["v2"].get("preparedClaims", {})
 
         wait_until(cleaned, 20)
         node = api.client().get(res.NODES, NODE)

@@ -1,0 +1,539 @@
+"""The Go driver's checkpoint format, and the claim records the plugin keeps in it.
+
+Owns the model (`ClaimEntry`) and its exact wire form, so a node can switch between this driver
+and the Go driver in either direction without losing a prepared claim. The shape is upstream's
+``Checkpoint`` (``cmd/compute-domain-kubelet-plugin/checkpoint*.go``, ``prepared.go``)::
+
+    {"checksum": <v1 checksum>,
+     "v1": {"preparedClaims": {uid: {"status", "preparedDevices"}}},    # PrepareCompleted only
+     "v2": {"checksum": <v2 checksum>,
+            "preparedClaims": {uid: {"checkpointState", "status", "preparedDevices",
+                                     "name", "namespace", "abortedAt"}},
+            "nodeBootID": "<boot_id>"}}
+
+``status`` is the claim's ``ResourceClaimStatus`` (``k8s.io/api`` v0.36, upstream's vendored
+version); ``preparedDevices`` is a list of groups ``{"devices": [{"channel"|"daemon": {"info":
+{"id": N}, "device": {"Requests", "PoolName", "DeviceName", "CDIDeviceIDs"}}}], "configState":
+{"Type", "ComputeDomain"}}``. The v1 checksum covers ``{"checksum":0,"v1":...}``, the v2 checksum
+covers v2 with its own checksum zeroed; both are `gojson.checksum` over Go's marshal output.
+
+Invariants:
+* `encode_checkpoint` writes exactly the bytes Go's ``MarshalCheckpoint`` writes for the same
+  content (`gojson.canonical` + `gojson.marshal`), so the Go driver's re-marshal matches;
+* `decode_checkpoint` accepts a section when its checksum matches either the file's own bytes
+  (any upstream version, including fields newer than ours) or our canonical re-marshal, and
+  verifies each section on its own so a damaged file still yields the entries of a verified one;
+* a v1-only file (older upstream) reads as PrepareCompleted entries without name/namespace.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pkg.kubeletplugin import gojson
+from pkg.kubeletplugin.claims import requested_devices, status_targets
+from pkg.kubeletplugin.gojson import (
+    BOOL,
+    INT,
+    STRING,
+    Field,
+    Map,
+    Ptr,
+    Raw,
+    SchemaError,
+    Slice,
+    Struct,
+    Time,
+)
+
+
+class ClaimState(enum.StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+    # Newer upstream keeps a tombstone after unpreparing a PrepareStarted claim; it holds nothing.
+    PREPARE_ABORTED = "PrepareAborted"
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device as reported to the kubelet (upstream ``CheckpointedDevice``).
+
+    ``request_names`` keeps subrequest names (``req/sub``) as stored; the gRPC answer strips
+    them. ``share_id``/``metadata`` are carried through from files the Go driver wrote.
+    """
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+    metadata: Any = None
+
+
+@dataclass(frozen=True)
+class DeviceGroup:
+    """Devices prepared with one opaque config (upstream ``PreparedDeviceGroup``)."""
+
+    kind: str  # configState.Type: "channel" | "daemon"
+    domain_id: str  # configState.ComputeDomain
+    devices: tuple[PreparedDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    """What Unprepare needs without the API: the claim may be deleted by then.
+
+    ``status`` is the claim's status at Prepare in Go's canonical form (see `canonical_status`);
+    ``groups`` is empty until PrepareCompleted. ``targets`` says which ComputeDomains the claim
+    touches, from the groups or -- for a PrepareStarted entry -- from the configs in ``status``.
+    """
+
+    uid: str
+    state: ClaimState
+    status: Mapping[str, Any] = field(default_factory=dict)
+    groups: tuple[DeviceGroup, ...] = ()
+    namespace: str = ""
+    name: str = ""
+    aborted_at: str | None = None
+
+    @functools.cached_property
+    def targets(self) -> tuple[tuple[str, str], ...]:
+        """``(kind, domainID)`` pairs this claim prepared or was preparing."""
+        if self.groups:
+            return tuple((g.kind, g.domain_id) for g in self.groups)
+        return status_targets(self.status)
+
+    @property
+    def kind(self) -> str:
+        """The first target's kind (``channel``/``daemon``), ``""`` if unknown."""
+        return self.targets[0][0] if self.targets else ""
+
+    @property
+    def domain_id(self) -> str:
+        """The first target's ComputeDomain UID, ``""`` if unknown."""
+        return self.targets[0][1] if self.targets else ""
+
+    @property
+    def devices(self) -> tuple[PreparedDevice, ...]:
+        """Every prepared device, in group order."""
+        return tuple(d for g in self.groups for d in g.devices)
+
+    def held_devices(self) -> set[str]:
+        """Names of our devices this claim holds: its non-adminAccess allocation results."""
+        return requested_devices(self.status)
+
+
+# -- the wire schema (Go structs) --------------------------------------------------------------
+
+_NODE_SELECTOR_REQUIREMENT: Final = Struct(
+    (Field("key", STRING), Field("operator", STRING), Field("values", Slice(STRING), True))
+)
+_NODE_SELECTOR: Final = Struct(
+    (
+        Field(
+            "nodeSelectorTerms",
+            Slice(
+                Struct(
+                    (
+                        Field("matchExpressions", Slice(_NODE_SELECTOR_REQUIREMENT), True),
+                        Field("matchFields", Slice(_NODE_SELECTOR_REQUIREMENT), True),
+                    )
+                )
+            ),
+        ),
+    )
+)
+_DEVICE_TOLERATION: Final = Struct(
+    (
+        Field("key", STRING, True),
+        Field("operator", STRING, True),
+        Field("value", STRING, True),
+        Field("effect", STRING, True),
+        Field("tolerationSeconds", Ptr(INT), True),
+    )
+)
+_RESULT: Final = Struct(
+    (
+        Field("request", STRING),
+        Field("driver", STRING),
+        Field("pool", STRING),
+        Field("device", STRING),
+        Field("adminAccess", Ptr(BOOL), True),
+        Field("tolerations", Slice(_DEVICE_TOLERATION), True),
+        Field("bindingConditions", Slice(STRING), True),
+        Field("bindingFailureConditions", Slice(STRING), True),
+        Field("shareID", Ptr(STRING), True),
+        # resource.Quantity values: the API server sends them canonical, so kept as sent.
+        Field("consumedCapacity", Map(Raw()), True),
+    )
+)
+_CONFIG: Final = Struct(
+    (
+        Field("source", STRING),
+        Field("requests", Slice(STRING), True),
+        Field("opaque", Ptr(Struct((Field("driver", STRING), Field("parameters", Raw())))), True),
+    )
+)
+_CONDITION: Final = Struct(
+    (
+        Field("type", STRING),
+        Field("status", STRING),
+        Field("observedGeneration", INT, True),
+        Field("lastTransitionTime", Time()),
+        Field("reason", STRING),
+        Field("message", STRING),
+    )
+)
+_DEVICE_STATUS: Final = Struct(
+    (
+        Field("driver", STRING),
+        Field("pool", STRING),
+        Field("device", STRING),
+        Field("shareID", Ptr(STRING), True),
+        Field("conditions", Slice(_CONDITION)),
+        Field("data", Ptr(Raw()), True),
+        Field(
+            "networkData",
+            Ptr(
+                Struct(
+                    (
+                        Field("interfaceName", STRING, True),
+                        Field("ips", Slice(STRING), True),
+                        Field("hardwareAddress", STRING, True),
+                    )
+                )
+            ),
+            True,
+        ),
+    )
+)
+RESOURCE_CLAIM_STATUS: Final = Struct(
+    (
+        Field(
+            "allocation",
+            Ptr(
+                Struct(
+                    (
+                        Field(
+                            "devices",
+                            Struct(
+                                (
+                                    Field("results", Slice(_RESULT), True),
+                                    Field("config", Slice(_CONFIG), True),
+                                )
+                            ),
+                            True,
+                        ),
+                        Field("nodeSelector", Ptr(_NODE_SELECTOR), True),
+                        Field("allocationTimestamp", Ptr(Time()), True),
+                    )
+                )
+            ),
+            True,
+        ),
+        Field(
+            "reservedFor",
+            Slice(
+                Struct(
+                    (
+                        Field("apiGroup", STRING, True),
+                        Field("resource", STRING),
+                        Field("name", STRING),
+                        Field("uid", STRING),
+                    )
+                )
+            ),
+            True,
+        ),
+        Field("devices", Slice(_DEVICE_STATUS), True),
+    )
+)
+_DEVICE: Final = Struct(
+    (
+        Field("Requests", Slice(STRING)),
+        Field("PoolName", STRING),
+        Field("DeviceName", STRING),
+        Field("CDIDeviceIDs", Slice(STRING)),
+        Field("ShareID", Ptr(STRING), True),
+        Field("Metadata", Ptr(Raw()), True),
+    )
+)
+_TYPED_DEVICE: Final = Struct(
+    (Field("info", Ptr(Struct((Field("id", INT),)))), Field("device", Ptr(_DEVICE)))
+)
+_PREPARED_DEVICES: Final = Slice(
+    Ptr(
+        Struct(
+            (
+                Field(
+                    "devices",
+                    Slice(
+                        Struct(
+                            (
+                                Field("channel", Ptr(_TYPED_DEVICE)),
+                                Field("daemon", Ptr(_TYPED_DEVICE)),
+                            )
+                        )
+                    ),
+                ),
+                Field(
+                    "configState",
+                    Struct((Field("Type", STRING), Field("ComputeDomain", STRING))),
+                ),
+            )
+        )
+    )
+)
+_CLAIM_V2: Final = Struct(
+    (
+        Field("checkpointState", STRING),
+        Field("status", RESOURCE_CLAIM_STATUS, True),
+        Field("preparedDevices", _PREPARED_DEVICES, True),
+        Field("name", STRING, True),
+        Field("namespace", STRING, True),
+        Field("abortedAt", Ptr(Time()), True),
+    )
+)
+_V2: Final = Struct(
+    (
+        Field("checksum", INT),
+        Field("preparedClaims", Map(_CLAIM_V2), True),
+        Field("nodeBootID", STRING, True),
+    )
+)
+_V1: Final = Struct(
+    (
+        Field(
+            "preparedClaims",
+            Map(
+                Struct(
+                    (
+                        Field("status", RESOURCE_CLAIM_STATUS, True),
+                        Field("preparedDevices", _PREPARED_DEVICES, True),
+                    )
+                )
+            ),
+            True,
+        ),
+    )
+)
+
+
+def canonical_status(status: Any) -> dict[str, Any]:
+    """A claim status as the Go driver stores it; `SchemaError` if it cannot be one."""
+    out: dict[str, Any] = gojson.canonical(status, RESOURCE_CLAIM_STATUS, where="status")
+    return out
+
+
+# -- entries <-> wire ---------------------------------------------------------------------------
+
+
+def _device_to_wire(device: PreparedDevice, fallback_kind: str) -> dict[str, Any]:
+    kind, _, index = device.device_name.rpartition("-")
+    if kind not in ("channel", "daemon"):
+        kind = fallback_kind
+    typed = {
+        "info": {"id": int(index) if index.isdigit() else 0},
+        "device": {
+            "Requests": list(device.request_names),
+            "PoolName": device.pool_name,
+            "DeviceName": device.device_name,
+            "CDIDeviceIDs": list(device.cdi_device_ids),
+            "ShareID": device.share_id,
+            "Metadata": device.metadata,
+        },
+    }
+    return {
+        "channel": typed if kind == "channel" else None,
+        "daemon": typed if kind != "channel" else None,
+    }
+
+
+def _groups_to_wire(groups: tuple[DeviceGroup, ...]) -> list[dict[str, Any]]:
+    return [
+        {
+            "devices": [_device_to_wire(d, g.kind) for d in g.devices],
+            "configState": {"Type": g.kind, "ComputeDomain": g.domain_id},
+        }
+        for g in groups
+    ]
+
+
+def _groups_from_wire(raw: list[Any] | None) -> tuple[DeviceGroup, ...]:
+    groups: list[DeviceGroup] = []
+    for group in raw or []:
+        if group is None:
+            continue
+        devices: list[PreparedDevice] = []
+        for item in group["devices"] or []:
+            typed = item["channel"] or item["daemon"]
+            dev = (typed or {}).get("device")
+            if dev is None:
+                continue
+            devices.append(
+                PreparedDevice(
+                    request_names=tuple(dev["Requests"] or ()),
+                    pool_name=dev["PoolName"],
+                    device_name=dev["DeviceName"],
+                    cdi_device_ids=tuple(dev["CDIDeviceIDs"] or ()),
+                    share_id=dev.get("ShareID"),
+                    metadata=dev.get("Metadata"),
+                )
+            )
+        state = group["configState"]
+        groups.append(DeviceGroup(state["Type"], state["ComputeDomain"], tuple(devices)))
+    return tuple(groups)
+
+
+def _entry_from_wire(uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
+    state = raw.get("checkpointState", ClaimState.PREPARE_COMPLETED)
+    try:
+        claim_state = ClaimState(state)
+    except ValueError as err:
+        raise SchemaError(f"claim {uid}: unsupported checkpointState {state!r}") from err
+    return ClaimEntry(
+        uid=uid,
+        state=claim_state,
+        status=raw["status"],
+        groups=_groups_from_wire(raw.get("preparedDevices")),
+        namespace=raw.get("namespace", ""),
+        name=raw.get("name", ""),
+        aborted_at=raw.get("abortedAt"),
+    )
+
+
+def _claim_to_wire(entry: ClaimEntry) -> dict[str, Any]:
+    return {
+        "checkpointState": str(entry.state),
+        "status": dict(entry.status),
+        "preparedDevices": _groups_to_wire(entry.groups),
+        "name": entry.name,
+        "namespace": entry.namespace,
+        "abortedAt": entry.aborted_at,
+    }
+
+
+def encode_checkpoint(entries: Mapping[str, ClaimEntry], *, boot_id: str) -> bytes:
+    """The file the Go driver's ``MarshalCheckpoint`` writes for these entries."""
+    claims = {uid: _claim_to_wire(e) for uid, e in entries.items()}
+    v2 = gojson.canonical(
+        {"checksum": 0, "preparedClaims": claims, "nodeBootID": boot_id}, _V2, where="v2"
+    )
+    v2["checksum"] = gojson.checksum(gojson.marshal(v2))
+    completed = {
+        uid: {"status": c["status"], "preparedDevices": c["preparedDevices"]}
+        for uid, c in claims.items()
+        if c["checkpointState"] == ClaimState.PREPARE_COMPLETED
+    }
+    v1 = gojson.canonical({"preparedClaims": completed}, _V1, where="v1")
+    top_checksum = gojson.checksum(gojson.marshal({"checksum": 0, "v1": v1}))
+    return gojson.marshal({"checksum": top_checksum, "v1": v1, "v2": v2})
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodedCheckpoint:
+    """Result of `decode_checkpoint`: entries from the verified sections and what was wrong."""
+
+    entries: dict[str, ClaimEntry]
+    boot_id: str
+    problems: tuple[str, ...] = ()
+    claims_seen: int = 0
+
+
+def _verified(raw_form: Any, canonical_form: Any, expected: int) -> bool:
+    """Whether ``expected`` is the checksum of the file's own bytes or of our re-marshal."""
+    return expected in (
+        gojson.checksum(gojson.marshal(raw_form)),
+        gojson.checksum(gojson.marshal(canonical_form)),
+    )
+
+
+def _pick(doc: Mapping[str, Any], name: str) -> Any:
+    """A top-level field, matched the way Go's decoder matches keys."""
+    found = None
+    for key, value in doc.items():
+        if key == name or str(key).lower() == name:
+            found = value
+    return found
+
+
+def _section(raw: Any, schema: Struct, where: str) -> tuple[dict[str, Any] | None, str]:
+    if raw is None:
+        return None, ""
+    try:
+        return gojson.canonical(raw, schema, where=where), ""
+    except SchemaError as err:
+        return None, f"undecodable {where}: {err}"
+
+
+def decode_checkpoint(data: bytes) -> DecodedCheckpoint:
+    """Parse and verify a checkpoint file.
+
+    Raises `ValueError` if the file is not a checkpoint at all (not JSON, not an object, no
+    numeric checksum); otherwise returns the entries of the verified section (v2, else v1) and
+    one problem string per failed check -- no problems means the Go driver accepts the file too.
+    """
+    try:
+        doc = gojson.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"not valid JSON: {err}") from err
+    if not isinstance(doc, dict):
+        raise ValueError("not a checkpoint: the top level is not a JSON object")
+    problems: list[str] = []
+    try:
+        top_checksum = gojson.canonical(_pick(doc, "checksum"), INT, where="checksum")
+    except SchemaError as err:
+        raise ValueError(f"not a checkpoint of this format: {err}") from err
+    raw_v1, raw_v2 = _pick(doc, "v1"), _pick(doc, "v2")
+    v1, problem = _section(raw_v1, _V1, "v1")
+    problems += [problem] if problem else []
+    v2, problem = _section(raw_v2, _V2, "v2")
+    problems += [problem] if problem else []
+
+    v1_ok = _verified(
+        {"checksum": 0, **({"v1": raw_v1} if raw_v1 is not None else {})},
+        {"checksum": 0, **({"v1": v1} if v1 is not None else {})},
+        top_checksum,
+    ) and (raw_v1 is None or v1 is not None)
+    if not v1_ok:
+        problems.append("v1 checksum mismatch")
+    v2_ok = v2 is not None
+    if v2 is not None and isinstance(raw_v2, dict):
+        v2_ok = _verified({**raw_v2, "checksum": 0}, {**v2, "checksum": 0}, v2["checksum"])
+        if not v2_ok:
+            problems.append("v2 checksum mismatch")
+
+    seen = max(
+        len((v2 or {}).get("preparedClaims") or {}),
+        len((v1 or {}).get("preparedClaims") or {}),
+        _count(raw_v1),
+        _count(raw_v2),
+    )
+    entries: dict[str, ClaimEntry] = {}
+    boot_id = ""
+    try:
+        if v2_ok and v2 is not None:
+            boot_id = v2.get("nodeBootID", "")
+            for uid, claim in (v2.get("preparedClaims") or {}).items():
+                entries[uid] = _entry_from_wire(uid, claim)
+        elif v1_ok and v1 is not None:
+            for uid, claim in (v1.get("preparedClaims") or {}).items():
+                entries[uid] = _entry_from_wire(uid, claim)
+    except SchemaError as err:
+        problems.append(str(err))
+        entries = {}
+    return DecodedCheckpoint(
+        entries=entries, boot_id=boot_id, problems=tuple(problems), claims_seen=seen
+    )
+
+
+def _count(raw: Any) -> int:
+    claims = raw.get("preparedClaims") if isinstance(raw, dict) else None
+    return len(claims) if isinstance(claims, dict) else 0

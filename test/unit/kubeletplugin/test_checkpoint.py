@@ -1,0 +1,282 @@
+"""The checkpoint file is the Go driver's: same shape, same checksums, byte for byte.
+
+Fixtures in testdata/upstream_checkpoint/ were written by Go's ``MarshalCheckpoint`` (see the
+README there); every test that reads them would fail with the previous, driver-private format.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pkg.kubeletplugin import gojson
+from pkg.kubeletplugin.checkpoint import (
+    CheckpointStore,
+    ClaimEntry,
+    ClaimState,
+    DeviceGroup,
+    PreparedDevice,
+    canonical_status,
+)
+from pkg.kubeletplugin.checkpointformat import decode_checkpoint, encode_checkpoint
+
+FIXTURES = Path(__file__).parent / "testdata" / "upstream_checkpoint"
+CHANNEL_UID = "5f0c9a52-1111-4e2b-9d7e-000000000001"
+DAEMON_UID = "5f0c9a52-2222-4e2b-9d7e-000000000002"
+STARTED_UID = "5f0c9a52-3333-4e2b-9d7e-000000000003"
+CD = "cd0e0f00-aaaa-4bbb-8ccc-000000000042"
+
+
+def fixture(name: str) -> bytes:
+    return (FIXTURES / name).read_bytes()
+
+
+def install(directory: Path, name: str) -> Path:
+    path = directory / "checkpoint.json"
+    path.write_bytes(fixture(name))
+    return path
+
+
+# -- Go's primitives ------------------------------------------------------------------------------
+
+
+def test_checksum_and_marshal_match_the_go_driver() -> None:
+    raw = fixture("v2-completed-started.json")
+    doc = gojson.loads(raw)
+    assert gojson.marshal(doc) == raw  # Go's escaping (\u003c ...) and compact form
+    top = gojson.checksum(gojson.marshal({"checksum": 0, "v1": doc["v1"]}))
+    assert top == int(doc["checksum"])
+    assert gojson.checksum(gojson.marshal({**doc["v2"], "checksum": 0})) == int(
+        doc["v2"]["checksum"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("a<b>&c", b'"a\\u003cb\\u003e\\u0026c"'),
+        ("\b\f\n\r\t\x01\u2028\x7f", b'"\\b\\f\\n\\r\\t\\u0001\\u2028\x7f"'),
+        ("\ud800", '"\ufffd"'.encode()),
+        ({"b": [1, True, None], "a": gojson.RawNumber("1.50")}, b'{"b":[1,true,null],"a":1.50}'),
+    ],
+    ids=["html", "control", "lone-surrogate", "order-and-raw-number"],
+)
+def test_marshal_escapes_like_go(value: Any, expected: bytes) -> None:
+    assert gojson.marshal(value) == expected
+
+
+def test_canonical_status_is_what_go_keeps() -> None:
+    """Unknown fields (e.g. skipNodeOperations of a 1.37 server) drop, times lose sub-seconds,
+    absent non-omitempty fields appear as Go's zero values, map keys sort."""
+    api_status = {
+        "allocation": {
+            "allocationTimestamp": "2026-05-01T14:30:00.123+02:00",
+            "devices": {
+                "results": [
+                    {
+                        "device": "channel-0",
+                        "request": "channel",
+                        "driver": "compute-domain.nvidia.com",
+                        "pool": "node-a",
+                        "skipNodeOperations": ["x"],
+                        "consumedCapacity": {"z": "1", "a": "2Gi"},
+                    }
+                ],
+            },
+        },
+        "devices": [{"driver": "d", "pool": "p", "device": "x"}],
+        "futureField": 1,
+    }
+    assert canonical_status(api_status) == {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "channel",
+                        "driver": "compute-domain.nvidia.com",
+                        "pool": "node-a",
+                        "device": "channel-0",
+                        "consumedCapacity": {"a": "2Gi", "z": "1"},
+                    }
+                ]
+            },
+            "allocationTimestamp": "2026-05-01T12:30:00Z",
+        },
+        "devices": [{"driver": "d", "pool": "p", "device": "x", "conditions": None}],
+    }
+    with pytest.raises(gojson.SchemaError, match="results"):
+        canonical_status({"allocation": {"devices": {"results": "nope"}}})
+
+
+# -- reading files the Go driver wrote ----------------------------------------------------------
+
+
+def test_reads_upstream_v2_checkpoint() -> None:
+    decoded = decode_checkpoint(fixture("v2-completed-started.json"))
+    assert decoded.problems == () and decoded.boot_id == "boot-1"
+    channel, daemon, started = (decoded.entries[u] for u in (CHANNEL_UID, DAEMON_UID, STARTED_UID))
+    assert (channel.state, channel.targets) == (ClaimState.PREPARE_COMPLETED, (("channel", CD),))
+    assert (channel.namespace, channel.name) == ("team", "workload-claim")
+    assert channel.devices == (
+        PreparedDevice(
+            ("channel",),
+            "node-a",
+            "channel-0",
+            (f"k8s.compute-domain.nvidia.com/claim={CHANNEL_UID}-channel-0",),
+        ),
+    )
+    assert daemon.targets == (("daemon", CD),)
+    assert daemon.devices[0].cdi_device_ids[0] == "k8s.compute-domain.nvidia.com/device=all"
+    # A PrepareStarted entry has no devices: what to undo comes from its stored claim status.
+    assert (started.state, started.devices, started.targets) == (
+        ClaimState.PREPARE_STARTED,
+        (),
+        (("channel", CD),),
+    )
+    assert started.held_devices() == {"channel-0"}
+
+
+@pytest.mark.parametrize(
+    "name", ["v2-completed-started.json", "v2-no-boot-id.json", "v2-empty.json", "v2-aborted.json"]
+)
+def test_reencoding_reproduces_the_go_bytes(name: str) -> None:
+    """What we write is exactly Go's MarshalCheckpoint output, so the Go driver's re-marshal
+    matches and its checksum verification passes after a rollback."""
+    decoded = decode_checkpoint(fixture(name))
+    assert encode_checkpoint(decoded.entries, boot_id=decoded.boot_id) == fixture(name)
+
+
+def test_store_writes_what_the_go_driver_writes(tmp_path: Path) -> None:
+    entries = decode_checkpoint(fixture("v2-completed-started.json")).entries
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-1")
+    store.open()
+    for uid in (STARTED_UID, DAEMON_UID, CHANNEL_UID):
+        store.put(entries[uid])
+    assert store.path.read_bytes() == fixture("v2-completed-started.json")
+    store.remove(STARTED_UID)
+    store.remove(DAEMON_UID)
+    store.remove(CHANNEL_UID)
+    assert store.path.read_bytes() == fixture("v2-empty.json")
+
+
+def test_store_keeps_upstream_entries_and_injects_missing_boot_id(tmp_path: Path) -> None:
+    install(tmp_path, "v2-no-boot-id.json")
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-1")
+    report = store.open()
+    assert not report.corrupt and report.dropped_other_boot == ()
+    assert set(store.entries()) == {CHANNEL_UID, DAEMON_UID, STARTED_UID}
+    assert store.path.read_bytes() == fixture("v2-completed-started.json")
+
+
+def test_store_reads_v1_only_checkpoint(tmp_path: Path) -> None:
+    install(tmp_path, "v1-only.json")
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-1")
+    assert not store.open().corrupt
+    entries = store.entries()
+    assert set(entries) == {CHANNEL_UID, DAEMON_UID}
+    assert all(e.state == ClaimState.PREPARE_COMPLETED and e.name == "" for e in entries.values())
+    assert entries[DAEMON_UID].targets == (("daemon", CD),)
+    assert decode_checkpoint(store.path.read_bytes()).problems == ()
+
+
+def test_store_drops_aborted_tombstones(tmp_path: Path) -> None:
+    install(tmp_path, "v2-aborted.json")
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-1")
+    assert not store.open().corrupt
+    assert set(store.entries()) == {CHANNEL_UID, DAEMON_UID}
+
+
+def test_store_drops_entries_of_another_boot(tmp_path: Path) -> None:
+    install(tmp_path, "v2-completed-started.json")
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-2")
+    report = store.open()
+    assert {e.uid for e in report.dropped_other_boot} == {CHANNEL_UID, DAEMON_UID, STARTED_UID}
+    assert store.entries() == {}
+    assert json.loads(store.path.read_bytes())["v2"]["nodeBootID"] == "boot-2"
+
+
+def test_round_trip_of_own_entries(tmp_path: Path) -> None:
+    status = canonical_status(
+        {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "r/sub", "driver": "d", "pool": "n", "device": "channel-0"}
+                    ]
+                }
+            }
+        }
+    )
+    entry = ClaimEntry(
+        uid="a",
+        state=ClaimState.PREPARE_COMPLETED,
+        status=status,
+        groups=(DeviceGroup("channel", "cd", (PreparedDevice(("r/sub",), "n", "channel-0", ()),)),),
+        namespace="ns",
+        name="c",
+    )
+    store = CheckpointStore(directory=tmp_path, boot_id="b1")
+    store.open()
+    store.put(entry)
+    reopened = CheckpointStore(directory=tmp_path, boot_id="b1")
+    assert not reopened.open().corrupt
+    assert reopened.entries() == {"a": entry}
+
+
+# -- corrupt-file policy --------------------------------------------------------------------------
+
+
+def tampered(name: str, section: str) -> bytes:
+    """The fixture with one byte of a claim name changed inside ``section``."""
+    raw = fixture(name)
+    doc = gojson.loads(raw)
+    body = gojson.marshal(doc[section])
+    start = raw.index(body)
+    bad = body.replace(b"node-a", b"node-b", 1)
+    return raw[:start] + bad + raw[start + len(body) :]
+
+
+def test_damaged_v2_recovers_completed_claims_from_v1(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(tampered("v2-completed-started.json", "v2"))
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-1", now=lambda: 1234.0)
+    report = store.open()
+    assert report.corrupt and "v2 checksum mismatch" in report.problem
+    assert (report.recovered, report.lost) == (2, 1)
+    assert report.moved_to == tmp_path / "checkpoint.json.corrupt-1234"
+    assert report.moved_to.exists()
+    assert set(store.entries()) == {CHANNEL_UID, DAEMON_UID}
+    assert not CheckpointStore(directory=tmp_path, boot_id="boot-1").open().corrupt
+
+
+def test_damaged_v1_recovers_everything_from_v2(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(tampered("v2-completed-started.json", "v1"))
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-1", now=lambda: 7.0)
+    report = store.open()
+    assert report.corrupt and "v1 checksum mismatch" in report.problem
+    assert (report.recovered, report.lost) == (3, 0)
+    assert store.path.read_bytes() == fixture("v2-completed-started.json")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b"\x00\xff",
+        b"[]",
+        b'{"checksum": 1, "v2": {"checksum": 2, "preparedClaims": {"x": {"status": 5}}}}',
+        # The driver-private format of earlier builds of this driver.
+        b'{"kind": "ComputeDomainPluginCheckpoint", "version": 1, "checksum": "sha256:00"}',
+    ],
+    ids=["truncated", "binary", "not-an-object", "wrong-types", "previous-private-format"],
+)
+def test_unusable_checkpoint_never_crashes(tmp_path: Path, content: bytes) -> None:
+    (tmp_path / "checkpoint.json").write_bytes(content)
+    store = CheckpointStore(directory=tmp_path, boot_id="b1", now=lambda: 1.0)
+    report = store.open()
+    assert report.corrupt and report.problem
+    assert (tmp_path / "checkpoint.json.corrupt-1").read_bytes() == content
+    assert store.entries() == {}
+    assert decode_checkpoint(store.path.read_bytes()).problems == ()

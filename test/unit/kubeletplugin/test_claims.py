@@ -1,0 +1,146 @@
+"""Upstream's opaque-config resolution: order, precedence, errors (pure, no API server)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from pkg.api import constants as c
+from pkg.kubeletplugin.claims import resolve_claim_config, status_targets
+from pkg.kubeletplugin.errors import PermanentError
+
+
+def claim_with(configs: list[dict[str, Any]], device: str = "channel-0") -> dict[str, Any]:
+    result = {"request": "req/sub", "driver": c.DRIVER_NAME, "pool": "n", "device": device}
+    return {"status": {"allocation": {"devices": {"results": [result], "config": configs}}}}
+
+
+def opaque(
+    source: str, requests: list[str], kind: str = c.CHANNEL_CONFIG_KIND, **params: Any
+) -> dict[str, Any]:
+    body = {"apiVersion": c.API_VERSION, "kind": kind, **params}
+    return {
+        "source": source,
+        "requests": requests,
+        "opaque": {"driver": c.DRIVER_NAME, "parameters": body},
+    }
+
+
+def domain(configs: list[dict[str, Any]], device: str = "channel-0") -> str:
+    resolved = resolve_claim_config(claim_with(configs, device))
+    assert resolved is not None
+    return resolved[1].domain_id
+
+
+@pytest.mark.parametrize(
+    ("configs", "expected"),
+    [
+        # The last matching config wins, even a `requests: []` one after one naming the request.
+        (
+            [
+                opaque("FromClaim", ["req"], domainID="named"),
+                opaque("FromClaim", [], domainID="any"),
+            ],
+            "any",
+        ),
+        (
+            [
+                opaque("FromClaim", [], domainID="any"),
+                opaque("FromClaim", ["req"], domainID="named"),
+            ],
+            "named",
+        ),
+        # Class configs come first whatever their position, so the claim's win.
+        (
+            [
+                opaque("FromClaim", [], domainID="claim"),
+                opaque("FromClass", ["req"], domainID="class"),
+            ],
+            "claim",
+        ),
+        # A subrequest matches its own name and its request's name.
+        (
+            [
+                opaque("FromClaim", ["req/sub"], domainID="sub"),
+                opaque("FromClaim", ["other"], domainID="x"),
+            ],
+            "sub",
+        ),
+        # `requests: []` of the other type is skipped, not an error.
+        (
+            [
+                opaque("FromClaim", [], domainID="ch"),
+                opaque("FromClaim", [], kind=c.DAEMON_CONFIG_KIND, domainID="d"),
+            ],
+            "ch",
+        ),
+    ],
+    ids=[
+        "later-empty-beats-named",
+        "later-named",
+        "claim-after-class",
+        "subrequest",
+        "skip-other-type",
+    ],
+)
+def test_last_matching_config_wins(configs: list[dict[str, Any]], expected: str) -> None:
+    assert domain(configs) == expected
+
+
+@pytest.mark.parametrize(
+    ("configs", "device", "message"),
+    [
+        (
+            [{"source": "FromClaim", "requests": []}],
+            "channel-0",
+            "config[0]: only opaque parameters are supported",
+        ),
+        (
+            [
+                opaque("FromClaim", [], domainID="x"),
+                {"source": "FromElsewhere", "opaque": {"driver": "other", "parameters": {}}},
+            ],
+            "channel-0",
+            "config[1]: invalid config source: 'FromElsewhere'",
+        ),
+        (
+            [opaque("FromClaim", ["req"], domainID="x")],
+            "daemon-0",
+            "cannot apply ComputeDomainChannelConfig to request: req/sub",
+        ),
+        ([], "channel-0", "no ComputeDomainChannelConfig"),
+        (
+            [opaque("FromClaim", [], domainID="x")],
+            "daemon-1",
+            "requested device is not allocatable: daemon-1",
+        ),
+        (
+            [opaque("FromClaim", [], domainID="x")],
+            "channel-7",
+            "requested device is not allocatable: channel-7",
+        ),
+    ],
+    ids=[
+        "no-opaque",
+        "bad-source-other-driver",
+        "type-mismatch",
+        "missing",
+        "unpublished-daemon",
+        "unpublished-channel",
+    ],
+)
+def test_permanent_errors(configs: list[dict[str, Any]], device: str, message: str) -> None:
+    with pytest.raises(PermanentError, match=re.escape(message)):
+        resolve_claim_config(claim_with(configs, device))
+
+
+def test_status_targets_is_lenient() -> None:
+    configs = [
+        {"source": "FromClaim", "requests": []},  # no opaque: skipped, not an error
+        opaque("FromClaim", [], domainID="cd", unknown=1),  # non-strict decoding
+    ]
+    assert status_targets(claim_with(configs, "daemon-3")["status"]) == ()
+    assert status_targets(claim_with(configs)["status"]) == (("channel", "cd"),)
+    assert status_targets({"allocation": "garbage"}) == ()
