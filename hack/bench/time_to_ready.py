@@ -15,6 +15,7 @@ identities made per lifecycle, counted from the apiserver's audit log (a policy 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -129,8 +130,8 @@ def bench(
         log_file = cluster.log_path("controller")
         driver.start_controller(kubeconfig=kubeconfig, log_file=log_file, http_port=free_port())
         cfg = config_from_cluster(cluster, workdir / "n")
-        cfg.commands = type(cfg.commands)(
-            programs=cfg.commands.programs, path_env=cfg.commands.path_env,
+        cfg.commands = dataclasses.replace(
+            cfg.commands,
             env={**cfg.commands.env, "IMEX_SIM_READY_DELAY": "0",
                  "IMEX_SIM_PROBE_INTERVAL": str(imex_probe)},
         )  # fmt: skip
