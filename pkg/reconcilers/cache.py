@@ -27,7 +27,9 @@ __all__ = [
     "channel_domain_id",
     "index_by_allocated_node",
     "index_by_claim_domain",
+    "index_by_clique_nodes",
     "index_by_domain_label",
+    "index_by_pod_node",
     "index_by_slice_node",
     "index_by_uid",
 ]
@@ -107,6 +109,23 @@ def index_by_claim_domain(claim: JSON) -> list[str]:
     return [uid] if uid else []
 
 
+def index_by_pod_node(pod: JSON) -> list[str]:
+    """The node a pod is bound to."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    return [str(node)] if node else []
+
+
+def index_by_clique_nodes(clique: JSON) -> list[str]:
+    """The nodes a ComputeDomainClique has ``daemons[]`` entries for."""
+    return sorted(
+        {
+            str(d["nodeName"])
+            for d in clique.get("daemons") or []
+            if isinstance(d, dict) and d.get("nodeName")
+        }
+    )
+
+
 def index_by_slice_node(slice_: JSON) -> list[str]:
     spec = slice_.get("spec") or {}
     if spec.get("driver") != c.DRIVER_NAME or not spec.get("nodeName"):
@@ -119,7 +138,8 @@ class Caches:
     """Every cache the controller reads, with the indexes each must provide.
 
     ``compute_domains`` (all namespaces; BY_UID), ``daemonsets``/``pods``/``cliques`` (driver
-    namespace, label ``computeDomain`` exists; BY_DOMAIN), ``rcts`` (all namespaces, label
+    namespace, label ``computeDomain`` exists; BY_DOMAIN, pods and cliques also BY_NODE: the
+    pod's node, the nodes of a clique's entries), ``rcts`` (all namespaces, label
     exists; BY_DOMAIN), ``nodes`` (all; BY_DOMAIN), ``claims`` (all; BY_NODE, BY_DOMAIN),
     ``slices`` (all; BY_NODE).
     """
@@ -137,8 +157,8 @@ class Caches:
 INDEXES: dict[str, dict[str, IndexFunc]] = {
     "compute_domains": {BY_UID: index_by_uid},
     "daemonsets": {BY_DOMAIN: index_by_domain_label},
-    "pods": {BY_DOMAIN: index_by_domain_label},
-    "cliques": {BY_DOMAIN: index_by_domain_label},
+    "pods": {BY_DOMAIN: index_by_domain_label, BY_NODE: index_by_pod_node},
+    "cliques": {BY_DOMAIN: index_by_domain_label, BY_NODE: index_by_clique_nodes},
     "rcts": {BY_DOMAIN: index_by_domain_label},
     "nodes": {BY_DOMAIN: index_by_domain_label},
     "claims": {BY_NODE: index_by_allocated_node, BY_DOMAIN: index_by_claim_domain},

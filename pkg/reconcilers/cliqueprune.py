@@ -1,25 +1,36 @@
-"""CliquePruneReconciler: drop ``daemons[]`` entries of IMEX daemons that are gone for good.
+"""CliquePruneReconciler: keep ``daemons[]`` entries honest about daemons that are gone or down.
 
 Keyed by ComputeDomainClique (``namespace/name``). A daemon removes its own entry when it shuts
-down cleanly; one that is SIGKILLed, or whose pod is deleted and not replaced, leaves its entry
-behind and every peer keeps it in its IMEX hosts file. Invariants:
+down cleanly and marks it NotReady when its IMEX is not ready; a daemon that is SIGKILLed or
+OOM-killed, whose pod is deleted and not replaced, or whose node dies can do neither, and its
+entry would keep telling every peer's hosts file, the plugin (which releases workloads on
+``Ready``) and the domain's status something false. Invariants:
 
 * an entry is judged only against daemon pods of *its own* domain (driver namespace, label
   ``computeDomain=<uid>``, ``spec.nodeName`` = the entry's node); upstream counts a pod of any
   domain on that node, so a stale entry survives while another domain's daemon runs there;
+* a ``Ready`` entry whose daemon pod runs no daemon container (terminated, waiting to restart
+  after a crash or OOM kill, pod still Pending, or the entry carries another pod's IP) is set
+  to ``NotReady`` at once, with a Warning Event on the pod; the restarted daemon marks itself
+  NotReady at start too, and only the daemon ever sets ``Ready`` again;
+* an entry whose node is *lost* (Ready condition False/Unknown for ``node_loss_grace_period``,
+  see :func:`pkg.reconcilers.status.node_loss_in`) is removed although its pod stays bound to
+  the node (daemon pods tolerate every taint); a daemon still alive there that re-adds itself
+  is removed again no sooner than ``clique_entry_grace_period`` later, so the two never race;
 * an entry whose node has a daemon pod of the domain that is not terminating (Ready or not,
-  any phase) is never removed;
+  any phase) is otherwise never removed;
 * otherwise the entry is removed only after this controller has observed its node without
   such a pod for ``clique_entry_grace_period`` seconds (plus the termination grace of a pod
   still terminating there), so a daemon recreated by its DaemonSet keeps its index; the
   observation restarts with the process and with a re-registered entry (new IP), so any doubt
   delays a removal and never hastens one;
 * the write is a PUT carrying the resourceVersion read; on 409 the clique is read afresh from
-  the API server and only the very entries judged stale (node, IP and index unchanged) are
-  removed from it, so a concurrent daemon write is never overwritten.
+  the API server and only the very entries judged (node, IP and index unchanged) are removed
+  or marked in it, so a concurrent daemon write is never overwritten.
 
-Driven by events only: clique changes and the domain's daemon pod changes enqueue the clique;
-a pending removal is re-checked through the workqueue's ``add_after`` when its grace ends.
+Driven by events only: clique changes, the domain's daemon pod changes and changes of the
+nodes entries are on enqueue the clique; a pending removal is re-checked through the
+workqueue's ``add_after`` when its grace ends.
 """
 
 from __future__ import annotations
@@ -27,16 +38,19 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from pkg.api import constants as c
+from pkg.api.computedomain import NodeEntry
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES
-from pkg.reconcilers.cache import BY_DOMAIN, Caches
+from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, Caches
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import Result
-from pkg.reconcilers.events import NORMAL, EventSink
+from pkg.reconcilers.events import NORMAL, WARNING, EventSink
+from pkg.reconcilers.status import daemon_not_running, node_loss_in, node_problem
 from pkg.runtime.clock import Clock
 
 __all__ = ["CliquePruneReconciler"]
@@ -61,8 +75,25 @@ def _daemons(clique: JSON) -> list[JSON]:
     return [d for d in clique.get("daemons") or [] if isinstance(d, dict)]
 
 
+@dataclass
+class _Verdict:
+    """What one pass decided about one clique's entries."""
+
+    stale: set[EntryId] = field(default_factory=set)  # daemon gone: remove
+    lost: dict[EntryId, str] = field(default_factory=dict)  # node lost: remove (why)
+    down: dict[EntryId, JSON] = field(default_factory=dict)  # daemon not running: NotReady
+    wait: float | None = None  # seconds until the next pending decision
+
+    def later(self, seconds: float) -> None:
+        self.wait = seconds if self.wait is None else min(self.wait, seconds)
+
+    def removals(self) -> set[EntryId]:
+        return self.stale | set(self.lost)
+
+
 class CliquePruneReconciler:
-    """Removes stale daemon entries from ComputeDomainCliques by ``namespace/name`` key."""
+    """Removes stale entries from ComputeDomainCliques, and marks entries of dead daemons
+    NotReady, by ``namespace/name`` key."""
 
     def __init__(
         self,
@@ -76,10 +107,13 @@ class CliquePruneReconciler:
         self._client = client
         self._caches = caches
         self._grace = config.clique_entry_grace_period
+        self._node_loss_grace = config.node_loss_grace_period
         self._events = events
         self._clock = clock
         # clique key -> entry -> monotonic time we first saw its node without a live pod.
         self._absent_since: dict[str, dict[EntryId, float]] = {}
+        # (clique key, node) -> monotonic time we last removed an entry of that lost node.
+        self._lost_removed: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
     def keys_for_pod(self, pod: JSON) -> list[str]:
@@ -93,17 +127,29 @@ class CliquePruneReconciler:
             if (m := cl["metadata"])
         ]
 
+    def keys_for_node(self, node: JSON) -> list[str]:
+        """Cliques with an entry on the node (for the Node event handler)."""
+        name = str(node.get("metadata", {}).get("name") or "")
+        return [
+            f"{m['namespace']}/{m['name']}"
+            for cl in self._caches.cliques.by_index(BY_NODE, name)
+            if (m := cl["metadata"])
+        ]
+
     def reconcile(self, key: str) -> Result:
+        """One pass over the clique ``namespace/name`` (see the module docstring)."""
         clique = self._caches.cliques.get_by_key(key)
         uid = ((clique or {}).get("metadata", {}).get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
         if clique is None or not uid:
             with self._lock:
                 self._absent_since.pop(key, None)
+                for lost in [k for k in self._lost_removed if k[0] == key]:
+                    del self._lost_removed[lost]
             return Result()
-        stale, wait = self._judge(key, clique, str(uid))
-        if stale:
-            self._remove(key, clique, stale)
-        return Result(requeue_after=wait) if wait is not None else Result()
+        verdict = self._judge(key, clique, str(uid))
+        if verdict.removals() or verdict.down:
+            self._apply(key, clique, verdict)
+        return Result(requeue_after=verdict.wait) if verdict.wait is not None else Result()
 
     # -- judgement ------------------------------------------------------------------------------
 
@@ -117,52 +163,77 @@ class CliquePruneReconciler:
             extra = max(extra, float(meta.get("deletionGracePeriodSeconds") or 0))
         return extra
 
-    def _judge(self, key: str, clique: JSON, uid: str) -> tuple[set[EntryId], float | None]:
-        """Entries to remove now, and the delay until the next pending one expires."""
+    def _judge(self, key: str, clique: JSON, uid: str) -> _Verdict:
         by_node: dict[str, list[JSON]] = {}
         for pod in self._caches.pods.by_index(BY_DOMAIN, uid):
             node_name = pod.get("spec", {}).get("nodeName")
             if node_name:
                 by_node.setdefault(str(node_name), []).append(pod)
         now = self._clock.monotonic()
-        stale: set[EntryId] = set()
-        wait: float | None = None
+        wall = self._clock.now()
+        verdict = _Verdict()
         with self._lock:
             previous = self._absent_since.get(key, {})
             current: dict[EntryId, float] = {}
             for entry in _daemons(clique):
                 ident = _entry_id(entry)
-                if not ident[0]:
+                node_name = ident[0]
+                if not node_name:
                     continue  # cannot be matched to a node; not ours to judge
-                extra = self._extra_grace(by_node.get(ident[0], []))
-                if extra is None:
-                    continue  # a daemon pod of this domain runs there
+                node = self._caches.nodes.get_by_key(node_name)
+                left = node_loss_in(node, now=wall, grace=self._node_loss_grace)
+                if left is not None and left <= 0:
+                    last = self._lost_removed.get((key, node_name))
+                    if last is None or now - last >= self._grace:
+                        verdict.lost[ident] = node_problem(node)
+                    else:
+                        verdict.later(last + self._grace - now)
+                    continue
+                self._lost_removed.pop((key, node_name), None)
+                if left is not None:
+                    verdict.later(left)
+                pods = by_node.get(node_name, [])
+                extra = self._extra_grace(pods)
+                if extra is None:  # a daemon pod of this domain runs there
+                    live = next(p for p in pods if not p["metadata"].get("deletionTimestamp"))
+                    if entry.get("status") == c.STATUS_READY and daemon_not_running(
+                        live, NodeEntry.from_clique_daemon(entry)
+                    ):
+                        verdict.down[ident] = live
+                    continue
                 since = previous.get(ident, now)
                 current[ident] = since
                 remaining = since + self._grace + extra - now
                 if remaining <= 0:
-                    stale.add(ident)
+                    verdict.stale.add(ident)
                 else:
-                    wait = remaining if wait is None else min(wait, remaining)
+                    verdict.later(remaining)
             if current:
                 self._absent_since[key] = current
             else:
                 self._absent_since.pop(key, None)
-        return stale, wait
+        return verdict
 
     # -- write ----------------------------------------------------------------------------------
 
-    def _remove(self, key: str, clique: JSON, stale: set[EntryId]) -> None:
+    def _apply(self, key: str, clique: JSON, verdict: _Verdict) -> None:
         obj: JSON | None = clique
+        removals = verdict.removals()
         for attempt in range(_WRITE_ATTEMPTS):
             if obj is None:
                 return
             daemons = _daemons(obj)
-            keep = [d for d in daemons if _entry_id(d) not in stale]
-            if len(keep) == len(daemons):
-                return  # already gone (the daemon or a previous pass removed them)
+            edited = [
+                {**d, "status": c.STATUS_NOT_READY}
+                if _entry_id(d) in verdict.down and d.get("status") == c.STATUS_READY
+                else d
+                for d in daemons
+                if _entry_id(d) not in removals
+            ]
+            if edited == daemons:
+                return  # already done (the daemon or a previous pass did it)
             body = copy.deepcopy(obj)
-            body["daemons"] = keep
+            body["daemons"] = edited
             try:
                 written = self._client.update(COMPUTE_DOMAIN_CLIQUES, body)
             except NotFoundError:
@@ -172,18 +243,56 @@ class CliquePruneReconciler:
                     raise
                 obj = self._fresh(obj)
                 continue
-            removed = sorted(_entry_id(d) for d in daemons if _entry_id(d) in stale)
-            with self._lock:
-                pending = self._absent_since.get(key, {})
-                for ident in removed:
-                    pending.pop(ident, None)
-            text = ", ".join(f"{n} ({ip}, index {i})" for n, ip, i in removed)
-            log.info("removed stale clique entries: %s", text, extra={"key": key})
+            self._report(key, written, daemons, edited, verdict)
+            return
+
+    def _report(
+        self, key: str, written: JSON, before: list[JSON], after: list[JSON], verdict: _Verdict
+    ) -> None:
+        kept = {_entry_id(d) for d in after}
+        removed = sorted(i for i in (_entry_id(d) for d in before) if i not in kept)
+        was_ready = {_entry_id(d) for d in before if d.get("status") == c.STATUS_READY}
+        marked = sorted(
+            _entry_id(d) for d in after
+            if _entry_id(d) in was_ready and _entry_id(d) in verdict.down
+            and d.get("status") == c.STATUS_NOT_READY
+        )  # fmt: skip
+        now = self._clock.monotonic()
+        with self._lock:
+            pending = self._absent_since.get(key, {})
+            for ident in removed:
+                pending.pop(ident, None)
+                if ident in verdict.lost:
+                    self._lost_removed[(key, ident[0])] = now
+
+        def text(idents: list[EntryId]) -> str:
+            return ", ".join(f"{n} ({ip}, index {i})" for n, ip, i in idents)
+
+        gone = [i for i in removed if i not in verdict.lost]
+        lost = [i for i in removed if i in verdict.lost]
+        if gone:
+            log.info("removed stale clique entries: %s", text(gone), extra={"key": key})
             self._events.event(
                 written, NORMAL, "StaleDaemonRemoved",
-                f"removed entries of daemons gone for {self._grace:.0f}s or more: {text}",
+                f"removed entries of daemons gone for {self._grace:.0f}s or more: {text(gone)}",
             )  # fmt: skip
-            return
+        if lost:
+            why = ", ".join(f"{i[0]}: {verdict.lost[i]}" for i in lost)
+            log.warning("removed clique entries of lost nodes: %s (%s)", text(lost), why,
+                        extra={"key": key})  # fmt: skip
+            self._events.event(
+                written, WARNING, "NodeLost",
+                f"removed entries of nodes NotReady or unreachable for more than "
+                f"{self._node_loss_grace:.0f}s: {text(lost)} ({why})",
+            )  # fmt: skip
+        for ident in marked:
+            log.warning("daemon on %s is not running: entry marked NotReady", ident[0],
+                        extra={"key": key})  # fmt: skip
+            self._events.event(
+                verdict.down[ident], WARNING, "DaemonNotRunning",
+                f"the IMEX daemon container is not running; its entry in ComputeDomainClique "
+                f"{written['metadata']['name']} is NotReady until the daemon is Ready again",
+            )  # fmt: skip
 
     def _fresh(self, obj: JSON) -> JSON | None:
         """The clique as the API server has it now (LIST by name: needs no ``get`` verb)."""

@@ -9,7 +9,11 @@ within the process there is exactly one writer. One pass:
    removed only when nothing is pending, daemon pods included (upstream #380);
 3. invalid spec → ``Ready=False/InvalidSpec`` naming the field, a Warning Event, and a
    :class:`TerminalError` (the spec is immutable: retrying cannot help);
-4. add the finalizer, create-or-adopt dependents, then aggregate members into ``status``.
+4. add the finalizer, create-or-adopt dependents, then aggregate members into ``status``:
+   a node lost for ``node_loss_grace_period`` leaves (``NodeLost`` Event; the reconcile is
+   requeued for the moment the next unhealthy node would be lost), and daemons a full clique
+   leaves out make the condition ``CapacityExceeded`` with a Warning Event on the domain and
+   on each such daemon pod (once per cause).
 
 Status writes go to ``/status`` with the resourceVersion read; on 409 the domain is re-read
 from the API server and the same aggregation is written again, so no concurrent change is ever
@@ -39,12 +43,13 @@ from pkg.reconcilers.cache import BY_DOMAIN, Caches
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import Result, TerminalError
 from pkg.reconcilers.dependents import Dependents, RetryLaterError
-from pkg.reconcilers.events import NORMAL, WARNING, EventSink
+from pkg.reconcilers.events import NORMAL, WARNING, EventSink, OnceEvents
 from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
 from pkg.reconcilers.status import (
+    Aggregate,
     Member,
     Problem,
-    collect_members,
+    aggregate,
     render_status,
     status_events,
 )
@@ -84,11 +89,13 @@ class ComputeDomainReconciler:
         self._metrics = metrics
         self._clock = clock
         self._dependents = Dependents(client=client, caches=caches, config=config, events=events)
+        self._once = OnceEvents(events)
         # uid -> the last status we wrote; the cache may lag our own writes.
         self._written: dict[str, JSON] = {}
         self._lock = threading.Lock()
 
     def reconcile(self, key: str) -> Result:
+        """One pass over the domain ``namespace/name`` (see the module docstring)."""
         obj = self._caches.compute_domains.get_by_key(key)
         if obj is None:
             return Result()
@@ -108,18 +115,39 @@ class ComputeDomainReconciler:
             return Result(requeue_after=1.0)
         if problem is not None:
             self._events.event(obj, WARNING, problem.reason, problem.message)
-        uid = cd.uid
-        members = collect_members(
-            cliques=self._caches.cliques.by_index(BY_DOMAIN, uid),
-            pods=self._caches.pods.by_index(BY_DOMAIN, uid),
-            nodes={n["metadata"]["name"]: n for n in self._caches.nodes.by_index(BY_DOMAIN, uid)},
-        )
-        self._write_status(obj, members=members, problem=problem)
+        found = self._aggregate(cd.uid)
+        capacity = found.capacity_problem()
+        if capacity is not None:
+            self._capacity_events(obj, found)
+        self._write_status(obj, members=found.members, problem=problem or capacity, found=found)
         if problem is not None:
             # No retry storm, but recover on our own from fixes we get no event for (a
             # foreign object deleted, the namespace created).
             return Result(requeue_after=_PROBLEM_RECHECK.get(problem.reason, 300.0))
+        if found.recheck is not None:
+            return Result(requeue_after=max(found.recheck, 0.1))
         return Result()
+
+    def _aggregate(self, uid: str) -> Aggregate:
+        pods = self._caches.pods.by_index(BY_DOMAIN, uid)
+        names = {str(p.get("spec", {}).get("nodeName") or "") for p in pods} - {""}
+        nodes = {n: node for n in names if (node := self._caches.nodes.get_by_key(n))}
+        return aggregate(
+            cliques=self._caches.cliques.by_index(BY_DOMAIN, uid), pods=pods, nodes=nodes,
+            now=self._clock.now(), node_loss_grace=self._config.node_loss_grace_period,
+            max_nodes=self._config.max_nodes_per_imex_domain,
+        )  # fmt: skip
+
+    def _capacity_events(self, obj: JSON, found: Aggregate) -> None:
+        for shortfall in found.shortfalls:
+            message = shortfall.message()
+            self._once.event(obj, WARNING, "CapacityExceeded", message)
+            for pod in shortfall.pods:
+                node = pod.get("spec", {}).get("nodeName")
+                self._once.event(
+                    pod, WARNING, "CapacityExceeded",
+                    f"IMEX daemon on {node} cannot join: {message}",
+                )  # fmt: skip
 
     # -- finalizer ------------------------------------------------------------------------------
 
@@ -155,7 +183,14 @@ class ComputeDomainReconciler:
 
     # -- status ---------------------------------------------------------------------------------
 
-    def _write_status(self, obj: JSON, *, members: list[Member], problem: Problem | None) -> None:
+    def _write_status(
+        self,
+        obj: JSON,
+        *,
+        members: list[Member],
+        problem: Problem | None,
+        found: Aggregate | None = None,
+    ) -> None:
         uid = str(obj["metadata"].get("uid"))
         try:
             cd = parse_compute_domain(obj)
@@ -191,11 +226,17 @@ class ComputeDomainReconciler:
                 continue
             with self._lock:
                 self._written[uid] = written.get("status") or new
-            self._after_write(obj, previous=previous, new=new, members=members)
+            self._after_write(obj, previous=previous, new=new, members=members, found=found)
             return
 
     def _after_write(
-        self, obj: JSON, *, previous: JSON | None, new: JSON, members: list[Member]
+        self,
+        obj: JSON,
+        *,
+        previous: JSON | None,
+        new: JSON,
+        members: list[Member],
+        found: Aggregate | None,
     ) -> None:
         meta = obj["metadata"]
         cond = next(x for x in new["conditions"] if x["type"] == CONDITION_READY)
@@ -203,7 +244,9 @@ class ComputeDomainReconciler:
             "status written status=%s ready=%d/%d reason=%s", new["status"], new["readyNodes"],
             new["nodeCount"], cond["reason"], extra={"key": f"{meta['namespace']}/{meta['name']}"},
         )  # fmt: skip
-        for ev in status_events(previous, new, members=members):
+        lost = found.lost if found is not None else {}
+        grace = self._config.node_loss_grace_period
+        for ev in status_events(previous, new, members=members, lost=lost, node_loss_grace=grace):
             self._events.event(obj, ev.type, ev.reason, ev.message)
         self._metrics.observe_status(
             str(meta.get("uid")),
@@ -224,7 +267,6 @@ def _invalid_status(obj: JSON, problem: Problem | None, *, previous: JSON | None
     )  # fmt: skip
     return {
         "status": c.STATUS_NOT_READY,
-        "nodes": [],
         "readyNodes": 0,
         "nodeCount": 0,
         "conditions": conditions,

@@ -1,7 +1,7 @@
 """The controller's configuration as one frozen value, shared by every reconciler.
 
 Owns the knobs that shape the objects the controller renders (image, namespace, verbosity,
-feature gates, daemon tolerations, extra daemon env) and the timing of its background loops.
+feature gates, extra daemon env) and the timing of its background loops and grace periods.
 Built once by the binary from flags/env; reconcilers only read it. Invariant: a
 ``ControllerConfig`` that exists has passed :meth:`ControllerConfig.validate`, so renderers
 never see an empty image name or an extra env var that shadows the daemon's own contract.
@@ -99,8 +99,12 @@ class ControllerConfig:
     daemon_extra_env: tuple[tuple[str, str], ...] = ()
     """Extra ``(name, value)`` env of the daemon container (e.g. ``IMEX_BIN_DIR``), rendered
     after the core env; never one of :data:`DAEMON_CORE_ENV`."""
-    unreachable_toleration_seconds: int = 60
-    """How long a daemon pod stays bound to an unreachable/not-ready node before eviction."""
+    node_loss_grace_period: float = 60.0
+    """How long a node may be NotReady/unreachable (Ready condition False/Unknown, by its
+    ``lastTransitionTime``) before its daemon leaves the domain: dropped from
+    ``status.nodes`` and from its clique. The daemon pods tolerate every taint like upstream's
+    (the DaemonSet controller forces infinite node-failure tolerations anyway), so this,
+    not eviction, is what makes a dead node leave."""
     cleanup_interval: float = 600.0
     """Seconds between orphan sweeps (upstream: 10 min)."""
     deletion_recheck: float = 30.0
@@ -111,14 +115,15 @@ class ControllerConfig:
     extra_daemon_labels: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> ControllerConfig:
+        """``self`` if every field is usable; ``ValueError`` naming the flag otherwise."""
         if not self.namespace:
             raise ValueError("namespace: Required value")
         if not self.image_name:
             raise ValueError("image-name: Required value")
         if self.max_nodes_per_imex_domain < 1:
             raise ValueError("max-nodes-per-imex-domain: must be >= 1")
-        if self.unreachable_toleration_seconds < 0:
-            raise ValueError("unreachable toleration seconds must be >= 0")
+        if self.node_loss_grace_period < 0:
+            raise ValueError("node-loss-grace-period: must be >= 0")
         if self.clique_entry_grace_period < 0:
             raise ValueError("clique-entry-grace-period: must be >= 0")
         _check_extra_env(self.daemon_extra_env)

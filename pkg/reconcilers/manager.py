@@ -6,13 +6,15 @@ handlers only map objects to keys and enqueue them (never call the API); four co
 with their own named queues run the reconcilers:
 
 * ``computedomain`` (key ``ns/name``): from ComputeDomains, and from the DaemonSets, daemon
-  pods, cliques, RCTs and Nodes labelled with a domain UID — so status aggregation is driven
-  by membership events, with no polling;
+  pods, cliques, RCTs and Nodes labelled with a domain UID, and from any Node that hosts a
+  daemon pod or clique entry of a domain (node health decides membership) — so status
+  aggregation is driven by membership events, with no polling;
 * ``resourceclaim`` (key node name): from ResourceClaims (old and new allocation node),
   Nodes, and ComputeDomains appearing after their claims;
 * ``cliquelabel`` (key node name): from ResourceSlices and Nodes;
-* ``cliqueprune`` (key clique ``ns/name``): from ComputeDomainCliques and the daemon pods of
-  their domain; a pending removal re-checks itself with ``add_after``, never by polling.
+* ``cliqueprune`` (key clique ``ns/name``): from ComputeDomainCliques, the daemon pods of
+  their domain and the Nodes their entries are on; a pending removal re-checks itself with
+  ``add_after``, never by polling.
 
 Invariants: workers start only after every cache has synced (:meth:`ControllerManager.start`
 blocks until then); :meth:`stop` stops the queues, the sweep and the informers, in that order.
@@ -35,7 +37,7 @@ from pkg.informers.clock import Clock as InformerClock
 from pkg.informers.informer import SharedInformer
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
-from pkg.reconcilers.cache import BY_UID, INDEXES, Caches, allocated_node
+from pkg.reconcilers.cache import BY_NODE, BY_UID, INDEXES, Caches, allocated_node
 from pkg.reconcilers.cleanup import OrphanCleaner
 from pkg.reconcilers.cliquelabel import CliqueLabelReconciler
 from pkg.reconcilers.cliqueprune import CliquePruneReconciler
@@ -144,6 +146,18 @@ class ControllerManager:
             return []
         return [_key(cd) for cd in self.caches.compute_domains.by_index(BY_UID, uid)]
 
+    def _domain_keys_of_node(self, node: JSON) -> list[str]:
+        """Domains with a daemon pod or a clique entry on ``node``, and the one it is
+        labelled for."""
+        name = str(node["metadata"]["name"])
+        keys = set(self._domain_keys(node))
+        for obj in (
+            *self.caches.pods.by_index(BY_NODE, name),
+            *self.caches.cliques.by_index(BY_NODE, name),
+        ):
+            keys.update(self._domain_keys(obj))
+        return sorted(keys)
+
     def _watch(self, informer: SharedInformer, controller: Controller, mapper: Mapper) -> None:
         enqueue = controller.handler(mapper)
 
@@ -163,10 +177,12 @@ class ControllerManager:
             inf["compute_domains"], claim_ctl,
             lambda o: self.claims.nodes_of_domain(str(o["metadata"].get("uid"))),
         )  # fmt: skip
-        for name in ("daemonsets", "pods", "cliques", "rcts", "nodes"):
+        for name in ("daemonsets", "pods", "cliques", "rcts"):
             self._watch(inf[name], cd_ctl, self._domain_keys)
+        self._watch(inf["nodes"], cd_ctl, self._domain_keys_of_node)
         self._watch(inf["cliques"], prune_ctl, lambda o: [_key(o)])
         self._watch(inf["pods"], prune_ctl, self.prune.keys_for_pod)
+        self._watch(inf["nodes"], prune_ctl, self.prune.keys_for_node)
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
         self._watch(inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])])
         self._watch(inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])])

@@ -13,7 +13,13 @@ implementation can adopt the other's objects. Invariants:
   and a crashed or uninstalled controller can never leave them stuck terminating;
 * the DaemonSet carries a hash of its own rendered spec so a changed config (new image, new
   gates) is detected by comparison, not by diffing server-defaulted fields; its update
-  strategy is ``OnDelete`` so such a change never restarts a running daemon.
+  strategy is ``OnDelete`` so such a change never restarts a running daemon;
+* the daemon pods tolerate every taint, exactly upstream's three ``Exists`` tolerations
+  (NoSchedule, NoExecute, PreferNoSchedule), so a daemon follows its workload onto any node,
+  including one with a custom taint the workload tolerates. A daemon is never evicted: the
+  DaemonSet controller adds infinite ``not-ready``/``unreachable`` tolerations to every daemon
+  pod whatever the template says, so how a dead node leaves the domain is decided by the
+  controller (``node_loss_grace_period``), not by eviction.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from pkg.api.computedomain import ComputeDomain
 from pkg.reconcilers.config import ControllerConfig
 
 __all__ = [
+    "DAEMON_TOLERATIONS",
     "SPEC_HASH_ANNOTATION",
     "render_daemon_rct",
     "render_daemonset",
@@ -133,23 +140,12 @@ def _probe(*, period: int, failure_threshold: int) -> JSON:
     }
 
 
-def _tolerations(config: ControllerConfig) -> list[JSON]:
-    # Upstream tolerates every NoExecute taint forever, so a daemon on a dead node is never
-    # evicted and its domain never notices; bound the two node-health taints instead.
-    bounded = [
-        {
-            "key": key,
-            "operator": "Exists",
-            "effect": "NoExecute",
-            "tolerationSeconds": config.unreachable_toleration_seconds,
-        }
-        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
-    ]
-    return [
-        {"operator": "Exists", "effect": "NoSchedule"},
-        {"operator": "Exists", "effect": "PreferNoSchedule"},
-        *bounded,
-    ]
+# Upstream's daemon tolerations (its issue #305): repel no taint at all.
+DAEMON_TOLERATIONS: tuple[JSON, ...] = (
+    {"operator": "Exists", "effect": "NoSchedule"},
+    {"operator": "Exists", "effect": "NoExecute"},
+    {"operator": "Exists", "effect": "PreferNoSchedule"},
+)
 
 
 def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
@@ -169,7 +165,7 @@ def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
     spec: JSON = {
         "serviceAccountName": config.daemon_service_account,
         "nodeSelector": {c.COMPUTE_DOMAIN_LABEL: cd.uid},
-        "tolerations": _tolerations(config),
+        "tolerations": [dict(t) for t in DAEMON_TOLERATIONS],
         "containers": [
             {
                 "name": c.DAEMON_CONTAINER_NAME,

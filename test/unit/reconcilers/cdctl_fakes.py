@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -134,34 +135,57 @@ def compute_domain(name: str = "cd1", ns: str = "team", **spec: Any) -> JSON:
     }
 
 
-def node(name: str, *, ready: str = "True", labels: JSON | None = None, taints: Any = None) -> JSON:
+def rfc3339(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def node(
+    name: str, *, ready: str = "True", labels: JSON | None = None, taints: Any = None,
+    since: float | None = None,
+) -> JSON:  # fmt: skip
+    """A Node; ``since`` (epoch) is its Ready condition's ``lastTransitionTime``."""
+    cond: JSON = {"type": "Ready", "status": ready}
+    if since is not None:
+        cond["lastTransitionTime"] = rfc3339(since)
     obj: JSON = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "labels": dict(labels or {})},
         "spec": {"taints": taints} if taints else {},
-        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+        "status": {"conditions": [cond]},
     }
     return obj
 
 
 def daemon_pod(
-    uid: str, node_name: str, *, ip: str = "10.0.0.1", clique: str | None = None,
-    ready: bool = True, ns: str = DRIVER_NS,
+    uid: str, node_name: str, *, ip: str | None = None, clique: str | None = None,
+    ready: bool = True, ns: str = DRIVER_NS, container: str | None = None,
 ) -> JSON:  # fmt: skip
+    """A Running daemon pod. ``podIP`` is ``ip``, or 10.0.0.1 on a non-NVLink pod; a fabric
+    pod without ``ip`` has none, so it never contradicts the IP of a clique entry.
+    ``container`` (a state: running, terminated, waiting) adds a daemon container status."""
     labels = {c.COMPUTE_DOMAIN_LABEL: uid}
     if clique is not None:
         labels[c.CLIQUE_ID_LABEL] = clique
+    status: JSON = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+    }
+    if ip is None and clique == "":
+        ip = "10.0.0.1"
+    if ip is not None:
+        status["podIP"] = ip
+    if container is not None:
+        status["containerStatuses"] = [
+            {"name": c.DAEMON_CONTAINER_NAME, "ready": ready and container == "running",
+             "restartCount": 0, "state": {container: {}}},
+        ]  # fmt: skip
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": f"daemon-{node_name}", "namespace": ns, "labels": labels},
         "spec": {"nodeName": node_name, "containers": [{"name": "d", "image": "i"}]},
-        "status": {
-            "phase": "Running",
-            "podIP": ip,
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
+        "status": status,
     }
 
 

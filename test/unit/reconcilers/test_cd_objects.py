@@ -20,7 +20,7 @@ from pkg.reconcilers.objects import (
 JSON = dict[str, Any]
 CONFIG = ControllerConfig(
     namespace="drv", image_name="img:1", log_verbosity_cd_daemon=3, feature_gates="A=true",
-    image_pull_secret_names=("s1", "s2"), unreachable_toleration_seconds=45,
+    image_pull_secret_names=("s1", "s2"), node_loss_grace_period=45,
 )  # fmt: skip
 CD = parse_compute_domain({
     "metadata": {"namespace": "team", "name": "cd1", "uid": "u-1", "generation": 1},
@@ -91,14 +91,17 @@ def test_daemonset_contract_with_the_daemon() -> None:
         )  # fmt: skip
 
 
-def test_daemons_do_not_tolerate_dead_nodes_forever() -> None:
+def test_daemons_tolerate_every_taint_like_upstream() -> None:
+    """Upstream's three wildcard tolerations, nothing bounded: the DaemonSet controller would
+    overwrite a bounded not-ready/unreachable toleration with an infinite one anyway, and
+    without the wildcard NoExecute a daemon could not follow its workload onto a node with a
+    custom NoExecute taint the workload tolerates."""
     tolerations = render_daemonset(CD, CONFIG)["spec"]["template"]["spec"]["tolerations"]
-    no_execute = [t for t in tolerations if t["effect"] == "NoExecute"]
-    assert {t["key"] for t in no_execute} == {
-        "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready",
-    }  # fmt: skip
-    assert all(t["tolerationSeconds"] == 45 for t in no_execute)
-    assert {"operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert tolerations == [
+        {"operator": "Exists", "effect": "NoSchedule"},
+        {"operator": "Exists", "effect": "NoExecute"},
+        {"operator": "Exists", "effect": "PreferNoSchedule"},
+    ]
 
 
 def test_spec_hash_changes_with_config_only() -> None:

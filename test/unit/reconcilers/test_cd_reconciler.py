@@ -356,3 +356,88 @@ def test_gauge_counts_domains_already_ready_at_startup(
         fresh_registry.get_sample_value("nvidia_dra_compute_domain_time_to_ready_seconds_count")
         == 0
     )
+
+
+def test_lost_node_leaves_the_status_after_the_grace_and_the_reconcile_waits_for_it(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents,
+    clock: StepClock,
+) -> None:  # fmt: skip
+    uid = created_domain(server, reconciler)
+    for n in ("a", "b"):
+        server.seed(res.PODS, daemon_pod(uid, n, clique="cl.1"))
+    server.seed(res.NODES, node("a"))
+    # b stopped posting status 20 s ago; no computeDomain label needed to be judged.
+    server.seed(res.NODES, node("b", ready="Unknown", since=clock.now() - 20))
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
+        daemon_entry("a", index=0), daemon_entry("b", index=1),
+    ]))  # fmt: skip
+    result = reconciler.reconcile("team/cd1")
+    assert result.requeue_after == pytest.approx(40.0)  # config: node_loss_grace_period 60 s
+    assert [(n["name"], n["status"]) for n in get_cd(server)["status"]["nodes"]] == [
+        ("a", "Ready"), ("b", "NotReady"),
+    ]  # fmt: skip
+    clock.advance(40.0)
+    assert reconciler.reconcile("team/cd1").requeue_after == 0
+    cd = get_cd(server)
+    assert [n["name"] for n in cd["status"]["nodes"]] == ["a"]
+    assert (cd["status"]["status"], ready_condition(cd)["reason"]) == ("Ready", "AllNodesReady")
+    lost = [i for i in events.items if i[2] == "NodeLost"]
+    assert lost == [("cd1", "Warning", "NodeLost", "node b left the domain: NodeUnreachable "
+                     "for more than 60s (its daemon pod stays bound to the node)")]  # fmt: skip
+
+
+def test_crashed_daemon_makes_its_node_not_ready_in_the_status(
+    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler,
+) -> None:  # fmt: skip
+    uid = created_domain(server, reconciler)
+    server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1", container="running"))
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [daemon_entry("a", index=0)]))
+    reconciler.reconcile("team/cd1")
+    assert get_cd(server)["status"]["status"] == "Ready"
+    crashed = daemon_pod(uid, "a", clique="cl.1", container="terminated", ready=False)
+    client.update(res.PODS, crashed, subresource="status")
+    reconciler.reconcile("team/cd1")
+    cd = get_cd(server)
+    assert [n["status"] for n in cd["status"]["nodes"]] == ["NotReady"]
+    assert (cd["status"]["status"], ready_condition(cd)["reason"]) == (
+        "NotReady", "DaemonNotRunning",
+    )  # fmt: skip
+
+
+def test_full_clique_gives_capacity_exceeded_with_events_on_domain_and_pods(
+    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    events: RecordedEvents, clock: StepClock, registry: CollectorRegistry,
+) -> None:  # fmt: skip
+    reconciler = ComputeDomainReconciler(
+        client=client, caches=caches, config=replace(config, max_nodes_per_imex_domain=2),
+        events=events, metrics=DomainMetrics(registry), clock=clock,
+    )  # fmt: skip
+    uid = created_domain(server, reconciler)
+    for n in ("a", "b", "c"):
+        server.seed(res.PODS, daemon_pod(uid, n, clique="cl.1"))
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
+        daemon_entry("a", index=0), daemon_entry("b", index=1),
+    ]))  # fmt: skip
+    for _ in range(3):  # level-triggered: the same cause is reported once
+        assert reconciler.reconcile("team/cd1").requeue_after == 0
+    cd = get_cd(server)
+    cond = ready_condition(cd)
+    expected = ("clique cl.1 is full: it already holds 2 IMEX daemons "
+                "(MAX_NODES_PER_IMEX_DOMAIN=2); nodes left out: c")  # fmt: skip
+    assert (cond["status"], cond["reason"], cond["message"]) == (
+        "False", "CapacityExceeded", expected,
+    )  # fmt: skip
+    assert cd["status"]["status"] == "NotReady"
+    assert [n["name"] for n in cd["status"]["nodes"]] == ["a", "b"]  # c is in no entry
+    capacity = [i for i in events.items if i[2] == "CapacityExceeded"]
+    assert capacity == [
+        ("cd1", "Warning", "CapacityExceeded", expected),
+        ("daemon-c", "Warning", "CapacityExceeded", f"IMEX daemon on c cannot join: {expected}"),
+    ]
+    # b's workload leaves and its daemon with it: c can join, the condition clears.
+    client.delete(res.PODS, "daemon-b", namespace=DRIVER_NS)
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
+        daemon_entry("a", index=0), daemon_entry("c", index=1),
+    ]))  # fmt: skip
+    reconciler.reconcile("team/cd1")
+    assert ready_condition(get_cd(server))["reason"] == "AllNodesReady"

@@ -10,7 +10,14 @@ from prometheus_client import CollectorRegistry
 
 from pkg.api.computedomain import global_status, parse_compute_domain, set_condition
 from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
-from pkg.reconcilers.status import Problem, collect_members, render_status, status_events
+from pkg.reconcilers.status import (
+    Problem,
+    aggregate,
+    collect_members,
+    daemon_not_running,
+    render_status,
+    status_events,
+)
 
 JSON = dict[str, Any]
 
@@ -117,3 +124,83 @@ def test_domain_metrics_count_by_status_and_time_to_ready() -> None:
     m.forget("u1")
     m.forget("u1")
     assert value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 1
+
+
+# -- node loss, dead daemons, capacity (pure) --------------------------------------------------
+
+T0 = 1_700_000_000.0
+
+
+def test_lost_node_leaves_the_domain_after_the_grace_period() -> None:
+    entries = [daemon_entry("a", index=0), daemon_entry("b", index=1)]
+    pods = [daemon_pod("u", n, clique="cl.1") for n in ("a", "b")]
+    nodes = {"a": node("a"), "b": node("b", ready="Unknown", since=T0)}
+
+    def at(now: float) -> Any:
+        return aggregate(cliques=[clique("u", "cl.1", entries)], pods=pods, nodes=nodes,
+                         now=now, node_loss_grace=60.0)  # fmt: skip
+
+    early = at(T0 + 59)
+    assert [(m.entry.name, m.entry.status, m.problem) for m in early.members] == [
+        ("a", "Ready", ""), ("b", "NotReady", "NodeUnreachable"),
+    ]  # fmt: skip
+    assert early.lost == {} and early.recheck == pytest.approx(1.0)
+    late = at(T0 + 60)
+    assert [m.entry.name for m in late.members] == ["a"]
+    assert late.lost == {"b": "NodeUnreachable"} and late.recheck is None
+    before = render_status(cd(), members=early.members, previous=None, problem=None, now="T")
+    after = render_status(cd(), members=late.members, previous=before, problem=None, now="T")
+    assert [n["name"] for n in after["nodes"]] == ["a"] and after["status"] == "Ready"
+    events = status_events(before, after, members=late.members, lost=late.lost,
+                           node_loss_grace=60)  # fmt: skip
+    assert [(e.type, e.reason) for e in events] == [("Warning", "NodeLost"), ("Normal", "Ready")]
+    assert "NodeUnreachable for more than 60s" in events[0].message
+
+
+def test_a_node_without_a_transition_time_is_never_judged_lost() -> None:
+    found = aggregate(
+        cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])],
+        pods=[daemon_pod("u", "a", clique="cl.1")],
+        nodes={"a": node("a", ready="False")}, now=T0, node_loss_grace=0.0,
+    )  # fmt: skip
+    assert [m.problem for m in found.members] == ["NodeNotReady"] and found.lost == {}
+
+
+@pytest.mark.parametrize(
+    ("pod", "down"),
+    [
+        (daemon_pod("u", "a", clique="cl.1", container="running"), False),
+        (daemon_pod("u", "a", clique="cl.1", container="terminated"), True),  # OOM, SIGKILL
+        (daemon_pod("u", "a", clique="cl.1", container="waiting"), True),  # CrashLoopBackOff
+        (daemon_pod("u", "a", clique="cl.1"), False),  # no container status yet: no evidence
+        (daemon_pod("u", "a", clique="cl.1", ip="10.1.0.1"), False),  # the entry's own pod
+        (daemon_pod("u", "a", clique="cl.1", ip="10.7.7.7"), True),  # a newer pod
+    ],
+    ids=["running", "terminated", "waiting", "no-status", "same-ip", "other-ip"],
+)
+def test_a_daemon_that_is_not_running_is_not_ready(pod: JSON, down: bool) -> None:
+    (m,) = collect_members(cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])],
+                           pods=[pod], nodes={})  # fmt: skip
+    assert (m.entry.status, m.problem) == (
+        ("NotReady", "DaemonNotRunning") if down else ("Ready", "")
+    )
+    pending = dict(pod, status={**pod["status"], "phase": "Pending"})
+    assert daemon_not_running(pending)
+
+
+def test_a_full_clique_names_the_nodes_it_leaves_out() -> None:
+    entries = [daemon_entry("a", index=0), daemon_entry("b", index=1)]
+    pods = [daemon_pod("u", n, clique="cl.1") for n in ("a", "b", "c", "d")]
+    pods.append(daemon_pod("u", "e", clique="cl.2"))  # another clique: room there
+    found = aggregate(cliques=[clique("u", "cl.1", entries)], pods=pods, nodes={}, max_nodes=2)
+    (short,) = found.shortfalls
+    assert (short.clique_id, short.left_out) == ("cl.1", ("c", "d"))
+    assert [p["metadata"]["name"] for p in short.pods] == ["daemon-c", "daemon-d"]
+    problem = found.capacity_problem()
+    assert problem is not None and problem.reason == "CapacityExceeded"
+    assert problem.message == (
+        "clique cl.1 is full: it already holds 2 IMEX daemons (MAX_NODES_PER_IMEX_DOMAIN=2); "
+        "nodes left out: c, d"
+    )
+    roomy = aggregate(cliques=[clique("u", "cl.1", entries)], pods=pods, nodes={}, max_nodes=3)
+    assert roomy.shortfalls == [] and roomy.capacity_problem() is None

@@ -13,6 +13,7 @@ from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     clique,
     daemon_entry,
     daemon_pod,
+    node,
 )
 
 from pkg.kube import resources as res
@@ -251,3 +252,75 @@ def test_pod_events_map_to_the_cliques_of_its_domain(
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(OTHER_UID, "cl.1", []))
     assert prune.keys_for_pod(daemon_pod(UID, "a")) == [KEY]
     assert prune.keys_for_pod({"metadata": {"labels": {}}}) == []
+
+
+def entries_by_node(server: FakeApiServer) -> dict[str, str]:
+    [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    return {d["nodeName"]: d["status"] for d in obj.get("daemons") or []}
+
+
+def test_ready_entry_of_a_dead_daemon_container_turns_not_ready_at_once(
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler,
+    events: RecordedEvents,
+) -> None:  # fmt: skip
+    """SIGKILL or OOM kill: the container is terminated (or waiting to restart) while the
+    pod, and so the entry, stays; nobody else would take the entry's Ready back."""
+    seed_clique(server, "a", "b")
+    server.seed(res.PODS, daemon_pod(UID, "a", container="running"))
+    server.seed(res.PODS, daemon_pod(UID, "b", container="terminated"))
+    assert prune.reconcile(KEY).requeue_after == 0
+    assert entries_by_node(server) == {"a": "Ready", "b": "NotReady"}
+    assert events.items[-1][:3] == ("daemon-b", "Warning", "DaemonNotRunning")
+    # Waiting in CrashLoopBackOff: nothing more to write (only the daemon sets Ready again).
+    client.update(res.PODS, daemon_pod(UID, "b", container="waiting"), subresource="status")
+    server.clear_log()
+    prune.reconcile(KEY)
+    assert puts(server) == []
+    # The restarted daemon is Ready again and says so: the controller leaves that alone.
+    client.update(res.PODS, daemon_pod(UID, "b", container="running"), subresource="status")
+    [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    obj["daemons"][1]["status"] = "Ready"
+    client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
+    server.clear_log()
+    prune.reconcile(KEY)
+    assert puts(server) == [] and entries_by_node(server) == {"a": "Ready", "b": "Ready"}
+
+
+def test_entry_of_a_lost_node_is_removed_after_the_node_loss_grace(
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: StepClock,
+    events: RecordedEvents,
+) -> None:  # fmt: skip
+    """The daemon pod stays bound to a dead node (it tolerates every taint); the entry does
+    not stay in the clique."""
+    seed_clique(server, "a", "b")
+    for n in ("a", "b"):
+        server.seed(res.PODS, daemon_pod(UID, n))
+    server.seed(res.NODES, node("a"))
+    server.seed(res.NODES, node("b", ready="Unknown", since=clock.now() - 20,
+                                taints=[{"key": "node.kubernetes.io/unreachable",
+                                         "effect": "NoExecute"}]))  # fmt: skip
+    assert prune.keys_for_node(node("b")) == [KEY]
+    assert prune.reconcile(KEY).requeue_after == pytest.approx(40.0)
+    assert nodes_in_clique(server) == ["a", "b"]
+    clock.advance(40.0)
+    assert prune.reconcile(KEY).requeue_after == 0
+    assert nodes_in_clique(server) == ["a"]
+    assert events.items[-1][2] == "NodeLost" and "b (10.1.0.2, index 1)" in events.items[-1][3]
+    # A daemon still alive on the node (its kubelet died) re-adds itself: removed again, but
+    # only a clique-entry grace period later, so the two never race.
+    [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    obj["daemons"].append(daemon_entry("b", index=1))
+    client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
+    assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
+    assert nodes_in_clique(server) == ["a", "b"]
+    clock.advance(30.0)
+    prune.reconcile(KEY)
+    assert nodes_in_clique(server) == ["a"]
+    # The node comes back (Ready, untainted): its daemon's entry is left alone again.
+    server.seed(res.NODES, node("b"))
+    client.update(res.NODES, node("b"), subresource="status")
+    [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    obj["daemons"].append(daemon_entry("b", index=1))
+    client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
+    assert prune.reconcile(KEY).requeue_after == 0
+    assert nodes_in_clique(server) == ["a", "b"]
