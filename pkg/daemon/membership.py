@@ -246,7 +246,10 @@ class StatusStore:
         obj = dict(snap.obj)
         status = dict(obj.get("status") or {})
         status.setdefault("status", c.STATUS_NOT_READY)
-        status["nodes"] = [_encode(e, name_key="name") for e in entries]
+        if entries:
+            status["nodes"] = [_encode(e, name_key="name") for e in entries]
+        else:  # upstream omits an empty list (omitempty)
+            status.pop("nodes", None)
         obj["status"] = status
         return self._client.update(res.COMPUTE_DOMAINS, obj, subresource="status")
 

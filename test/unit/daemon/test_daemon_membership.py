@@ -6,6 +6,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -249,6 +250,24 @@ def test_status_store_allocates_per_clique(server: FakeApiServer) -> None:
     wrong = ident("n1", "10.3.0.2", uid="not-the-uid")
     with pytest.raises(MembershipError, match="different UID"):
         Membership(StatusStore(client, wrong), wrong, max_nodes=18, sleep=no_sleep).join()
+
+
+def test_status_store_omits_nodes_when_the_last_one_leaves(server: FakeApiServer) -> None:
+    """Upstream's ``nodes`` is ``omitempty``: an empty list is never written."""
+    client = server.client()
+    cd = server.seed(res.COMPUTE_DOMAINS, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"name": "cd-empty", "namespace": "team"},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
+    })  # fmt: skip
+    me = replace(ident("n1", "10.3.0.2", uid=cd["metadata"]["uid"]), domain_name="cd-empty")
+    m = Membership(StatusStore(client, me), me, max_nodes=18, sleep=no_sleep)
+    m.join()
+    status = client.get(res.COMPUTE_DOMAINS, "cd-empty", namespace="team")["status"]
+    assert len(status["nodes"]) == 1
+    m.leave()
+    status = client.get(res.COMPUTE_DOMAINS, "cd-empty", namespace="team")["status"]
+    assert "nodes" not in status and status["status"] == c.STATUS_NOT_READY
 
 
 # -- reads from the informer cache (what the daemon does) ---------------------------------------
