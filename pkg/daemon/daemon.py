@@ -11,16 +11,7 @@ IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
 
 Readiness: Ready iff the supervised IMEX runs and ``nvidia-imex-ctl -q`` prints exactly READY.
 While not ready it is polled every ``fast_interval``; once ready every ``slow_interval`` (and
-at once when the process dies). The entry's ``status`` follows it. The first pass of every
-process marks the entry NotReady *before* IMEX is started: a daemon restarted in the same pod
-(after a SIGKILL or an OOM kill, same IP) finds the entry its predecessor left ``Ready``, and
-no workload may be released against an IMEX daemon that is not up yet. (While no daemon runs
-at all, the controller marks the entry NotReady from the pod status.)
-
-A full clique (``MAX_NODES_PER_IMEX_DOMAIN`` daemons already joined) cannot take our entry:
-the daemon says so once at ERROR level and retries when the clique changes or every
-``slow_interval``; the controller turns it into the domain's ``CapacityExceeded`` condition and
-Warning Events.
+at once when the process dies). The entry's ``status`` follows it.
 
 Non-NVLink node (empty ``CLIQUE_ID``): label the pod, start nothing, write nothing, wait for
 shutdown; ``check`` always succeeds. Shutdown (SIGTERM): remove our entry (bounded by
@@ -50,7 +41,6 @@ from pkg.api import constants as c
 from pkg.daemon.imexsync import ImexSync
 from pkg.daemon.membership import (
     CacheView,
-    CliqueFullError,
     CliqueStore,
     DaemonEntry,
     EntryStore,
@@ -227,8 +217,6 @@ class Daemon:
         )
         self._ready = False
         self._next_ready_check = 0.0
-        self._first_pass = True
-        self._last_error = ""
 
     def wake(self) -> None:
         """Run the loop now (new object, or shutdown requested)."""
@@ -279,13 +267,7 @@ class Daemon:
         snap = self._snapshot()
         entries, obj = snap if snap is not None else ([], None)
         own = self.membership.own_entry(entries)
-        if self._first_pass:
-            # Joins, or takes back a Ready left by this pod's previous container.
-            entries = self.membership.set_status(c.STATUS_NOT_READY)
-            own = self.membership.own_entry(entries)
-            obj = self.membership.last_object
-            self._first_pass = False
-        elif snap is None or own is None or own.ip_address != self.me.pod_ip:
+        if snap is None or own is None or own.ip_address != self.me.pod_ip:
             entries = self.membership.join()
             own = self.membership.own_entry(entries)
             obj = self.membership.last_object
@@ -311,10 +293,7 @@ class Daemon:
         def leave() -> None:
             try:
                 self.membership.leave()
-                # Upstream's wording: its e2e tests grep for it.
-                log.info(
-                    "Successfully removed daemon with IP %s from %s", self.me.pod_ip, self._where()
-                )
+                log.info("%s", self._removed_message())
             except (MembershipError, ApiError, ConnectionFailedError) as err:
                 log.error("could not remove own entry from %s: %s", self._where(), err)
             finally:
@@ -323,6 +302,20 @@ class Daemon:
         threading.Thread(target=leave, name="leave", daemon=True).start()
         if not done.wait(self._timing.leave_timeout):
             log.error("removing own entry timed out after %.0fs", self._timing.leave_timeout)
+
+    def _removed_message(self) -> str:
+        """Upstream's exact shutdown line: its e2e tests grep for ``Successfully removed daemon``
+        and ``from ComputeDomain <namespace>/<name>`` (clique mode; the status mode differs)."""
+        me = self.me
+        if isinstance(self.store, CliqueStore):
+            return (
+                f"Successfully removed daemon with IP {me.pod_ip} from CDClique {self.store.name} "
+                f"(from ComputeDomain {me.domain_namespace}/{me.domain_name})"
+            )
+        return (
+            f"Successfully removed node with IP {me.pod_ip} from ComputeDomain "
+            f"{me.domain_namespace}/{me.domain_name}"
+        )
 
     def _where(self) -> str:
         kind = "ComputeDomainClique" if isinstance(self.store, CliqueStore) else "ComputeDomain"
@@ -377,18 +370,11 @@ class Daemon:
             while True:
                 if stop.is_set():
                     break
-                full = False
                 try:
                     self.step()
-                    self._last_error = ""
-                except CliqueFullError as err:
-                    full = True
-                    self._report_once(f"cannot join {self._where()}: {err}; waiting for a slot")
                 except (MembershipError, ApiError, ConnectionFailedError, ValueError) as err:
                     log.error("update failed, will retry: %s", err)
                 wait = self._timing.fast_interval if not self._ready else 1.0
-                if full:  # only a change of the clique (a kick) can free a slot
-                    wait = self._timing.slow_interval
                 self._clock.wait(self._kick, wait)
                 self._kick.clear()
         finally:
@@ -398,14 +384,6 @@ class Daemon:
             self.supervisor.stop()
             self._metrics.close()
         return 0
-
-    def _report_once(self, message: str) -> None:
-        """ERROR the first time, DEBUG while the same problem persists."""
-        if message != self._last_error:
-            log.error("%s", message)
-            self._last_error = message
-        else:
-            log.debug("%s", message)
 
     def _retry(self, fn: Any, stop: threading.Event, what: str) -> None:
         delay = 0.2
