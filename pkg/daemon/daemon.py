@@ -11,7 +11,16 @@ IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
 
 Readiness: Ready iff the supervised IMEX runs and ``nvidia-imex-ctl -q`` prints exactly READY.
 While not ready it is polled every ``fast_interval``; once ready every ``slow_interval`` (and
-at once when the process dies). The entry's ``status`` follows it.
+at once when the process dies). The entry's ``status`` follows it. The first pass of every
+process marks the entry NotReady *before* IMEX is started: a daemon restarted in the same pod
+(after a SIGKILL or an OOM kill, same IP) finds the entry its predecessor left ``Ready``, and
+no workload may be released against an IMEX daemon that is not up yet. (While no daemon runs
+at all, the controller marks the entry NotReady from the pod status.)
+
+A full clique (``MAX_NODES_PER_IMEX_DOMAIN`` daemons already joined) cannot take our entry:
+the daemon says so once at ERROR level and retries when the clique changes or every
+``slow_interval``; the controller turns it into the domain's ``CapacityExceeded`` condition and
+Warning Events.
 
 Non-NVLink node (empty ``CLIQUE_ID``): label the pod, start nothing, write nothing, wait for
 shutdown; ``check`` always succeeds. Shutdown (SIGTERM): remove our entry (bounded by
@@ -41,6 +50,7 @@ from pkg.api import constants as c
 from pkg.daemon.imexsync import ImexSync
 from pkg.daemon.membership import (
     CacheView,
+    CliqueFullError,
     CliqueStore,
     DaemonEntry,
     EntryStore,
@@ -217,6 +227,8 @@ class Daemon:
         )
         self._ready = False
         self._next_ready_check = 0.0
+        self._first_pass = True
+        self._last_error = ""
 
     def wake(self) -> None:
         """Run the loop now (new object, or shutdown requested)."""
@@ -267,7 +279,13 @@ class Daemon:
         snap = self._snapshot()
         entries, obj = snap if snap is not None else ([], None)
         own = self.membership.own_entry(entries)
-        if snap is None or own is None or own.ip_address != self.me.pod_ip:
+        if self._first_pass:
+            # Joins, or takes back a Ready left by this pod's previous container.
+            entries = self.membership.set_status(c.STATUS_NOT_READY)
+            own = self.membership.own_entry(entries)
+            obj = self.membership.last_object
+            self._first_pass = False
+        elif snap is None or own is None or own.ip_address != self.me.pod_ip:
             entries = self.membership.join()
             own = self.membership.own_entry(entries)
             obj = self.membership.last_object
@@ -370,11 +388,18 @@ class Daemon:
             while True:
                 if stop.is_set():
                     break
+                full = False
                 try:
                     self.step()
+                    self._last_error = ""
+                except CliqueFullError as err:
+                    full = True
+                    self._report_once(f"cannot join {self._where()}: {err}; waiting for a slot")
                 except (MembershipError, ApiError, ConnectionFailedError, ValueError) as err:
                     log.error("update failed, will retry: %s", err)
                 wait = self._timing.fast_interval if not self._ready else 1.0
+                if full:  # only a change of the clique (a kick) can free a slot
+                    wait = self._timing.slow_interval
                 self._clock.wait(self._kick, wait)
                 self._kick.clear()
         finally:
@@ -384,6 +409,14 @@ class Daemon:
             self.supervisor.stop()
             self._metrics.close()
         return 0
+
+    def _report_once(self, message: str) -> None:
+        """ERROR the first time, DEBUG while the same problem persists."""
+        if message != self._last_error:
+            log.error("%s", message)
+            self._last_error = message
+        else:
+            log.debug("%s", message)
 
     def _retry(self, fn: Any, stop: threading.Event, what: str) -> None:
         delay = 0.2

@@ -294,3 +294,76 @@ def test_ip_mode_uses_cd_status_and_waits_for_num_nodes(api: FakeApiServer, tmp_
     assert len(runner.procs) == 1
     assert (tmp_path / "imexd" / "nodes.cfg").read_text() == "10.0.0.1\n10.0.0.2\n"
     assert not (tmp_path / "hosts").exists()
+
+
+def test_restarted_daemon_takes_back_ready_before_it_starts_imex(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """SIGKILL or OOM kill of the daemon: the kubelet restarts the container in the same pod
+    (same IP), which finds the entry its predecessor left Ready. Until its own IMEX is up
+    the plugin must not release workloads against it."""
+    client = api.client()
+    client.create(res.COMPUTE_DOMAIN_CLIQUES, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
+                     "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}},
+        "daemons": [{"nodeName": "n0", "ipAddress": "10.0.0.1", "cliqueID": CLIQUE,
+                     "index": 0, "status": "Ready"}],
+    }, namespace=NS)  # fmt: skip
+    daemon, runner, _, _ = make(api, options(tmp_path))
+    seen_at_start: list[object] = []
+    start = runner.start
+
+    def recording_start(argv: Sequence[str], *, env: Mapping[str, str] | None) -> FakeProcess:
+        seen_at_start.append(own_entry(api)["status"])
+        return start(argv, env=env)
+
+    runner.start = recording_start  # type: ignore[method-assign]
+    daemon._write_imex_config()
+    with following(daemon):
+        api.clear_log()
+        daemon.step()
+    assert seen_at_start == [c.STATUS_NOT_READY]
+    assert own_entry(api)["status"] == c.STATUS_READY and own_entry(api)["index"] == 0
+    assert [m for m, _ in api.request_log if m == "PUT"] == ["PUT", "PUT"]  # NotReady, Ready
+
+
+class RecordingClock(FakeClock):
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        self.waits.append(timeout)
+        time.sleep(0.001)
+        return super().wait(event, timeout)
+
+
+def test_full_clique_is_reported_once_and_retried_slowly(
+    api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.client().create(res.COMPUTE_DOMAIN_CLIQUES, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
+                     "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}},
+        "daemons": [{"nodeName": f"x{i}", "ipAddress": f"10.0.1.{i}", "cliqueID": CLIQUE,
+                     "index": i, "status": "Ready"} for i in range(2)],
+    }, namespace=NS)  # fmt: skip
+    daemon, runner, _, _ = make(api, options(tmp_path, MAX_NODES_PER_IMEX_DOMAIN="2"))
+    clock = RecordingClock()
+    daemon._clock = clock
+    stop = threading.Event()
+    ran = threading.Thread(target=daemon.run, args=(stop,))
+    with caplog.at_level("DEBUG", logger="pkg.daemon.daemon"):
+        ran.start()
+        try:
+            wait_until(lambda: len(clock.waits) >= 5)
+        finally:
+            stop.set()
+            daemon.wake()
+            ran.join(20)
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "MAX_NODES_PER_IMEX_DOMAIN=2" in errors[0]
+    assert "cannot join ComputeDomainClique" in errors[0]
+    assert set(clock.waits[:5]) == {Timing().slow_interval}  # no fast retry loop
+    assert runner.procs == []  # IMEX never starts without a slot
