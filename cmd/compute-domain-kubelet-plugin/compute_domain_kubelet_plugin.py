@@ -21,7 +21,12 @@ try:
 except ImportError:  # run as a script from a checkout: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pkg.featuregates import IMEX_DAEMONS_WITH_DNS_NAMES, FeatureGateError, FeatureGates
+from pkg.featuregates import (
+    CRASH_ON_NVLINK_FABRIC_ERRORS,
+    IMEX_DAEMONS_WITH_DNS_NAMES,
+    FeatureGateError,
+    FeatureGates,
+)
 from pkg.kube.client import RestClient
 from pkg.kube.config import load_api_client
 from pkg.kubeletplugin.discovery import DeviceDiscovery, DiscoveryError
@@ -65,16 +70,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def dns_names_enabled(spec: str) -> bool:
-    """State of gate IMEXDaemonsWithDNSNames; invalid gate specs fail startup with the reason."""
-    return FeatureGates.parse(spec).validate().enabled(IMEX_DAEMONS_WITH_DNS_NAMES)
+def build_discovery(
+    args: argparse.Namespace, *, gates: FeatureGates | None = None
+) -> DeviceDiscovery:
+    """Fake GPUs, or NVML loaded by absolute path from the driver root (no LD_LIBRARY_PATH).
 
-
-def build_discovery(args: argparse.Namespace) -> DeviceDiscovery:
-    """Fake GPUs, or NVML loaded by absolute path from the driver root (no LD_LIBRARY_PATH)."""
+    Gate CrashOnNVLinkFabricErrors decides whether a GPU with a fabric error stops start-up.
+    """
+    strict = (gates or FeatureGates()).enabled(CRASH_ON_NVLINK_FABRIC_ERRORS)
     if args.device_discovery == "fake":
         config = load_fake_config(_env("FAKE_GPU_CONFIG"))
-        return FakeDiscovery(config=config, node_name=args.node_name)
+        return FakeDiscovery(config=config, node_name=args.node_name, strict_fabric=strict)
     root = DriverRoot(
         host=Path(args.nvidia_driver_root), container=Path(args.container_driver_root)
     )
@@ -82,7 +88,7 @@ def build_discovery(args: argparse.Namespace) -> DeviceDiscovery:
         library = root.nvml_library()
     except DriverRootError as err:
         raise DiscoveryError(str(err)) from err
-    return NvmlDiscovery(nvml=load_pynvml(library))
+    return NvmlDiscovery(nvml=load_pynvml(library), strict_fabric=strict)
 
 
 def main(argv: list[str]) -> int:
@@ -106,8 +112,9 @@ def main(argv: list[str]) -> int:
         metrics_host=metrics_host,
     )
     try:
-        devices = build_discovery(args).discover()
-        check_driver_version(devices, dns_names=dns_names_enabled(args.feature_gates))
+        gates = FeatureGates.parse(args.feature_gates).validate()
+        devices = build_discovery(args, gates=gates).discover()
+        check_driver_version(devices, dns_names=gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES))
     except (DiscoveryError, FeatureGateError) as err:
         log.error("cannot start: %s", err)
         return 1

@@ -1,19 +1,22 @@
 """What a node's GPUs tell the plugin, and the upstream rules that turn fabric info into a clique.
 
 Owns the `DeviceDiscovery` protocol (one `discover()` call at start-up), its value types and
-`clique_id_from_fabric`, the single implementation of upstream's strict clique rules, shared by
-the NVML and fake backends so both refuse and accept exactly the same fabric states:
+`clique_id_from_fabric`, the single implementation of upstream's clique rules, shared by the
+NVML and fake backends so both refuse and accept exactly the same fabric states:
 
 * fabric not supported (error or state NOT_SUPPORTED) on a GPU -> that GPU has no clique;
 * any state other than COMPLETED, or a status other than success -> `DiscoveryError`
-  (upstream "refusing to start": the fabric manager is still training or broken);
+  (upstream "refusing to start": the fabric manager is still training or broken) -- unless the
+  gate ``CrashOnNVLinkFabricErrors`` is off (``strict=False``, upstream's legacy go-nvlib
+  ``IsFabricAttached`` rule): then that GPU is simply not fabric-attached and has no clique;
 * all-zero cluster UUID -> no clique;
 * no GPU with a clique -> ``""`` (non-NVLink node); more than one distinct cluster UUID or
-  clique id -> `DiscoveryError`; else ``"<clusterUUID>.<cliqueId>"``.
+  clique id -> `DiscoveryError` (in both modes); else ``"<clusterUUID>.<cliqueId>"``.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ FABRIC_STATE_IN_PROGRESS: Final = 2
 FABRIC_STATE_COMPLETED: Final = 3
 _STATE_NAMES: Final = {0: "NOT_SUPPORTED", 1: "NOT_STARTED", 2: "IN_PROGRESS", 3: "COMPLETED"}
 ZERO_UUID: Final = str(uuid.UUID(int=0))
+
+log = logging.getLogger(__name__)
 
 
 class DiscoveryError(Exception):
@@ -65,12 +70,20 @@ class DeviceDiscovery(Protocol):
         ...
 
 
-def clique_id_from_fabric(gpus: Sequence[GpuInfo]) -> str:
+def clique_id_from_fabric(gpus: Sequence[GpuInfo], *, strict: bool = True) -> str:
+    """The node's clique ID (module docstring); ``strict`` is gate CrashOnNVLinkFabricErrors."""
     cluster_uuids: set[str] = set()
     clique_ids: set[int] = set()
     for gpu in gpus:
         fabric = gpu.fabric
         if not fabric.supported or fabric.state == FABRIC_STATE_NOT_SUPPORTED:
+            continue
+        healthy = fabric.state == FABRIC_STATE_COMPLETED and fabric.status == 0
+        if not strict and not healthy:
+            log.info(
+                "no-clique fallback: NVLink fabric not attached (GPU %d/%s, state %s, status %d)",
+                gpu.index, gpu.uuid, _STATE_NAMES.get(fabric.state, fabric.state), fabric.status,
+            )  # fmt: skip
             continue
         if fabric.state != FABRIC_STATE_COMPLETED:
             state = _STATE_NAMES.get(fabric.state, str(fabric.state))

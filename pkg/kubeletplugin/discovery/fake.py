@@ -98,9 +98,13 @@ def _fabric(spec: Any, *, cluster_uuid: str, clique_id: Any, where: str) -> Fabr
 class FakeDiscovery:
     """`DeviceDiscovery` that reports GPUs described by a config dict (see module docstring)."""
 
-    def __init__(self, *, config: dict[str, Any], node_name: str) -> None:
+    def __init__(
+        self, *, config: dict[str, Any], node_name: str, strict_fabric: bool = True
+    ) -> None:
+        """``strict_fabric``: gate CrashOnNVLinkFabricErrors (see `clique_id_from_fabric`)."""
         self._config = config
         self._node = node_name
+        self._strict = strict_fabric
 
     def discover(self) -> NodeDevices:
         cfg = self._config
@@ -127,5 +131,7 @@ class FakeDiscovery:
             gpus.append(GpuInfo(index=i, uuid=gpu_uuid, minor=i, fabric=fabric))
         version = str(cfg.get("driverVersion", DEFAULT_DRIVER_VERSION))
         return NodeDevices(
-            driver_version=version, gpus=tuple(gpus), clique_id=clique_id_from_fabric(gpus)
+            driver_version=version,
+            gpus=tuple(gpus),
+            clique_id=clique_id_from_fabric(gpus, strict=self._strict),
         )

@@ -44,8 +44,10 @@ def _error_code(nvml: Any, err: BaseException) -> int | None:
 class NvmlDiscovery:
     """`DeviceDiscovery` backed by a real (or mocked) NVML library module."""
 
-    def __init__(self, *, nvml: Any) -> None:
+    def __init__(self, *, nvml: Any, strict_fabric: bool = True) -> None:
+        """``strict_fabric``: gate CrashOnNVLinkFabricErrors (see `clique_id_from_fabric`)."""
         self._nvml = nvml
+        self._strict = strict_fabric
 
     def discover(self) -> NodeDevices:
         nvml = self._nvml
@@ -62,7 +64,8 @@ class NvmlDiscovery:
             # A shutdown failure cannot change what was discovered.
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()
-        return NodeDevices(driver_version=version, gpus=gpus, clique_id=clique_id_from_fabric(gpus))
+        clique_id = clique_id_from_fabric(gpus, strict=self._strict)
+        return NodeDevices(driver_version=version, gpus=gpus, clique_id=clique_id)
 
     def _gpu(self, index: int) -> GpuInfo:
         nvml = self._nvml
