@@ -77,3 +77,10 @@ def test_invalid(env: dict[str, str], message: str) -> None:
 
 def test_non_nvlink_node_needs_no_pod_ip() -> None:
     parse(["run"], {**ENV, "CLIQUE_ID": "", "POD_IP": ""}).validate_run()
+
+
+def test_go_driver_gates_are_accepted() -> None:
+    """The controller forwards gates it was given for the Go driver's GPU plugin, too."""
+    opts = parse(["run"], {**ENV, "FEATURE_GATES": "MPSSupport=true,ContextualLogging=false"})
+    opts.validate_run()
+    assert opts.gates.unimplemented() == ["ContextualLogging", "MPSSupport"]

@@ -277,3 +277,11 @@ def test_without_leader_election_runs_directly_and_stops_cleanly(server: FakeApi
     stop.set()
     thread.join(10)
     assert rc == [0]
+
+
+def test_go_driver_gates_are_accepted_and_passed_to_the_daemons() -> None:
+    """A FEATURE_GATES shared with the Go driver's GPU plugin must not stop the controller."""
+    opts = parse_options(["--image-name=x"], {"FEATURE_GATES": "MPSSupport=true,AllAlpha=false"})
+    rendered = opts.controller.feature_gates.split(",")
+    assert "MPSSupport=true" in rendered and "AllAlpha=false" in rendered
+    assert "ComputeDomainCliques=true" in rendered
