@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): static gates, unit tests, then the e2e suite
-# against a real Kubernetes control plane built from Go modules (cached outside the repo).
+# against a real Kubernetes control plane built from Go modules (cached outside the repo): one lane
+# on simulated nodes (scale, speed), one on real kubelets + containerd running our images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -11,7 +12,10 @@ echo "==> unit tests"
 if [[ "${SKIP_E2E:-}" != "1" ]]; then
   echo "==> control plane binaries"
   hack/build-control-plane.sh
-  echo "==> e2e tests"
+  echo "==> e2e tests (simulated nodes)"
   "$PY" -m pytest test/e2e -q -p no:cacheprovider
+  echo "==> e2e tests (real nodes: kubelet + containerd, the driver as pods)"
+  hack/node-deps.sh
+  "$PY" -m pytest test/e2e_nodes -q -p no:cacheprovider
 fi
 echo "==> make test finished in $(( $(date +%s) - start ))s"

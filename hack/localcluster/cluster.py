@@ -45,6 +45,7 @@ DEFAULT_CONTROLLERS = (
     "-serviceaccount-controller",
     "-serviceaccount-token-controller",
 )
+KUBERNETES_SERVICE_IP = "10.0.0.1"  # first address of --service-cluster-ip-range
 COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager")
 STATE_FILE = "cluster.json"
 
@@ -132,6 +133,7 @@ class Cluster:
         controllers: Sequence[str] = DEFAULT_CONTROLLERS,
         feature_gates: Mapping[str, bool] | None = None,
         runtime_config: str | None = None,
+        advertise_address: str | None = None,
         apiserver_args: Sequence[str] = (),
         scheduler_args: Sequence[str] = (),
         controller_manager_args: Sequence[str] = (),
@@ -145,6 +147,14 @@ class Cluster:
         ``DRIVER_SERVICE_ACCOUNTS`` in ``driver_namespace`` and each node (``node_names`` or
         ``node-1..node-<node_count>``). ``die_with_parent`` makes the components die with this
         Python process (PR_SET_PDEATHSIG); the CLI ``up`` turns it off.
+
+        ``advertise_address`` (real-node tier, see ``realnode``): the apiserver also listens on
+        that address (it binds all addresses), serves a certificate valid for it and for the
+        ``kubernetes`` Service IP, publishes it as the ``kubernetes`` endpoint, authenticates
+        to kubelets with a client certificate, and ServiceAccount admission plus the
+        service-account, token and node-lifecycle controllers run: pods then authenticate with
+        real projected tokens and a node whose kubelet stops turns NotReady. ``controllers``
+        is ignored then (all controllers run).
         """
         bin_dir = Path(bin_dir).resolve()
         workdir = Path(workdir).resolve()
@@ -163,13 +173,16 @@ class Cluster:
             elif p.exists():
                 p.unlink()
 
-        pki = PKI(workdir / "pki")
+        extra_ips = (advertise_address, KUBERNETES_SERVICE_IP) if advertise_address else ()
+        pki = PKI(workdir / "pki", extra_ips=extra_ips)
         identities: dict[str, Identity] = {}
 
         def add(i: Identity) -> None:
             identities[i.name] = i
 
         add(token_identity("admin", "admin", ("system:masters",)))
+        # Bound to the system:node-proxier ClusterRole by the apiserver's bootstrap RBAC.
+        add(token_identity("kube-proxy", "system:kube-proxy", ()))
         for sa in DRIVER_SERVICE_ACCOUNTS:
             add(
                 token_identity(
@@ -216,11 +229,35 @@ class Cluster:
             "--unsafe-no-fsync=true",
             "--log-level=warn",
         ]
+        if advertise_address:
+            kubelet_cert, kubelet_key = pki.issue("kube-apiserver-kubelet-client", ())
+            kc_cert = workdir / "pki" / "apiserver-kubelet-client.crt"
+            kc_key = workdir / "pki" / "apiserver-kubelet-client.key"
+            kc_cert.write_bytes(kubelet_cert)
+            kc_key.write_bytes(kubelet_key)
+            kc_key.chmod(0o600)
+            network_args = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={advertise_address}",
+                "--endpoint-reconciler-type=lease",
+                f"--kubelet-client-certificate={kc_cert}",
+                f"--kubelet-client-key={kc_key}",
+                "--kubelet-preferred-address-types=InternalIP",
+                "--enable-admission-plugins=NodeRestriction,ServiceAccount",
+            ]
+            controllers = ("*",)
+        else:
+            network_args = [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+                "--enable-admission-plugins=NodeRestriction",
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            ]
         apiserver_argv = [
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *network_args,
             f"--secure-port={ports.apiserver}",
             f"--cert-dir={workdir / 'certs' / 'kube-apiserver'}",
             f"--tls-cert-file={pki.serving_cert_file}",
@@ -228,15 +265,12 @@ class Cluster:
             f"--client-ca-file={pki.ca_file}",
             f"--token-auth-file={tokens}",
             "--authorization-mode=Node,RBAC",
-            "--endpoint-reconciler-type=none",
             "--enable-priority-and-fairness=false",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={pki.sa_pub_file}",
             f"--service-account-signing-key-file={pki.sa_key_file}",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true",
-            "--enable-admission-plugins=NodeRestriction",
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             "--profiling=false",
             f"--v={verbosity}",
             *([f"--runtime-config={runtime_config}"] if runtime_config else []),

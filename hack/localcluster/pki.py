@@ -66,7 +66,7 @@ def _write(path: Path, data: bytes, mode: int = 0o600) -> Path:
 class PKI:
     """The CA plus the files derived from it, all under ``directory``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, extra_ips: tuple[str, ...] = ()) -> None:
         self.directory = directory
         self._ca_key = _ec_key()
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "compute-domain-e2e-ca")])
@@ -105,7 +105,7 @@ class PKI:
             (),
             server=True,
             dns_names=("localhost", "kubernetes", "kubernetes.default.svc"),
-            ips=("127.0.0.1",),
+            ips=("127.0.0.1", *extra_ips),
         )
         self.serving_cert_file = _write(directory / "apiserver.crt", serving_cert, 0o644)
         self.serving_key_file = _write(directory / "apiserver.key", serving_key)

@@ -1,0 +1,426 @@
+"""Real nodes for the local cluster: containerd v2 + kubelet + kube-proxy per node, no Docker.
+
+Owns the configuration and lifecycle of the node components of one real node, each running
+inside the node's own network + mount namespace (``hostnet.NodeNamespace``):
+
+* containerd (``version = 3`` config): own root/state/socket at the production paths inside
+  the namespace, CRI with CDI (``/etc/cdi``, ``/var/run/cdi``), runc from Debian, the CNI bridge
+  plugin on the node's pod subnet (masquerading), the pinned pause image, and
+  ``restrict_oom_score_adj`` (the VM lacks CAP_SYS_RESOURCE);
+* kubelet v1.37: ``cgroupfs`` driver under the node's own cgroup root, ``failCgroupV1: false``
+  (the host is cgroup v1), its own ``/var/lib/kubelet`` (the driver's DaemonSets use the
+  production hostPaths unchanged), x509 client authentication for the apiserver's
+  ``logs``/``exec`` calls, relaxed eviction and image GC (images are imported, never pulled);
+* kube-proxy (iptables mode, conntrack sysctls left alone) so pods reach the API server through
+  the ``kubernetes`` Service.
+
+:class:`RealNodes` starts N of them against a :class:`~localcluster.cluster.Cluster` started
+with ``advertise_address=hostnet.HOST_IP`` and tears everything down again, checking that the
+host is as it found it (``hostnet.leftovers``). Facts and pitfalls:
+``shared/reference/real-node-tier.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import hostnet
+from .cluster import Cluster
+from .pki import write_kubeconfig
+from .processes import ClusterError, Proc, tail
+
+RUNC = "/usr/sbin/runc"
+CURL = "/usr/bin/curl"  # probes inside a node's namespace
+CNI_BIN_DIR = "/usr/lib/cni"
+CONTAINERD_SOCK = "/run/containerd/containerd.sock"
+REQUIRED_HOST_TOOLS = ("unshare", "nsenter", "ip", "iptables", "sysctl", RUNC, CURL)
+REQUIRED_BINS = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr")
+
+
+def missing_prerequisites(bin_dir: Path) -> list[str]:
+    """What the real-node tier lacks on this host (``[]`` = it can run)."""
+    out = [f"{bin_dir / b} (run hack/build-control-plane.sh)" for b in REQUIRED_BINS]
+    out = [o for o, b in zip(out, REQUIRED_BINS, strict=True) if not (bin_dir / b).is_file()]
+    for tool in REQUIRED_HOST_TOOLS:
+        if shutil.which(tool) is None:
+            out.append(f"{tool} (run hack/node-deps.sh)")
+    if not Path(CNI_BIN_DIR, "bridge").is_file():
+        out.append(f"{CNI_BIN_DIR}/bridge (run hack/node-deps.sh)")
+    return out
+
+
+def containerd_config(node_dir: Path, pause_image: str, index: int) -> str:
+    """The containerd v2 (``version = 3``) config of one node."""
+    return f"""version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+
+[grpc]
+  address = "{CONTAINERD_SOCK}"
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = "/var/lib/containerd-opt"
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{pause_image}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "{RUNC}"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{CNI_BIN_DIR}"]
+    conf_dir = "{node_dir / "cni"}"
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+"""
+
+
+def cni_config(index: int) -> dict[str, object]:
+    """Bridge + host-local on the node's pod subnet; masquerade off-node traffic."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "cde2e",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cni0",
+                "isGateway": True,
+                "isDefaultGateway": True,
+                "ipMasq": True,
+                "hairpinMode": True,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": hostnet.pod_cidr(index)}]]},
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def kubelet_config(
+    name: str, ca_file: Path, feature_gates: Mapping[str, bool]
+) -> dict[str, object]:
+    """KubeletConfiguration of one node (see the module docstring for why each setting)."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": hostnet.cgroup_root_name(name),
+        "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCK}",
+        "port": 10250,
+        "healthzPort": 10248,
+        "healthzBindAddress": "127.0.0.1",
+        "readOnlyPort": 0,
+        "failSwapOn": False,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(ca_file)},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "evictionHard": {
+            "memory.available": "1Mi",
+            "nodefs.available": "0%",
+            "imagefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "clusterDomain": "cluster.local",
+        "nodeStatusUpdateFrequency": "5s",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "5s",
+        "featureGates": dict(feature_gates),
+        "shutdownGracePeriod": "0s",
+        "registerNode": True,
+        "logging": {"format": "text"},
+    }
+
+
+def kube_proxy_config(name: str, kubeconfig: Path) -> dict[str, object]:
+    """KubeProxyConfiguration: iptables mode; no host-global conntrack sysctls."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": name,
+        "clusterCIDR": hostnet.CLUSTER_CIDR,
+        "mode": "iptables",
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+        "metricsBindAddress": "127.0.0.1:10249",
+        "healthzBindAddress": "127.0.0.1:10256",
+    }
+
+
+@dataclass
+class RealNode:
+    """One real node: its namespaces and its containerd, kubelet and kube-proxy processes."""
+
+    name: str
+    index: int
+    ns: hostnet.NodeNamespace
+    cluster: Cluster
+    node_dir: Path
+    log_dir: Path
+    procs: dict[str, Proc] = field(default_factory=dict)
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ip(self) -> str:
+        return self.ns.ip
+
+    def _spawn(self, component: str, argv: Sequence[str]) -> Proc:
+        proc = Proc.spawn(f"{self.name}-{component}", self.ns.argv(argv), self.log_dir)
+        self.procs[component] = proc
+        return proc
+
+    def _wait(self, what: str, probe: Callable[[], bool], proc: Proc, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not probe():
+            if not proc.alive():
+                raise ClusterError(
+                    f"{proc.name} exited while waiting for {what}:\n{tail(proc.log_file, 40)}"
+                )
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out waiting for {what}:\n{tail(proc.log_file, 40)}")
+            time.sleep(0.2)
+
+    def start_containerd(self, pause_image: str) -> None:
+        """Start containerd and wait until its socket answers."""
+        cfg = self.node_dir / "containerd.toml"
+        cfg.write_text(containerd_config(self.node_dir, pause_image, self.index))
+        cni = self.node_dir / "cni"
+        cni.mkdir(exist_ok=True)
+        (cni / "10-cde2e.conflist").write_text(json.dumps(cni_config(self.index), indent=1))
+        bin_dir = self.cluster.bin_dir
+        argv = ["env", f"PATH={bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"]
+        proc = self._spawn("containerd", [*argv, str(bin_dir / "containerd"), f"--config={cfg}"])
+        ctr = [str(bin_dir / "ctr"), f"--address={CONTAINERD_SOCK}", "version"]
+        self._wait(
+            f"{self.name} containerd",
+            lambda: self.ns.run(ctr, check=False).find("Server:") >= 0,
+            proc,
+            30,
+        )
+
+    def import_images(self, archives: Sequence[Path]) -> None:
+        """Import OCI archives into the node's ``k8s.io`` containerd namespace."""
+        ctr = str(self.cluster.bin_dir / "ctr")
+        for a in archives:
+            self.ns.run(
+                [
+                    ctr,
+                    f"--address={CONTAINERD_SOCK}",
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "import",
+                    "--local",
+                    str(a),
+                ]
+            )
+
+    def start_kubelet(
+        self,
+        feature_gates: Mapping[str, bool] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start (or restart) the kubelet; returns once its healthz answers.
+
+        ``labels`` are registered with the Node (``--node-labels``; NodeRestriction admits
+        only labels outside the ``kubernetes.io`` namespaces)."""
+        if feature_gates is None:
+            feature_gates = self.feature_gates
+        if labels is None:
+            labels = self.labels
+        self.feature_gates, self.labels = dict(feature_gates), dict(labels)
+        server = f"https://{hostnet.HOST_IP}:{self.cluster.ports.apiserver}"
+        ident = self.cluster.identity(self.name)
+        kubeconfig = self.node_dir / "kubelet.kubeconfig"
+        write_kubeconfig(kubeconfig, server, self.cluster.ca_file.read_bytes(), ident)
+        cfg = self.node_dir / "kubelet.json"
+        cfg.write_text(
+            json.dumps(kubelet_config(self.name, self.cluster.ca_file, feature_gates or {}))
+        )
+        hostnet.ensure_cgroup_root(self.name)
+        argv = [
+            str(self.cluster.bin_dir / "kubelet"),
+            f"--config={cfg}",
+            f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.ip}",
+            *(
+                [f"--node-labels={','.join(f'{k}={v}' for k, v in sorted(labels.items()))}"]
+                if labels
+                else []
+            ),
+            "--v=2",
+        ]
+        proc = self._spawn("kubelet", argv)
+        healthz = [CURL, "-sS", "--max-time", "2", "http://127.0.0.1:10248/healthz"]
+        self._wait(
+            f"{self.name} kubelet healthz",
+            lambda: "ok" in self.ns.run(healthz, check=False),
+            proc,
+            60,
+        )
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet only (containers keep running, as when a kubelet dies)."""
+        proc = self.procs.pop("kubelet", None)
+        if proc is not None:
+            proc.stop(5)
+
+    def start_kube_proxy(self) -> None:
+        """Start kube-proxy with the ``system:kube-proxy`` identity."""
+        server = f"https://{hostnet.HOST_IP}:{self.cluster.ports.apiserver}"
+        kubeconfig = self.node_dir / "kube-proxy.kubeconfig"
+        write_kubeconfig(
+            kubeconfig,
+            server,
+            self.cluster.ca_file.read_bytes(),
+            self.cluster.identity("kube-proxy"),
+        )
+        cfg = self.node_dir / "kube-proxy.json"
+        cfg.write_text(json.dumps(kube_proxy_config(self.name, kubeconfig)))
+        self._spawn(
+            "kube-proxy", [str(self.cluster.bin_dir / "kube-proxy"), f"--config={cfg}", "--v=1"]
+        )
+
+    def stop(self) -> None:
+        """Stop every component, kill everything in the node, remove its host state."""
+        for proc in reversed(list(self.procs.values())):
+            proc.stop(3)
+        self.procs.clear()
+        self.ns.destroy()
+
+
+def _node_ready(cluster: Cluster, name: str) -> bool:
+    url = f"{cluster.server}/api/v1/nodes/{name}"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {cluster.token('admin')}"})
+    ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
+    try:
+        with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+            node = json.load(resp)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    conds = node.get("status", {}).get("conditions", [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+class RealNodes:
+    """N real nodes joined to one cluster; :meth:`stop` leaves the host as it was found."""
+
+    def __init__(self, cluster: Cluster, workdir: Path, nodes: list[RealNode]) -> None:
+        self.cluster = cluster
+        self.workdir = workdir
+        self.nodes = nodes
+
+    def __getitem__(self, name: str) -> RealNode:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @classmethod
+    def start(
+        cls,
+        cluster: Cluster,
+        workdir: Path,
+        names: Sequence[str],
+        *,
+        images: Sequence[Path],
+        pause_image: str,
+        prepare: Callable[[RealNode], None] | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
+        labels: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> RealNodes:
+        """Sweep leftovers of an interrupted run, then start one real node per name.
+
+        ``cluster`` must run with ``advertise_address=hostnet.HOST_IP`` and have a node
+        identity per name. ``prepare(node)`` runs after the node's namespaces exist and before
+        containerd starts (write node-private files, e.g. under ``node.ns.path('/var/lib/...')``).
+        ``images``: OCI archives imported into every node. Returns once every Node is Ready."""
+        missing = missing_prerequisites(cluster.bin_dir)
+        if missing:
+            raise ClusterError("real-node tier prerequisites missing: " + ", ".join(missing))
+        hostnet.sweep()
+        hostnet.record_kernel_tunables()
+        workdir.mkdir(parents=True, exist_ok=True)
+        fleet = cls(cluster, workdir, [])
+        try:
+            for index, name in enumerate(names, start=1):
+                node_dir = workdir / name
+                if node_dir.exists():
+                    shutil.rmtree(node_dir)
+                node_dir.mkdir(parents=True)
+                ns = hostnet.NodeNamespace.create(name, index, node_dir, cluster.log_dir)
+                node = RealNode(name, index, ns, cluster, node_dir, cluster.log_dir)
+                fleet.nodes.append(node)
+                if prepare is not None:
+                    prepare(node)
+                node.start_containerd(pause_image)
+                node.import_images(images)
+                node.start_kubelet(feature_gates or {}, labels or {})
+                node.start_kube_proxy()
+            fleet.wait_ready(timeout=timeout)
+        except BaseException:
+            fleet.stop()
+            raise
+        return fleet
+
+    def wait_ready(self, names: Sequence[str] | None = None, timeout: float = 120.0) -> None:
+        """Wait until the named (default: all) Nodes report Ready=True."""
+        want = list(names) if names is not None else [n.name for n in self.nodes]
+        deadline = time.monotonic() + timeout
+        while not all(_node_ready(self.cluster, n) for n in want):
+            for node in self.nodes:
+                for proc in node.procs.values():
+                    if not proc.alive():
+                        raise ClusterError(f"{proc.name} exited:\n{tail(proc.log_file, 40)}")
+            if time.monotonic() > deadline:
+                logs = "\n".join(
+                    f"--- {p.name} ---\n{tail(p.log_file, 15)}"
+                    for node in self.nodes
+                    for p in node.procs.values()
+                )
+                raise ClusterError(f"nodes {want} not Ready after {timeout:.0f}s\n{logs}")
+            time.sleep(0.5)
+
+    def stop(self) -> list[str]:
+        """Stop every node and sweep the host; returns what is left on it (``[]`` = clean)."""
+        recorded = hostnet.recorded_tunables()
+        errors: list[str] = []
+        for node in reversed(self.nodes):
+            try:
+                node.stop()
+            except ClusterError as e:  # keep going: the sweep below retries
+                errors.append(str(e))
+        hostnet.sweep()
+        return errors + hostnet.leftovers(self.workdir, tunables=recorded)

@@ -1,0 +1,152 @@
+"""Session fixtures of the real-node e2e lane: real kubelets + containerd, the driver as pods.
+
+* ``cluster``: ``localcluster.Cluster`` started with ``advertise_address`` = the host end of the
+  nodes' bridge (``hostnet.HOST_IP``), ServiceAccount admission and every controller on.
+* ``nodes``: ``REAL_NODES`` as ``localcluster.RealNodes`` — per node its own network + mount
+  namespace, containerd v2, kubelet v1.37 and kube-proxy, fake GPUs (``FAKE_GPUS``) and the
+  images of ``hack/nodeimages`` imported (the driver's three, pause, busybox).
+* ``driver``: ``config/overlays/e2e-real-nodes`` applied with ``kubectl apply --server-side -k``;
+  the controller Deployment and the kubelet-plugin DaemonSet run from our images.
+* ``ns``: a namespace per test, deleted afterwards; nothing of the test may be left.
+
+Teardown stops every node and checks that the host is as it was found (``hostnet.leftovers``):
+a leftover fails the session. Missing binaries or host tools FAIL with the command to run
+(``SKIP_E2E=1`` skips the lane instead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster import Cluster, bin_dir
+from localcluster.hostnet import HOST_IP
+from localcluster.realnode import RealNode, RealNodes, missing_prerequisites
+from nodeimages import PAUSE_IMAGE, build_all
+from realsupport import REAL_NODES, REPO, Kubectl, wait_for
+
+GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
+# Both nodes in one NVLink clique (as hack/kind/nodes/worker{,2}).
+FAKE_GPUS = {
+    "driverVersion": "580.65.06",
+    "gpuCount": 2,
+    "clusterUUID": "00000000-0000-0000-0000-0000000000e2",
+    "cliqueId": 1,
+    "fabric": {"state": "COMPLETED", "status": 0},
+}
+OVERLAY = REPO / "config" / "overlays" / "e2e-real-nodes"
+SESSION: dict[str, Any] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.e2e)
+
+
+def _prepare_node(node: RealNode) -> None:
+    fake = node.ns.path("/var/lib/compute-domain-fake")
+    fake.mkdir(parents=True)
+    (fake / "fake-gpus.json").write_text(json.dumps(FAKE_GPUS))
+    shutil.copy(REPO / "hack" / "kind" / "nodes" / "worker" / "proc-devices", fake / "proc-devices")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if os.environ.get("SKIP_E2E") == "1":
+        pytest.skip("SKIP_E2E=1")
+    bins = bin_dir()
+    missing = missing_prerequisites(bins)
+    if missing:
+        pytest.fail(
+            "real-node e2e: missing " + ", ".join(missing) + "; set SKIP_E2E=1 to skip.",
+            pytrace=False,
+        )
+    workdir = Path(tempfile.mkdtemp(prefix="cdreal-", dir="/tmp"))
+    c = Cluster.start(
+        bins,
+        workdir,
+        node_names=REAL_NODES,
+        advertise_address=HOST_IP,
+        controller_manager_args=["--node-monitor-grace-period=20s", "--node-monitor-period=2s"],
+    )
+    SESSION["cluster"] = c
+    yield c
+    c.stop()
+    if os.environ.get("E2E_KEEP") != "1":
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: Cluster) -> Kubectl:
+    return Kubectl(cluster.kubeconfig("admin"))
+
+
+@pytest.fixture(scope="session")
+def nodes(cluster: Cluster) -> Iterator[RealNodes]:
+    images = build_all()
+    fleet = RealNodes.start(
+        cluster,
+        cluster.workdir / "nodes",
+        REAL_NODES,
+        images=list(images.values()),
+        pause_image=PAUSE_IMAGE,
+        prepare=_prepare_node,
+        labels=GPU_NODE_LABELS,
+    )
+    SESSION["nodes"] = fleet
+    yield fleet
+    left = fleet.stop()
+    assert not left, f"real-node tier left this on the host: {left}"
+
+
+@pytest.fixture(scope="session")
+def driver(nodes: RealNodes, kubectl: Kubectl) -> Iterator[str]:
+    """Apply the overlay; wait for the controller and one Ready plugin pod per node."""
+    kubectl("apply", "--server-side", "-k", str(OVERLAY))
+    namespace = "nvidia-dra-driver"
+    kubectl(
+        "-n", namespace, "rollout", "status", "deployment/compute-domain-controller",
+        "--timeout=180s",
+    )  # fmt: skip
+    kubectl(
+        "-n", namespace, "rollout", "status", "daemonset/compute-domain-kubelet-plugin",
+        "--timeout=180s",
+    )  # fmt: skip
+
+    def plugins_ready() -> bool:
+        ds = kubectl.json("-n", namespace, "get", "daemonset/compute-domain-kubelet-plugin")
+        return int(ds.get("status", {}).get("numberReady", 0)) == len(REAL_NODES)
+
+    wait_for("a Ready plugin pod per node", plugins_ready, timeout=120)
+    yield namespace
+    kubectl("delete", "--wait=true", "--timeout=120s", "-k", str(OVERLAY), check=False)
+
+
+@pytest.fixture
+def ns(request: pytest.FixtureRequest, kubectl: Kubectl, driver: str) -> Generator[str]:
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{name}-{secrets.token_hex(2)}"
+    kubectl("create", "namespace", name)
+    yield name
+    kubectl("delete", "namespace", name, "--wait=true", "--timeout=180s")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "cluster" in SESSION:
+        c: Cluster = SESSION["cluster"]
+        report.sections.append(("component logs", c.dump_logs(60)))
+        k = Kubectl(c.kubeconfig("admin"))
+        report.sections.append(("pods", k("get", "pods", "-A", "-o", "wide", check=False)))

@@ -1,0 +1,238 @@
+"""Faults on real nodes, where the real kubelet and node lifecycle controller decide.
+
+* a kubelet-plugin pod deleted while a domain forms: the DaemonSet's new pod re-registers with
+  the real kubelet and the workload still gets its channel;
+* an IMEX daemon container SIGKILLed: the real kubelet restarts it, the domain turns Ready
+  again, and a new workload on that node is held until it is;
+* a node's kubelet stopped: the real node lifecycle controller marks the Node NotReady and the
+  ComputeDomain's status follows; restarted, the node rejoins.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from localcluster.realnode import RealNodes
+from realsupport import REAL_NODES, Kubectl, wait_for
+
+CD_LABEL = "resource.nvidia.com/computeDomain"
+
+
+def _domain(ns: str, name: str = "cd") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{name}-rct"}}},
+    }
+
+
+def _pod(ns: str, name: str, node: str, cmd: str, rct: str = "cd-rct") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "nodeName": None,
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "w",
+                    "image": "busybox:1.37",
+                    "command": ["sh", "-c", cmd],
+                    "resources": {"claims": [{"name": "ch"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "ch", "resourceClaimTemplateName": rct}],
+        },
+    }
+
+
+def _apply(kubectl: Kubectl, *objs: dict[str, Any]) -> None:
+    for o in objs:
+        if o.get("spec", {}).get("nodeName", 1) is None:
+            del o["spec"]["nodeName"]
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
+
+
+def _phase(kubectl: Kubectl, ns: str, pod: str) -> str:
+    return str(kubectl.json("-n", ns, "get", "pod", pod).get("status", {}).get("phase", ""))
+
+
+def _cd_status(kubectl: Kubectl, ns: str, name: str = "cd") -> dict[str, Any]:
+    st: dict[str, Any] = kubectl.json("-n", ns, "get", f"computedomain/{name}").get("status", {})
+    return st
+
+
+def _daemon_pod(kubectl: Kubectl, driver: str, uid: str, node: str) -> dict[str, Any] | None:
+    for p in kubectl.items("pods", "-n", driver, "-l", f"{CD_LABEL}={uid}"):
+        if p["spec"].get("nodeName") == node:
+            return p
+    return None
+
+
+def _ready(pod: dict[str, Any] | None) -> bool:
+    conds = (pod or {}).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def _container_pids(nodes: RealNodes, node: str, needle: str) -> list[int]:
+    """PIDs in the node's pod cgroups whose command line contains ``needle``."""
+    root = Path("/sys/fs/cgroup/pids") / f"cde2e-{node}"
+    pids: list[int] = []
+    for d, _, _ in os.walk(root):
+        try:
+            procs = (Path(d) / "cgroup.procs").read_text().split()
+        except OSError:
+            continue
+        for p in procs:
+            try:
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if needle in cmd:
+                pids.append(int(p))
+    return pids
+
+
+def test_plugin_pod_restarted_mid_formation(
+    kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str
+) -> None:
+    node = REAL_NODES[0]
+    _apply(kubectl, _domain(ns), _pod(ns, "w", node, "ls /dev/nvidia-caps-imex-channels"))
+    wait_for(
+        "the workload's claim to be allocated",
+        lambda: any(
+            c.get("status", {}).get("allocation") for c in kubectl.items("resourceclaims", "-n", ns)
+        ),
+        timeout=60,
+    )
+    old = [
+        p["metadata"]["name"]
+        for p in kubectl.items(
+            "pods", "-n", driver, "-l", "app.kubernetes.io/name=compute-domain-kubelet-plugin"
+        )
+        if p["spec"]["nodeName"] == node
+    ]
+    assert old, "no plugin pod on the node"
+    kubectl("-n", driver, "delete", "pod", old[0], "--wait=false")
+    wait_for("the workload to succeed", lambda: _phase(kubectl, ns, "w") == "Succeeded", 180)
+    assert "channel0" in kubectl("-n", ns, "logs", "w")
+    kubectl("-n", ns, "delete", "pod", "w", "--wait=true")
+    kubectl("-n", ns, "delete", "computedomain/cd", "--wait=true", "--timeout=120s")
+
+
+def test_daemon_killed_kubelet_restarts_it_and_holds_new_workloads(
+    kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str
+) -> None:
+    node = REAL_NODES[0]
+    _apply(
+        kubectl,
+        _domain(ns),
+        _pod(ns, "first", node, "ls /dev/nvidia-caps-imex-channels; sleep 3600"),
+    )
+    wait_for("the first workload to run", lambda: _phase(kubectl, ns, "first") == "Running", 180)
+    uid = kubectl.json("-n", ns, "get", "computedomain/cd")["metadata"]["uid"]
+    daemon = wait_for(
+        "a Ready daemon",
+        lambda: (
+            _daemon_pod(kubectl, driver, uid, node)
+            if _ready(_daemon_pod(kubectl, driver, uid, node))
+            else None
+        ),
+        60,
+    )
+    restarts = daemon["status"]["containerStatuses"][0]["restartCount"]
+
+    pids = _container_pids(nodes, node, "compute-domain-daemon")
+    assert pids, "no daemon process found in the node's cgroups"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(
+        "the daemon to be seen not Ready",
+        lambda: not _ready(_daemon_pod(kubectl, driver, uid, node)),
+        timeout=30,
+        every=0.2,
+    )
+    # A workload created while the daemon is down must not start before the daemon is Ready.
+    _apply(kubectl, _pod(ns, "second", node, "ls /dev/nvidia-caps-imex-channels"))
+    started_before_ready = False
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        d = _daemon_pod(kubectl, driver, uid, node)
+        if _ready(d):
+            break
+        if _phase(kubectl, ns, "second") in ("Running", "Succeeded"):
+            started_before_ready = True
+            break
+        time.sleep(0.3)
+    assert not started_before_ready, "a workload started while its node's IMEX daemon was down"
+    d = wait_for(
+        "the daemon to be Ready again",
+        lambda: (
+            _daemon_pod(kubectl, driver, uid, node)
+            if _ready(_daemon_pod(kubectl, driver, uid, node))
+            else None
+        ),
+        120,
+    )
+    assert d["status"]["containerStatuses"][0]["restartCount"] > restarts, (
+        "kubelet did not restart it"
+    )
+    wait_for(
+        "the second workload to succeed", lambda: _phase(kubectl, ns, "second") == "Succeeded", 120
+    )
+    kubectl("-n", ns, "delete", "pod", "first", "second", "--wait=true")
+    kubectl("-n", ns, "delete", "computedomain/cd", "--wait=true", "--timeout=120s")
+
+
+def test_kubelet_stopped_node_not_ready_and_domain_follows(
+    kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str
+) -> None:
+    a, b = REAL_NODES
+    cd = _domain(ns)
+    cd["spec"]["numNodes"] = 2
+    _apply(
+        kubectl,
+        cd,
+        _pod(ns, "wa", a, "sleep 3600"),
+        _pod(ns, "wb", b, "sleep 3600"),
+    )
+    wait_for(
+        "both workloads running",
+        lambda: all(_phase(kubectl, ns, p) == "Running" for p in ("wa", "wb")),
+        180,
+    )
+    wait_for("the domain Ready", lambda: _cd_status(kubectl, ns).get("status") == "Ready", 60)
+
+    nodes[b].stop_kubelet()
+    try:
+
+        def node_not_ready() -> bool:
+            n = kubectl.json("get", "node", b)
+            return any(
+                c["type"] == "Ready" and c["status"] != "True" for c in n["status"]["conditions"]
+            )
+
+        wait_for(f"{b} NotReady", node_not_ready, timeout=90, every=1)
+        wait_for(
+            "the domain to leave Ready",
+            lambda: _cd_status(kubectl, ns).get("status") != "Ready",
+            timeout=120,
+            every=1,
+        )
+    finally:
+        nodes[b].start_kubelet()
+    nodes.wait_ready([b], timeout=90)
+    wait_for(
+        "the domain Ready again", lambda: _cd_status(kubectl, ns).get("status") == "Ready", 180, 1
+    )
+    kubectl("-n", ns, "delete", "pod", "wa", "wb", "--wait=true", "--timeout=120s")
+    kubectl("-n", ns, "delete", "computedomain/cd", "--wait=true", "--timeout=120s")

@@ -1,0 +1,92 @@
+"""The driver on real kubelets and containerd: workloads run, receive their channel, finish.
+
+Every component runs as a container from our images; the workload is busybox. What is checked
+is what a user sees: ``kubectl logs`` of the workload, Job completion, ComputeDomain status,
+and that deleting the workload and the domain removes everything the driver created.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from localcluster.realnode import RealNodes
+from realsupport import REAL_NODES, REPO, Kubectl, wait_for
+
+SAMPLES = REPO / "config" / "samples"
+WORKLOAD_CMD = "ls -l /dev/nvidia-caps-imex-channels && sleep 2"
+
+
+def _samples(ns: str, *, mode: str = "Single") -> str:
+    docs = list(yaml.safe_load_all((SAMPLES / "computedomain.yaml").read_text()))
+    docs += list(yaml.safe_load_all((SAMPLES / "job.yaml").read_text()))
+    out: list[dict[str, Any]] = []
+    for d in docs:
+        if not d:
+            continue
+        d["metadata"]["namespace"] = ns
+        if d["kind"] == "ComputeDomain":
+            d["spec"]["channel"]["allocationMode"] = mode
+        if d["kind"] == "Job":
+            d["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", WORKLOAD_CMD]
+        out.append(d)
+    return yaml.safe_dump_all(out)
+
+
+def _cd(kubectl: Kubectl, ns: str) -> dict[str, Any] | None:
+    items = kubectl.items("computedomains.resource.nvidia.com", "-n", ns)
+    return items[0] if items else None
+
+
+def _driver_objects(kubectl: Kubectl, driver_ns: str, cd_uid: str) -> list[str]:
+    left = []
+    for kind in ("daemonsets", "resourceclaimtemplates", "pods"):
+        for o in kubectl.items(kind, "-n", driver_ns):
+            if cd_uid in yaml.safe_dump(o.get("metadata", {}).get("labels", {})):
+                left.append(f"{kind}/{o['metadata']['name']}")
+    for n in kubectl.items("nodes"):
+        if n["metadata"].get("labels", {}).get("resource.nvidia.com/computeDomain") == cd_uid:
+            left.append(f"node label on {n['metadata']['name']}")
+    for c in kubectl.items("computedomaincliques.resource.nvidia.com", "-n", driver_ns):
+        if cd_uid in c["metadata"]["name"]:
+            left.append(f"clique/{c['metadata']['name']}")
+    return left
+
+
+def _run_job(kubectl: Kubectl, ns: str, driver: str, *, mode: str) -> None:
+    kubectl("apply", "-f", "-", stdin=_samples(ns, mode=mode))
+
+    def complete() -> bool:
+        job = kubectl.json("-n", ns, "get", "job/training-job")
+        return int(job.get("status", {}).get("succeeded", 0)) == 2
+
+    wait_for("the Job to complete", complete, timeout=240, every=1)
+    pods = kubectl.items("pods", "-n", ns, "-l", "job=training-job")
+    assert sorted(p["spec"]["nodeName"] for p in pods) == sorted(REAL_NODES)
+    for p in pods:
+        logs = kubectl("-n", ns, "logs", p["metadata"]["name"])
+        assert "channel0" in logs, f"{p['metadata']['name']} saw no channel0:\n{logs}"
+        line = next(ln for ln in logs.splitlines() if ln.rstrip().endswith("channel0"))
+        assert line.startswith("c"), f"channel0 is not a character device: {line}"
+    cd = _cd(kubectl, ns)
+    assert cd is not None
+    assert cd.get("status", {}).get("status") == "Ready", cd.get("status")
+    uid = cd["metadata"]["uid"]
+
+    kubectl("-n", ns, "delete", "job/training-job", "--cascade=foreground", "--wait=true")
+    kubectl("-n", ns, "delete", "computedomain/training-domain", "--wait=true", "--timeout=120s")
+    wait_for(
+        "every object of the domain to be gone",
+        lambda: not _driver_objects(kubectl, driver, uid),
+        timeout=120,
+    )
+
+
+def test_job_completes_with_its_channel(
+    kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str
+) -> None:
+    _run_job(kubectl, ns, driver, mode="Single")
+
+
+def test_allocation_mode_all(kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str) -> None:
+    _run_job(kubectl, ns, driver, mode="All")
