@@ -2,12 +2,16 @@
 
 Owns the on-disk CDI documents in the CDI root (``/var/run/cdi`` by default):
 
-* the base spec ``k8s.compute-domain.nvidia.com-device_base.json`` (class ``device``) with one
+* the base spec ``k8s.compute-domain.nvidia.com-device_base.yaml`` (class ``device``) with one
   device ``all`` (GPU management nodes; always carries ``NVIDIA_VISIBLE_DEVICES=void`` so the
   device is never empty, which CDI rejects);
-* one spec per claim ``k8s.compute-domain.nvidia.com-claim_<claimUID>.json`` (class ``claim``)
-  whose device names are ``<claimUID>-<device>`` so a name is never reused across claims;
-  deleting it also deletes the Go driver's ``.yaml`` spec of that claim.
+* one spec per claim ``k8s.compute-domain.nvidia.com-claim_<claimUID>.yaml`` (class ``claim``)
+  whose device names are ``<claimUID>-<device>`` so a name is never reused across claims.
+
+The file names are the Go driver's exactly (its CDI cache writes ``.yaml``; the content here is
+JSON, which is YAML): two files defining ``.../device=all`` in one directory would be a CDI
+conflict that makes runtimes drop the device, and after a switch either driver must overwrite
+and delete the other's files. ``.json`` names of earlier builds are removed as well.
 
 Invariants: files are written atomically (temp file in the same directory, fsync, rename), so a
 runtime never reads half a spec; ``cdiVersion`` is the lowest version the content needs (older
@@ -100,16 +104,19 @@ class CdiWriter:
         return self._root
 
     def base_spec_path(self) -> Path:
-        return self._root / f"{CDI_VENDOR}-{CLASS_DEVICE}_base.json"
+        """The base spec, under the Go driver's name."""
+        return self._root / f"{CDI_VENDOR}-{CLASS_DEVICE}_base.yaml"
 
     def claim_spec_path(self, claim_uid: str) -> Path:
-        return self._root / f"{CDI_VENDOR}-{CLASS_CLAIM}_{claim_uid.replace('/', '_')}.json"
+        """A claim's spec, under the Go driver's name."""
+        return self._root / f"{CDI_VENDOR}-{CLASS_CLAIM}_{claim_uid.replace('/', '_')}.yaml"
 
     def write_base_spec(self, edits: ContainerEdits) -> str:
         """Write the ``device=all`` spec; returns its qualified device ID."""
         env = (*edits.env, "NVIDIA_VISIBLE_DEVICES=void")
         device = CdiDevice(BASE_DEVICE, ContainerEdits(env, edits.device_nodes, edits.mounts))
         self._write(self.base_spec_path(), self._spec(CLASS_DEVICE, [device]))
+        self.base_spec_path().with_suffix(".json").unlink(missing_ok=True)  # earlier builds
         return qualified_name(CLASS_DEVICE, BASE_DEVICE)
 
     def write_claim_spec(self, claim_uid: str, devices: list[CdiDevice]) -> dict[str, str]:
@@ -134,10 +141,10 @@ class CdiWriter:
         }
 
     def delete_claim_spec(self, claim_uid: str) -> None:
-        """Remove the claim's spec, also under the Go driver's name (``.yaml``, same stem)."""
+        """Remove the claim's spec (also a ``.json`` one written by earlier builds)."""
         path = self.claim_spec_path(claim_uid)
         path.unlink(missing_ok=True)
-        path.with_suffix(".yaml").unlink(missing_ok=True)
+        path.with_suffix(".json").unlink(missing_ok=True)
 
     @staticmethod
     def _spec(cdi_class: str, devices: list[CdiDevice]) -> dict[str, Any]:

@@ -173,7 +173,7 @@ def test_cdi_minimum_version_and_atomic_files(tmp_path: Path) -> None:
     assert writer.write_base_spec(ContainerEdits()) == f"{c.CDI_VENDOR}/device=all"
     ids = writer.write_claim_spec("u1", [])
     assert ids == {} and not writer.claim_spec_path("u1").exists()
-    assert [p.name for p in (tmp_path / "cdi").iterdir()] == [f"{c.CDI_VENDOR}-device_base.json"]
+    assert [p.name for p in (tmp_path / "cdi").iterdir()] == [f"{c.CDI_VENDOR}-device_base.yaml"]
 
 
 # -- opaque config resolution -------------------------------------------------------------------

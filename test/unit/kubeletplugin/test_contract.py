@@ -43,7 +43,7 @@ def classified(error: str) -> str:
 
 
 def cdi_spec(root: Path, uid: str) -> dict[str, object] | None:
-    path = root / "cdi" / f"{c.CDI_VENDOR}-claim_{uid}.json"
+    path = root / "cdi" / f"{c.CDI_VENDOR}-claim_{uid}.yaml"  # the Go driver's name
     return json.loads(path.read_text()) if path.exists() else None
 
 

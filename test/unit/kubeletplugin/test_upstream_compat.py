@@ -52,6 +52,10 @@ def go_spec_path(root: Path, uid: str) -> Path:
     return root / "cdi" / f"{c.CDI_VENDOR}-claim_{uid}.yaml"
 
 
+def base_specs(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "cdi").iterdir() if "-device_base." in p.name)
+
+
 def daemon_params(cd: str) -> dict[str, Any]:
     return {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}
 
@@ -76,9 +80,16 @@ def test_claims_prepared_by_the_go_driver_are_unprepared(api: FakeApiServer, roo
     (root / "cdi").mkdir()
     for uid in (CHANNEL_UID, DAEMON_UID):
         go_spec_path(root, uid).write_text("cdiVersion: 0.5.0\n")
+    # The Go driver's base spec, and one an earlier build of this driver left as .json.
+    (root / "cdi" / f"{c.CDI_VENDOR}-device_base.yaml").write_text("cdiVersion: 0.5.0\n")
+    (root / "cdi" / f"{c.CDI_VENDOR}-device_base.json").write_text("{}")
     set_node_label(api, FIXTURE_CD)
     with running_plugin(api, root) as (plugin, kubelet):
         assert plugin.checkpoint_problem == ""
+        # One definition of .../device=all (two would be a CDI conflict): the Go driver's file
+        # name, with this driver's content.
+        assert base_specs(root) == [f"{c.CDI_VENDOR}-device_base.yaml"]
+        assert "NVIDIA_VISIBLE_DEVICES=void" in plugin.cdi.base_spec_path().read_text()
         # The stale PrepareStarted claim (gone from the API) is collected at start; the
         # completed channel claim of the same domain keeps the label.
         assert set(plugin.store.entries()) == {CHANNEL_UID, DAEMON_UID}
