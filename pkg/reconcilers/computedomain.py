@@ -13,7 +13,9 @@ within the process there is exactly one writer. One pass:
    a node lost for ``node_loss_grace_period`` leaves (``NodeLost`` Event; the reconcile is
    requeued for the moment the next unhealthy node would be lost), and daemons a full clique
    leaves out make the condition ``CapacityExceeded`` with a Warning Event on the domain and
-   on each such daemon pod (once per cause).
+   on each such daemon pod (once per cause); daemons whose node's driver root lacks IMEX make
+   it ``DriverRootIncomplete`` with a Warning Event on the domain (the daemon itself records
+   one on its pod).
 
 Status writes go to ``/status`` with the resourceVersion read; on 409 the domain is re-read
 from the API server and the same aggregation is written again, so no concurrent change is ever
@@ -119,7 +121,12 @@ class ComputeDomainReconciler:
         capacity = found.capacity_problem()
         if capacity is not None:
             self._capacity_events(obj, found)
-        self._write_status(obj, members=found.members, problem=problem or capacity, found=found)
+        driver_root = found.driver_root_problem()
+        if driver_root is not None:
+            self._once.event(obj, WARNING, driver_root.reason, driver_root.message)
+        self._write_status(
+            obj, members=found.members, problem=problem or capacity or driver_root, found=found
+        )
         if problem is not None:
             # No retry storm, but recover on our own from fixes we get no event for (a
             # foreign object deleted, the namespace created).

@@ -23,6 +23,11 @@ entries, and nothing here ever writes a clique. Invariants:
   forever in any case);
 * a daemon pod whose clique already holds ``max_nodes`` other daemons can never join; it is
   named in a :class:`Shortfall` (the domain's condition becomes ``CapacityExceeded``);
+* a daemon whose container got no IMEX binaries through CDI exits with a
+  ``DriverRootIncomplete`` termination message (:mod:`pkg.reconcilers.daemonpods`) before it
+  joins its clique: it is still a NotReady member with that problem, and the domain's
+  condition becomes ``DriverRootIncomplete`` with the daemons' messages
+  (:meth:`Aggregate.driver_root_problem`);
 * a domain with no members is never Ready, even with ``numNodes: 0``;
 * :func:`render_status` is deterministic, so re-aggregating unchanged inputs yields an equal
   status and no write.
@@ -45,6 +50,7 @@ from pkg.api.computedomain import (
     set_condition,
     status_nodes,
 )
+from pkg.reconcilers.daemonpods import driver_root_incomplete, driver_root_message
 from pkg.reconcilers.metrics import parse_timestamp
 
 __all__ = [
@@ -177,12 +183,20 @@ class Aggregate:
     recheck: float | None
     """Seconds until the next not-yet-lost unhealthy node is lost (requeue then)."""
     shortfalls: list[Shortfall]
+    driver_root: str = ""
+    """The messages of daemons whose node's driver root lacks IMEX (``""``: none)."""
 
     def capacity_problem(self) -> Problem | None:
         """``CapacityExceeded`` naming every full clique and the nodes it leaves out."""
         if not self.shortfalls:
             return None
         return Problem(CAPACITY_EXCEEDED, "; ".join(s.message() for s in self.shortfalls))
+
+    def driver_root_problem(self) -> Problem | None:
+        """``DriverRootIncomplete`` with what each affected daemon reported, if any."""
+        if not self.driver_root:
+            return None
+        return Problem(c.REASON_DRIVER_ROOT_INCOMPLETE, self.driver_root)
 
 
 def _shortfalls(
@@ -238,6 +252,11 @@ def aggregate(
         if labels.get(c.CLIQUE_ID_LABEL) == "" and ip and node_name not in entries:
             ready = c.STATUS_READY if _pod_ready(pod) else c.STATUS_NOT_READY
             entries[node_name] = NodeEntry(node_name, str(ip), "", -1, ready)
+        elif node_name not in entries and driver_root_incomplete(pod):
+            # It exited before joining its clique; a member all the same, so the domain says why.
+            clique_id = str(labels.get(c.CLIQUE_ID_LABEL) or "")
+            entries[node_name] = NodeEntry(node_name, str(ip or ""), clique_id, -1,
+                                           c.STATUS_NOT_READY)  # fmt: skip
     members = []
     lost: dict[str, str] = {}
     recheck: float | None = None
@@ -257,6 +276,8 @@ def aggregate(
         pod = pods_by_node[name]
         if not problem and pod.get("metadata", {}).get("deletionTimestamp"):
             problem = "DaemonTerminating"
+        if not problem and driver_root_incomplete(pod):
+            problem = c.REASON_DRIVER_ROOT_INCOMPLETE
         if not problem and daemon_not_running(pod, entry if entry.clique_id else None):
             problem = DAEMON_NOT_RUNNING
         if problem and entry.status != c.STATUS_NOT_READY:
@@ -268,7 +289,11 @@ def aggregate(
     shortfalls = (
         _shortfalls(cliques, live_pods, in_clique, max_nodes) if max_nodes is not None else []
     )
-    return Aggregate(members=members, lost=lost, recheck=recheck, shortfalls=shortfalls)
+    incomplete = [
+        pods_by_node[m.entry.name] for m in members if m.problem == c.REASON_DRIVER_ROOT_INCOMPLETE
+    ]
+    return Aggregate(members=members, lost=lost, recheck=recheck, shortfalls=shortfalls,
+                     driver_root=driver_root_message(incomplete))  # fmt: skip
 
 
 def collect_members(
