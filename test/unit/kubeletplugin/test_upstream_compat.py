@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from kp_harness import (
     NODE,
@@ -20,6 +21,7 @@ from kp_harness import (
 
 from pkg.api import constants as c
 from pkg.kube import resources as res
+from pkg.kubeletplugin import gojson
 from pkg.kubeletplugin.checkpoint import (
     ClaimEntry,
     ClaimState,
@@ -28,6 +30,8 @@ from pkg.kubeletplugin.checkpoint import (
     canonical_status,
 )
 from pkg.kubeletplugin.checkpointformat import decode_checkpoint, encode_checkpoint
+from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2 as hpb
+from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2_grpc as hgrpc
 from pkg.testing.fakeapiserver import FakeApiServer
 
 FIXTURES = Path(__file__).parent / "testdata" / "upstream_checkpoint"
@@ -106,6 +110,39 @@ def test_claims_prepared_by_the_go_driver_are_unprepared(api: FakeApiServer, roo
         assert not go_spec_path(root, DAEMON_UID).exists()
         decoded = decode_checkpoint((plugin_dir / "checkpoint.json").read_bytes())
         assert decoded.problems == () and decoded.entries == {}
+
+
+def test_damaged_go_checkpoint_keeps_the_verified_claims_and_reports_it(
+    api: FakeApiServer, root: Path
+) -> None:
+    """Upstream crash-loops on a checksum mismatch; this driver keeps serving: the file is moved
+    aside, the claims of the section that still verifies (v1: the completed ones) stay
+    unpreparable, and health service ``checkpoint`` says NOT_SERVING (liveness stays SERVING)."""
+    raw = (FIXTURES / "v2-completed-started.json").read_bytes()
+    v2 = gojson.marshal(gojson.loads(raw)["v2"])
+    damaged = raw.replace(v2, v2.replace(b"workload-claim", b"workload-clain"))
+    plugin_dir = root / "plugins" / c.DRIVER_NAME
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / "checkpoint.json").write_bytes(damaged)
+    set_node_label(api, FIXTURE_CD)
+    with running_plugin(api, root, healthcheck_port=0) as (plugin, kubelet):
+        assert "v2 checksum mismatch" in plugin.checkpoint_problem
+        assert [p.read_bytes() for p in plugin_dir.glob("checkpoint.json.corrupt-*")] == [damaged]
+        assert set(plugin.store.entries()) == {CHANNEL_UID, DAEMON_UID}
+        assert plugin.health is not None
+        with grpc.insecure_channel(f"127.0.0.1:{plugin.health.port}") as ch:
+            stub = hgrpc.HealthStub(ch)
+            status = {
+                s: stub.Check(hpb.HealthCheckRequest(service=s), timeout=10).status
+                for s in ("checkpoint", "liveness")
+            }
+        assert status == {
+            "checkpoint": hpb.HealthCheckResponse.NOT_SERVING,
+            "liveness": hpb.HealthCheckResponse.SERVING,
+        }
+        resp = kubelet.unprepare(ref(CHANNEL_UID, "workload-claim", "team"))
+        assert resp.claims[CHANNEL_UID].error == ""
+        assert c.COMPUTE_DOMAIN_LABEL not in node_labels(api)
 
 
 def test_claim_completed_by_the_go_driver_is_served_from_its_record(
