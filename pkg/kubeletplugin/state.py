@@ -166,6 +166,7 @@ class DeviceState:
                 self.unprepare(ClaimRef(entry.namespace, entry.uid, entry.name), deadline=deadline)
 
     def entries(self) -> dict[str, ClaimEntry]:
+        """A snapshot of the checkpoint entries, read under the node lock."""
         with self._lock.held():
             return self._store.entries()
 

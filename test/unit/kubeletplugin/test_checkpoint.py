@@ -61,8 +61,9 @@ def test_checksum_and_marshal_match_the_go_driver() -> None:
         ("\b\f\n\r\t\x01\u2028\x7f", b'"\\b\\f\\n\\r\\t\\u0001\\u2028\x7f"'),
         ("\ud800", '"\ufffd"'.encode()),
         ({"b": [1, True, None], "a": gojson.RawNumber("1.50")}, b'{"b":[1,true,null],"a":1.50}'),
+        ({"f": [1.5, 1e300]}, b'{"f":[1.5,1e+300]}'),
     ],
-    ids=["html", "control", "lone-surrogate", "order-and-raw-number"],
+    ids=["html", "control", "lone-surrogate", "order-and-raw-number", "float-in-raw-value"],
 )
 def test_marshal_escapes_like_go(value: Any, expected: bytes) -> None:
     assert gojson.marshal(value) == expected
