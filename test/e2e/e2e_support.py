@@ -138,8 +138,13 @@ class Driver:
         container = deploy["spec"]["template"]["spec"]["containers"][0]
         return [str(a) for a in container.get("args", [])]
 
-    def start_controller(self, *, kubeconfig: Path, log_file: Path, http_port: int) -> None:
+    def start_controller(
+        self, *, kubeconfig: Path, log_file: Path, http_port: int,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
+        """Run the controller locally; ``extra_env`` overrides the manifest's env."""
         env = self.controller_env(kubeconfig=kubeconfig, http_port=http_port)
+        env.update(extra_env or {})
         args = [a.replace("$(LOG_VERBOSITY)", env.get("LOG_VERBOSITY", "1"))
                 for a in self.controller_args()]  # fmt: skip
         self.controller_log = log_file

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -16,9 +18,11 @@ from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     node,
 )
 
+from pkg.informers import RealClock, SharedInformerFactory
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.kube.errors import ConflictError
+from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.cliqueprune import CliquePruneReconciler
 from pkg.reconcilers.config import ControllerConfig
@@ -324,3 +328,44 @@ def test_entry_of_a_lost_node_is_removed_after_the_node_loss_grace(
     client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
     assert prune.reconcile(KEY).requeue_after == 0
     assert nodes_in_clique(server) == ["a", "b"]
+
+
+def test_the_plugin_holds_channel_prepares_while_the_entry_is_marked_not_ready(
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler
+) -> None:
+    """The plugin releases a workload only on a Ready entry (DomainTracker.wait_ready, which
+    Prepare waits on): once the controller takes Ready back from a dead daemon, a Prepare on
+    that node waits until the restarted daemon is Ready again."""
+    seed_clique(server, "b")
+    server.seed(res.PODS, daemon_pod(UID, "b", container="terminated"))
+    informers = SharedInformerFactory(client, clock=RealClock())
+    tracker = DomainTracker(
+        client=client, informers=informers, node_name="b", driver_namespace=DRIVER_NS,
+        clique_id="cl.1", clock=RealClock(),
+    )  # fmt: skip
+    tracker.start()
+    try:
+        assert tracker.wait_synced(5)
+        assert tracker.wait_ready(UID, deadline=time.monotonic() + 5)  # stale Ready
+        prune.reconcile(KEY)
+        assert entries_by_node(server) == {"b": "NotReady"}
+        end = time.monotonic() + 5
+        while tracker.is_ready(UID) and time.monotonic() < end:  # the plugin's watch catches up
+            time.sleep(0.01)
+        assert not tracker.wait_ready(UID, deadline=time.monotonic() + 0.3)  # held
+        released = threading.Event()
+
+        def prepare() -> None:
+            if tracker.wait_ready(UID, deadline=time.monotonic() + 10):
+                released.set()
+
+        waiter = threading.Thread(target=prepare)
+        waiter.start()
+        [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
+        obj["daemons"][0]["status"] = "Ready"  # the restarted daemon's IMEX is up
+        client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
+        waiter.join(10)
+        assert released.is_set()
+    finally:
+        tracker.stop()
+        informers.shutdown()
