@@ -9,7 +9,10 @@ back-off like CrashLoopBackOff), and the startup -> readiness / liveness exec-pr
 that sets the container's ``started``/``ready`` flags. Probe commands are translated like the
 main command.
 
-Deviation from the kubelet, on purpose: exec-probe timeouts are at least ``MIN_PROBE_TIMEOUT``
+Deviations from the kubelet and a container runtime, on purpose: a restart reuses the
+container's CDI edits and emulated filesystem (a runtime re-reads the CDI specs when it
+re-creates the container; here a new pod does); exec-probe timeouts are at least
+``MIN_PROBE_TIMEOUT``
 seconds, because a local Python probe process can need more than the 1 s default to start on a
 loaded 2-core machine, and the first readiness probe runs right after the startup probe passes.
 ``probe_period_scale`` stretches readiness/liveness periods (benchmarks with many nodes on one

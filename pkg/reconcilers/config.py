@@ -97,7 +97,7 @@ class ControllerConfig:
     """The daemon pods' ServiceAccount: the one config/rbac ships (upstream's chart names it
     ``compute-domain-daemon-service-account``)."""
     daemon_extra_env: tuple[tuple[str, str], ...] = ()
-    """Extra ``(name, value)`` env of the daemon container (e.g. ``IMEX_BIN_DIR``), rendered
+    """Extra ``(name, value)`` env of the daemon container (e.g. ``HTTPS_PROXY``), rendered
     after the core env; never one of :data:`DAEMON_CORE_ENV`."""
     node_loss_grace_period: float = 60.0
     """How long a node may be NotReady/unreachable (Ready condition False/Unknown, by its

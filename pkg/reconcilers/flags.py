@@ -88,7 +88,7 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
     ("cd-daemon-service-account", "CD_DAEMON_SERVICE_ACCOUNT", str,
      DEFAULT_DAEMON_SERVICE_ACCOUNT, "ServiceAccount of the daemon pods"),
     ("cd-daemon-extra-env", "CD_DAEMON_EXTRA_ENV", str, "",
-     "extra daemon env, comma separated NAME=value (e.g. IMEX_BIN_DIR=/path)"),
+     "extra daemon env, comma separated NAME=value (e.g. HTTPS_PROXY=http://proxy:3128)"),
     ("node-loss-grace-period", "NODE_LOSS_GRACE_PERIOD", parse_duration, 60.0,
      "how long a node may be NotReady/unreachable before its daemon leaves the domain"),
     ("cleanup-interval", "CLEANUP_INTERVAL", parse_duration, 600.0, "orphan sweep period"),
