@@ -12,9 +12,9 @@ main command.
 Deviations from the kubelet and a container runtime, on purpose: a restart reuses the
 container's CDI edits and emulated filesystem (a runtime re-reads the CDI specs when it
 re-creates the container; here a new pod does); exec-probe timeouts are at least
-``MIN_PROBE_TIMEOUT``
-seconds, because a local Python probe process can need more than the 1 s default to start on a
-loaded 2-core machine, and the first readiness probe runs right after the startup probe passes.
+``MIN_PROBE_TIMEOUT`` seconds, because a local Python probe process can need more than the 1 s
+default to start on a loaded 2-core machine, and the first readiness probe runs right after the
+startup probe passes.
 ``probe_period_scale`` stretches readiness/liveness periods (benchmarks with many nodes on one
 small machine, where every exec probe is a Python start-up); the default 1.0 keeps the spec's.
 """
