@@ -43,40 +43,54 @@ def archive_refs(archive: Path) -> list[str]:
     return [m["annotations"]["io.containerd.image.name"] for m in index["manifests"]]
 
 
+#: Labels a CRI pull gives an image; pinned images are never garbage-collected by the kubelet.
+CRI_LABELS = ("io.cri-containerd.image=managed",)
+CRI_PINNED = "io.cri-containerd.pinned=pinned"
+
+
+def _ctr(base: list[str], *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*base, *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
 def import_images(
     ctr_bin: Path,
     address: str,
     tars: Iterable[Path],
     *,
     namespace: str = K8S_NAMESPACE,
+    pin: bool = True,
     timeout: float = 600.0,
 ) -> None:
     """Import OCI archives into the containerd at socket ``address`` (each archive once).
 
-    Runs ``ctr --address <address> -n <namespace> images import --local <tar>``: ``--local``
-    imports in the ``ctr`` process (content written through the content API, then unpacked into
-    the default snapshotter), which does not depend on containerd's transfer service.  Raises
-    :class:`RuntimeError` with ctr's output when an import fails, and when afterwards
-    ``ctr images ls`` misses a reference the archive names.
+    Runs ``ctr --address <address> -n <namespace> images import --local <tar>`` (``--local``:
+    the ctr process writes the content and unpacks it into the default snapshotter, without
+    containerd's transfer service; both ways work with these archives), then labels every
+    imported image as a CRI pull would (``io.cri-containerd.image=managed``) and, with ``pin``,
+    ``io.cri-containerd.pinned=pinned``: the kubelet's image GC must never remove images that
+    cannot be pulled again.  Raises :class:`RuntimeError` with ctr's output when a step fails or
+    when ``ctr images ls`` then misses a reference an archive names.
     """
     archives = list(dict.fromkeys(Path(t) for t in tars))
     base = [str(ctr_bin), "--address", address, "-n", namespace]
+    labels = [*CRI_LABELS, *([CRI_PINNED] if pin else [])]
     for tar in archives:
-        done = subprocess.run(
-            [*base, "images", "import", "--local", str(tar)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        done = _ctr(base, "images", "import", "--local", str(tar), timeout=timeout)
         if done.returncode != 0:
             raise RuntimeError(
                 f"`ctr images import {tar}` into {address} failed (exit {done.returncode}):\n"
                 f"{(done.stdout + done.stderr).strip()}"
             )
-    listed = subprocess.run(
-        [*base, "images", "ls", "-q"], capture_output=True, text=True, timeout=60, check=False
-    )
+        for ref in archive_refs(tar):
+            done = _ctr(base, "images", "label", ref, *labels, timeout=60)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"`ctr images label {ref}` at {address} failed (exit {done.returncode}):\n"
+                    f"{(done.stdout + done.stderr).strip()}"
+                )
+    listed = _ctr(base, "images", "ls", "-q", timeout=60)
     have = set(listed.stdout.split())
     wanted = [ref for tar in archives for ref in archive_refs(tar)]
     missing = [ref for ref in wanted if ref not in have]
@@ -89,6 +103,8 @@ def import_images(
 
 __all__ = [
     "BUSYBOX_IMAGE",
+    "CRI_LABELS",
+    "CRI_PINNED",
     "K8S_NAMESPACE",
     "PAUSE_IMAGE",
     "BuildError",

@@ -6,7 +6,7 @@ Recipes (see ``docs/e2e-build.md``):
   layout of the ``Dockerfile`` targets, in three layers shared by all three images:
 
   - ``base``: Debian packages of :data:`RUNTIME_DEBS` unpacked with ``dpkg-deb -x`` (the Python
-    3.11 runtime and its shared libraries, busybox-static as ``/bin/sh`` and coreutils),
+    3.11 runtime and its shared libraries, busybox-static as ``/bin/sh`` and ``/usr/bin/env``),
     ``/etc/passwd`` and ``/etc/group`` with ``nonroot`` (65532), ``/etc/nsswitch.conf``, the
     standard library byte-compiled;
   - ``deps``: ``/opt/venv``, a hand-made venv (``pyvenv.cfg``, ``bin/python`` ->
@@ -14,8 +14,8 @@ Recipes (see ``docs/e2e-build.md``):
   - ``app``: ``/opt/compute-domain-driver`` with ``pkg/``, ``cmd/`` and the ``bin/`` wrappers.
 
   Each build is checked in a ``chroot`` before it is cached: imports, every entry point's
-  ``--help`` as the image's user, the simulated IMEX wrappers, and that every ELF object finds
-  its shared libraries.
+  ``--help`` as the image's user, ``/usr/bin/env python3``, and that every ELF object finds its
+  shared libraries.
 * :data:`PAUSE_IMAGE`: ``build/pause/linux/pause.c`` of the pinned ``k8s.io/kubernetes`` module,
   ``gcc -static`` with upstream's flags, entrypoint ``/pause``, user 65535.
 * :data:`BUSYBOX_IMAGE`: Debian's ``busybox-static`` with a symlink per applet.
@@ -598,7 +598,7 @@ def self_check_driver(root: Path, refs: Mapping[str, str], log: Log) -> None:
     1. every ELF object of the venv and the interpreter finds its libraries (``ld.so --list``);
     2. the runtime imports and every ``pkg`` module (except ``pkg.testing``) import;
     3. each entry point prints ``--help`` as its image's user, from the image's WorkingDir;
-    4. the simulated IMEX wrappers (``sh``, ``dirname``, ``python3`` on PATH) answer ``--help``.
+    4. ``/usr/bin/env python3`` (the fake driver root's simulated IMEX) is the venv's python.
     """
     loaders = sorted(root.glob("lib*/ld-linux*.so*"))
     if not loaders:
@@ -623,18 +623,26 @@ def self_check_driver(root: Path, refs: Mapping[str, str], log: Log) -> None:
         what="import check",
     )
     log(f"self-check: {len(elves)} ELF objects resolve; {out.stdout.strip()} pkg modules import")
-    sim = f"{APP}/pkg/imex/sim/bin"
-    probes = [(t, TARGET_USERS[t]) for t in TARGETS]
-    probes += [(f"{sim}/{tool}", "0:0") for tool in ("nvidia-imex", "nvidia-imex-ctl")]
-    for argv0, user in probes:
+    for target in TARGETS:
+        user = TARGET_USERS[target]
         # Usage text and no traceback is the bar: compute-domain-daemon's --help exits 1.
-        out = chroot(root, [argv0, "--help"], env=env, user=user, cwd=APP, check=False)
+        out = chroot(root, [target, "--help"], env=env, user=user, cwd=APP, check=False)
         text = out.stdout + out.stderr
         if "usage:" not in text or "Traceback" in text or out.returncode not in (0, 1):
             raise BuildError(
-                f"image self-check: `{argv0} --help` (user {user}, cwd {APP}) exited "
+                f"image self-check: `{target} --help` (user {user}, cwd {APP}) exited "
                 f"{out.returncode} without a usage text:\n{text[-4000:]}"
             )
+    # The fake driver root's simulated nvidia-imex (a zipapp injected by CDI) starts with
+    # `#!/usr/bin/env python3`: that must find the venv's interpreter.
+    out = chroot(
+        root,
+        ["/usr/bin/env", "python3", "-c", "import sys; print(sys.prefix)"],
+        env=env,
+        what="/usr/bin/env python3",
+    )
+    if out.stdout.strip() != VENV:
+        raise BuildError(f"`/usr/bin/env python3` runs {out.stdout.strip()!r}, not {VENV}")
     log(f"self-check: {', '.join(refs.values())} --help ok")
 
 
