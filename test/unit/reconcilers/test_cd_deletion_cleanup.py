@@ -179,3 +179,30 @@ def test_orphan_sweep_runs_periodically_until_stopped(
     cleaner.sweep = sweep  # type: ignore[method-assign]
     cleaner.run(stop)
     assert calls == [0.0, 600.0, 1200.0]
+
+
+def test_orphan_sweep_survives_an_api_server_outage(
+    server: FakeApiServer, cleaner: OrphanCleaner, clock: StepClock
+) -> None:
+    """A sweep that meets a dead API server fails (logged); the loop waits its interval and
+    the next sweep does the work."""
+    orphan_objects(server, "dead-uid")
+    stop = threading.Event()
+    real = cleaner.sweep
+    done: list[int] = []
+
+    def sweep() -> int:
+        server.set_available(bool(done))  # the first sweep finds the server down
+        try:
+            done.append(real())
+        except Exception:
+            done.append(-1)
+            raise
+        if len(done) == 2:
+            stop.set()
+        return done[-1]
+
+    cleaner.sweep = sweep  # type: ignore[method-assign]
+    cleaner.run(stop)
+    assert done == [-1, 3]
+    assert server.objects(res.DAEMONSETS) == []
