@@ -68,7 +68,7 @@ def test_daemon_defaults_and_extra_env() -> None:
     ("argv", "message"),
     [
         ([], "--image-name"),
-        (["--image-name=x", "--feature-gates=Nope=true"], "unknown feature gate"),
+        (["--image-name=x", "--feature-gates=Nope=true"], "unrecognized feature gate: Nope"),
         (["--image-name=x", "--feature-gates=ComputeDomainCliques=false"], "not supported"),
         (["--image-name=x", "--additional-namespaces=old"], "not supported"),
         (["--image-name=x", "--leader-election-retry-period=soon"], "invalid duration"),
