@@ -7,9 +7,16 @@ A full clique is the one failure that is not retried blindly: it has its own err
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from test_daemon_daemon import (  # type: ignore[import-not-found, unused-ignore]
+    CLIQUE as DD_CLIQUE,
+)
+from test_daemon_daemon import make, options  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.api import constants as c
 from pkg.daemon.membership import (
@@ -98,3 +105,37 @@ def test_a_full_clique_is_its_own_error_and_writes_nothing(server: FakeApiServer
         upsert(full, ident("late", "10.0.0.9"), max_nodes=2)
     assert (exc.value.clique_id, exc.value.max_nodes) == (CLIQUE, 2)
     assert "MAX_NODES_PER_IMEX_DOMAIN=2" in str(exc.value)
+
+
+def test_daemon_run_loop_waits_out_an_outage_and_then_joins(
+    server: FakeApiServer, tmp_path: Path
+) -> None:
+    """The whole ``run``: labelling its pod, the membership informer and the clique writes all
+    meet a dead API server at start, retry, and the daemon joins once it is back."""
+    api = server
+    api.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "daemon-n0", "namespace": NS}})  # fmt: skip
+    daemon, runner, _, _ = make(api, options(tmp_path))
+    api.set_available(False)
+    stop = threading.Event()
+    ran = threading.Thread(target=daemon.run, args=(stop,))
+    ran.start()
+    try:
+        time.sleep(0.5)  # retrying against the dead server, not exiting
+        assert ran.is_alive() and api.objects(res.COMPUTE_DOMAIN_CLIQUES) == []
+        api.set_available(True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            cliques = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
+            if cliques and [d["status"] for d in cliques[0].get("daemons") or []] == ["Ready"]:
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("daemon did not join after the outage")
+        assert api.objects(res.PODS)[0]["metadata"]["labels"] == {c.CLIQUE_ID_LABEL: DD_CLIQUE}
+        assert len(runner.procs) == 1
+    finally:
+        stop.set()
+        daemon.wake()
+        ran.join(20)
+    assert not ran.is_alive()
