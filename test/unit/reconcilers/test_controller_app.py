@@ -56,10 +56,13 @@ def test_daemon_defaults_and_extra_env() -> None:
     assert opts.controller.daemon_service_account == "compute-domain-daemon"
     assert opts.controller.daemon_extra_env == ()
     assert opts.controller.clique_entry_grace_period == 30.0
-    env = {"CD_DAEMON_EXTRA_ENV": "IMEX_BIN_DIR=/opt/sim/bin", "CLIQUE_ENTRY_GRACE_PERIOD": "1m"}
+    assert opts.controller.node_loss_grace_period == 60.0
+    env = {"CD_DAEMON_EXTRA_ENV": "IMEX_BIN_DIR=/opt/sim/bin", "CLIQUE_ENTRY_GRACE_PERIOD": "1m",
+           "NODE_LOSS_GRACE_PERIOD": "2m30s"}  # fmt: skip
     opts = parse_options(["--image-name=x"], env)
     assert opts.controller.daemon_extra_env == (("IMEX_BIN_DIR", "/opt/sim/bin"),)
     assert opts.controller.clique_entry_grace_period == 60.0
+    assert opts.controller.node_loss_grace_period == 150.0
     opts = parse_options(["--image-name=x", "--cd-daemon-extra-env=A=1,B=2"], env)
     assert opts.controller.daemon_extra_env == (("A", "1"), ("B", "2"))
 
@@ -75,6 +78,7 @@ def test_daemon_defaults_and_extra_env() -> None:
         (["--image-name=x", "--cd-daemon-extra-env=POD_NAME=x"], "cd-daemon-extra-env"),
         (["--image-name=x", "--cd-daemon-extra-env=bad name=x"], "cd-daemon-extra-env"),
         (["--image-name=x", "--clique-entry-grace-period=-1s"], "clique-entry-grace-period"),
+        (["--image-name=x", "--node-loss-grace-period=-1"], "node-loss-grace-period"),
     ],
     ids=[
         "no-image",
@@ -85,6 +89,7 @@ def test_daemon_defaults_and_extra_env() -> None:
         "extra-env-core",
         "extra-env-name",
         "negative-grace",
+        "negative-node-loss",
     ],
 )
 def test_bad_flags_fail_fast_naming_the_flag(
