@@ -608,7 +608,10 @@ def self_check_driver(root: Path, refs: Mapping[str, str], log: Log) -> None:
     missing: list[str] = []
     for elf in elves:
         out = chroot(root, [loader, "--list", elf], check=False)
+        # A missing library: "=> not found" lines, or exit 127 with the loader's error.
         missing += [f"{elf}: {ln.strip()}" for ln in out.stdout.splitlines() if "not found" in ln]
+        if out.returncode != 0:
+            missing.append(f"{elf}: exit {out.returncode}: {out.stderr.strip()}")
     if missing:
         raise BuildError(
             "image self-check: shared libraries missing from the base layer (add their Debian "
@@ -873,6 +876,11 @@ def build_all(
         missing = {p for p in outputs.values() if not p.is_file()}
         if missing:
             tmp_parent = cache / "tmp"
+            # Under the lock nobody else builds: whatever an interrupted build left is garbage.
+            shutil.rmtree(tmp_parent, ignore_errors=True)
+            for sub in ("layers", "oci"):
+                for partial in (cache / sub).glob("*.tmp"):
+                    partial.unlink(missing_ok=True)
             tmp_parent.mkdir(parents=True, exist_ok=True)
             deb_files = debs.fetch(plan.debs, cache / "debs", log)
             with tempfile.TemporaryDirectory(dir=tmp_parent) as tmp:
