@@ -861,7 +861,13 @@ def build_all(
     :class:`nodeimages.debs.DebError`) saying what is missing.
     """
     cache = images_dir(cache_dir)
-    plan = make_plan(cache, repo, log)
+    try:
+        plan = make_plan(cache, repo, log)
+    except debs.DebError:
+        if os.geteuid() != 0:
+            raise
+        debs.apt_update(log)  # no lists yet (fresh machine) or stale ones
+        plan = make_plan(cache, repo, log)
     outputs = plan.outputs()
     if all(p.is_file() for p in outputs.values()):
         for p in set(outputs.values()):
@@ -882,7 +888,15 @@ def build_all(
                 for partial in (cache / sub).glob("*.tmp"):
                     partial.unlink(missing_ok=True)
             tmp_parent.mkdir(parents=True, exist_ok=True)
-            deb_files = debs.fetch(plan.debs, cache / "debs", log)
+            try:
+                deb_files = debs.fetch(plan.debs, cache / "debs", log)
+            except debs.DebError as err:  # stale lists name versions the mirror dropped
+                log(f"download failed, refreshing the package lists: {str(err).splitlines()[0]}")
+                debs.apt_update(log)
+                plan = make_plan(cache, repo, log)
+                outputs = plan.outputs()
+                missing = {p for p in outputs.values() if not p.is_file()}
+                deb_files = debs.fetch(plan.debs, cache / "debs", log)
             with tempfile.TemporaryDirectory(dir=tmp_parent) as tmp:
                 work = Path(tmp)
                 if plan.archive("compute-domain-driver") in missing:

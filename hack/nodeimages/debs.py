@@ -101,6 +101,23 @@ def resolve(packages: Sequence[str], debs_dir: Path) -> dict[str, str]:
     return resolved
 
 
+def apt_update(log: Callable[[str], None]) -> None:
+    """``apt-get update``: fresh lists, for a resolution or download that failed on stale ones.
+
+    Raises :class:`DebError` with apt's output when the update itself fails.
+    """
+    log("apt-get update (package lists missing or stale)")
+    out = subprocess.run(
+        [_need("apt-get"), "update", "-q"], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise DebError(
+            f"`apt-get update` failed (exit {out.returncode}); node images are assembled from "
+            f"Debian packages, so this host needs a reachable apt source:\n"
+            f"{(out.stdout + out.stderr).strip()[-3000:]}"
+        )
+
+
 def _deb_name(pkg: str, version: str) -> str:
     return f"{pkg}_{version.replace(':', '%3a')}_"
 
