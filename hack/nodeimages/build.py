@@ -816,11 +816,12 @@ def _locked(cache: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _prune(plan: Plan, keep: int = 2) -> None:
-    """Drop old layers and archives: per kind, keep the current ones and ``keep`` recent others."""
+def _prune(plan: Plan) -> None:
+    """Drop old layers and archives: per kind, keep the current ones and the most recently used
+    others (two layers, one archive: a driver archive is 250 MB)."""
     current = {plan.layer(k).name for k in ("base", "deps", "app", "pause", "busybox")}
     current |= {p.name for p in plan.outputs().values()}
-    for sub in ("layers", "oci"):
+    for sub, keep in (("layers", 2), ("oci", 1)):
         d = plan.cache / sub
         if not d.is_dir():
             continue

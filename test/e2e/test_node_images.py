@@ -129,6 +129,10 @@ def containerd() -> Iterator[Containerd]:
         )
     if shutil.which("runc", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin") is None:
         pytest.fail("node images: runc not found: `apt-get install runc`", pytrace=False)
+    # Shims and runc put sockets and state under /run/containerd whatever our state dir is.
+    host_dirs = [Path("/run/containerd/runc", NAMESPACE), Path("/run/containerd/runc")]
+    host_dirs += [Path("/run/containerd/s"), Path("/run/containerd")]
+    created_by_us = [d for d in host_dirs if not d.exists()]
     tmp = Path(tempfile.mkdtemp(prefix="cd-e2e-ctrd-"))
     address = str(tmp / "containerd.sock")
     (tmp / "fifo").mkdir()
@@ -178,6 +182,9 @@ def containerd() -> Iterator[Containerd]:
             if subprocess.run(["umount", mnt], check=False).returncode != 0:
                 subprocess.run(["umount", "-l", mnt], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
+        for d in created_by_us:  # only while empty: another containerd may use them meanwhile
+            with contextlib.suppress(OSError):
+                d.rmdir()
         assert not _mounts_under(tmp)
 
 
