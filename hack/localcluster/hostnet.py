@@ -187,7 +187,10 @@ class NodeNamespace:
             (root / b).mkdir(parents=True, exist_ok=True)
             binds.append(f"mount --bind {root / b} /{b}")
         argv0 = f"{HOLDER_ARGV0}{name}"
-        script = " && ".join([*binds, f"exec -a {argv0} sleep infinity"])
+        # rshared after the binds: the node's own mounts propagate between the node's
+        # components and containers (kubelet volumes, HostToContainer/Bidirectional volumes);
+        # / stays a slave of the host's, so nothing propagates back to the host.
+        script = " && ".join([*binds, "mount --make-rshared /", f"exec -a {argv0} sleep infinity"])
         holder = Proc.spawn(
             f"{name}-holder",
             [

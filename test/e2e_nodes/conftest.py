@@ -4,7 +4,9 @@
   nodes' bridge (``hostnet.HOST_IP``), ServiceAccount admission and every controller on.
 * ``nodes``: ``REAL_NODES`` as ``localcluster.RealNodes`` — per node its own network + mount
   namespace, containerd v2, kubelet v1.37 and kube-proxy, fake GPUs (``FAKE_GPUS``) and the
-  images of ``hack/nodeimages`` imported (the driver's three, pause, busybox).
+  images of ``hack/nodeimages`` imported (the driver's three, pause, busybox), and a fake driver
+  root (``pkg.testing.fakedriverroot``) whose simulated ``nvidia-imex`` the daemons receive
+  through CDI only.
 * ``driver``: ``config/overlays/e2e-real-nodes`` applied with ``kubectl apply --server-side -k``;
   the controller Deployment and the kubelet-plugin DaemonSet run from our images.
 * ``ns``: a namespace per test, deleted afterwards; nothing of the test may be left.
@@ -33,6 +35,8 @@ from localcluster.realnode import RealNode, RealNodes, missing_prerequisites
 from nodeimages import PAUSE_IMAGE, build_all
 from realsupport import REAL_NODES, REPO, Kubectl, wait_for
 
+from pkg.testing.fakedriverroot import FakeDriverRoot
+
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 # Both nodes in one NVLink clique (as hack/kind/nodes/worker{,2}).
 FAKE_GPUS = {
@@ -56,6 +60,8 @@ def _prepare_node(node: RealNode) -> None:
     fake.mkdir(parents=True)
     (fake / "fake-gpus.json").write_text(json.dumps(FAKE_GPUS))
     shutil.copy(REPO / "hack" / "kind" / "nodes" / "worker" / "proc-devices", fake / "proc-devices")
+    # The overlay's driver root (NVIDIA_DRIVER_ROOT): IMEX reaches the daemons only through CDI.
+    FakeDriverRoot.create(fake / "driver-root")
 
 
 @pytest.fixture(scope="session")

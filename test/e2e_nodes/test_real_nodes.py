@@ -14,7 +14,9 @@ from localcluster.realnode import RealNodes
 from realsupport import REAL_NODES, REPO, Kubectl, wait_for
 
 SAMPLES = REPO / "config" / "samples"
-WORKLOAD_CMD = "ls -l /dev/nvidia-caps-imex-channels && sleep 2"
+# Long enough to see the domain Ready while the workload runs: once the Job's pods finish, their
+# claims are released and the domain shrinks back to no nodes.
+WORKLOAD_CMD = "ls -l /dev/nvidia-caps-imex-channels && sleep 10"
 
 
 def _samples(ns: str, *, mode: str = "Single") -> str:
@@ -56,6 +58,14 @@ def _driver_objects(kubectl: Kubectl, driver_ns: str, cd_uid: str) -> list[str]:
 def _run_job(kubectl: Kubectl, ns: str, driver: str, *, mode: str) -> None:
     kubectl("apply", "-f", "-", stdin=_samples(ns, mode=mode))
 
+    def ready() -> dict[str, Any] | None:
+        cd = _cd(kubectl, ns)
+        return cd if cd and cd.get("status", {}).get("status") == "Ready" else None
+
+    cd = wait_for("the ComputeDomain Ready with both nodes", ready, timeout=180, every=0.3)
+    assert sorted(n["name"] for n in cd["status"]["nodes"]) == sorted(REAL_NODES)
+    uid = cd["metadata"]["uid"]
+
     def complete() -> bool:
         job = kubectl.json("-n", ns, "get", "job/training-job")
         return int(job.get("status", {}).get("succeeded", 0)) == 2
@@ -68,10 +78,6 @@ def _run_job(kubectl: Kubectl, ns: str, driver: str, *, mode: str) -> None:
         assert "channel0" in logs, f"{p['metadata']['name']} saw no channel0:\n{logs}"
         line = next(ln for ln in logs.splitlines() if ln.rstrip().endswith("channel0"))
         assert line.startswith("c"), f"channel0 is not a character device: {line}"
-    cd = _cd(kubectl, ns)
-    assert cd is not None
-    assert cd.get("status", {}).get("status") == "Ready", cd.get("status")
-    uid = cd["metadata"]["uid"]
 
     kubectl("-n", ns, "delete", "job/training-job", "--cascade=foreground", "--wait=true")
     kubectl("-n", ns, "delete", "computedomain/training-domain", "--wait=true", "--timeout=120s")
