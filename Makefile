@@ -25,8 +25,9 @@ e2e: venv control-plane
 control-plane:
 	hack/build-control-plane.sh
 
-## demo: local control plane + 4 fake-GPU nodes, a 2-pod ComputeDomain workload, teardown
+## demo: local control plane + 2 real nodes (or 4 simulated ones), a 2-pod ComputeDomain Job, teardown
 demo: venv control-plane
+	hack/node-deps.sh || echo "demo: node packages missing; real nodes unavailable"
 	$(PY) hack/demo.py
 
 ## bench: every benchmark script; figures are recorded in docs/benchmarks.md

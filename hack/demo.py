@@ -1,14 +1,20 @@
-"""``make demo``: a ComputeDomain job on a local Kubernetes 1.37 with 4 fake-GPU nodes.
+"""``make demo``: a ComputeDomain job on a local Kubernetes 1.37, on real or simulated nodes.
 
-Steps, each printed as it happens: build (or reuse) the control-plane binaries; start etcd,
-kube-apiserver, kube-scheduler and kube-controller-manager on 127.0.0.1; deploy the driver from
-``config/`` (the controller runs as a local process); bring up 4 simulated GPU nodes in 2 NVLink
-cliques, each with the real kubelet plugin; create a ComputeDomain and a 2-pod Indexed Job that
-keeps its pods on one clique (podAffinity on ``nvidia.com/gpu.clique``, as in the seed
-example); show ``kubectl get computedomains`` until Ready and what the containers received;
-tear everything down.
+On real nodes when this machine can run them (root, the Debian packages of
+``hack/node-deps.sh``): see ``hack/demo_realnodes.py`` -- 2 real kubelets + containerd, the
+driver and a busybox Job as containers from our images.
 
-    .venv/bin/python hack/demo.py [--keep-dir] [--timeout 180]
+Otherwise on simulated nodes, each step printed as it happens: build (or reuse) the
+control-plane binaries; start etcd, kube-apiserver, kube-scheduler and kube-controller-manager
+on 127.0.0.1; deploy the driver from ``config/`` (the controller runs as a local process); bring
+up 4 simulated GPU nodes in 2 NVLink cliques, each with the real kubelet plugin; create a
+ComputeDomain and a 2-pod Indexed Job that keeps its pods on one clique (podAffinity on
+``nvidia.com/gpu.clique``, as in the seed example); show ``kubectl get computedomains`` until
+Ready and what the containers received; tear everything down.
+
+    .venv/bin/python hack/demo.py [--nodes auto|real|simulated] [--keep-dir] [--timeout 180]
+
+The first line it prints says which kind of node it used, and why.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-for p in (REPO, REPO / "hack", REPO / "test" / "e2e"):
+for p in (REPO, REPO / "hack", REPO / "test" / "e2e", REPO / "test" / "e2e_nodes"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
@@ -170,12 +176,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep-dir", action="store_true", help="keep the work dir (logs)")
     ap.add_argument("--timeout", type=float, default=180.0)
+    ap.add_argument("--nodes", choices=("auto", "real", "simulated"), default="auto")
     args = ap.parse_args()
+    import demo_realnodes  # noqa: PLC0415  (after sys.path is set up)
+
+    why_not = demo_realnodes.unavailable() if args.nodes != "simulated" else ["--nodes simulated"]
+    if args.nodes == "real" and why_not:
+        print(f"demo: real nodes unavailable: {'; '.join(why_not)}", file=sys.stderr)
+        return 1
+    real = not why_not
+    if real:
+        print("demo: using REAL nodes (kubelet + containerd; the driver runs as containers)")
+    else:
+        print(f"demo: using SIMULATED nodes (real nodes unavailable: {'; '.join(why_not)})")
     # Short path: Unix socket paths of the simulated nodes must stay under 108 bytes.
     workdir = Path(tempfile.mkdtemp(prefix="cd-demo-", dir="/tmp"))
     try:
-        run(workdir, args.timeout)
-    except subprocess.CalledProcessError as e:
+        if real:
+            demo_realnodes.run(workdir, args.timeout, step, show)
+        else:
+            run(workdir, args.timeout)
+    except (subprocess.CalledProcessError, AssertionError) as e:
         print(f"demo failed: {e}", file=sys.stderr)
         return 1
     finally:

@@ -18,7 +18,6 @@ a leftover fails the session. Missing binaries or host tools FAIL with the comma
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -31,37 +30,23 @@ from typing import Any
 import pytest
 from localcluster import Cluster, bin_dir
 from localcluster.hostnet import HOST_IP
-from localcluster.realnode import RealNode, RealNodes, missing_prerequisites
+from localcluster.realnode import RealNodes, missing_prerequisites
 from nodeimages import PAUSE_IMAGE, build_all
-from realsupport import REAL_NODES, REPO, Kubectl, wait_for
+from realsupport import (
+    GPU_NODE_LABELS,
+    OVERLAY,
+    REAL_NODES,
+    Kubectl,
+    deploy_driver,
+    prepare_node,
+)
 
-from pkg.testing.fakedriverroot import FakeDriverRoot
-
-GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
-# Both nodes in one NVLink clique (as hack/kind/nodes/worker{,2}).
-FAKE_GPUS = {
-    "driverVersion": "580.65.06",
-    "gpuCount": 2,
-    "clusterUUID": "00000000-0000-0000-0000-0000000000e2",
-    "cliqueId": 1,
-    "fabric": {"state": "COMPLETED", "status": 0},
-}
-OVERLAY = REPO / "config" / "overlays" / "e2e-real-nodes"
 SESSION: dict[str, Any] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.e2e)
-
-
-def _prepare_node(node: RealNode) -> None:
-    fake = node.ns.path("/var/lib/compute-domain-fake")
-    fake.mkdir(parents=True)
-    (fake / "fake-gpus.json").write_text(json.dumps(FAKE_GPUS))
-    shutil.copy(REPO / "hack" / "kind" / "nodes" / "worker" / "proc-devices", fake / "proc-devices")
-    # The overlay's driver root (NVIDIA_DRIVER_ROOT): IMEX reaches the daemons only through CDI.
-    FakeDriverRoot.create(fake / "driver-root")
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +89,7 @@ def nodes(cluster: Cluster) -> Iterator[RealNodes]:
         REAL_NODES,
         images=list(images.values()),
         pause_image=PAUSE_IMAGE,
-        prepare=_prepare_node,
+        prepare=prepare_node,
         labels=GPU_NODE_LABELS,
     )
     SESSION["nodes"] = fleet
@@ -116,22 +101,7 @@ def nodes(cluster: Cluster) -> Iterator[RealNodes]:
 @pytest.fixture(scope="session")
 def driver(nodes: RealNodes, kubectl: Kubectl) -> Iterator[str]:
     """Apply the overlay; wait for the controller and one Ready plugin pod per node."""
-    kubectl("apply", "--server-side", "-k", str(OVERLAY))
-    namespace = "nvidia-dra-driver"
-    kubectl(
-        "-n", namespace, "rollout", "status", "deployment/compute-domain-controller",
-        "--timeout=180s",
-    )  # fmt: skip
-    kubectl(
-        "-n", namespace, "rollout", "status", "daemonset/compute-domain-kubelet-plugin",
-        "--timeout=180s",
-    )  # fmt: skip
-
-    def plugins_ready() -> bool:
-        ds = kubectl.json("-n", namespace, "get", "daemonset/compute-domain-kubelet-plugin")
-        return int(ds.get("status", {}).get("numberReady", 0)) == len(REAL_NODES)
-
-    wait_for("a Ready plugin pod per node", plugins_ready, timeout=120)
+    namespace = deploy_driver(kubectl)
     yield namespace
     kubectl("delete", "--wait=true", "--timeout=120s", "-k", str(OVERLAY), check=False)
 

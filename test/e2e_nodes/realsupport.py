@@ -1,16 +1,37 @@
-"""Helpers of the real-node lane: ``kubectl`` as a user runs it, and polling with a deadline."""
+"""Helpers of the real-node lane (and ``make demo`` on real nodes).
+
+``kubectl`` as a user runs it, polling with a deadline, the per-node fake GPU files and fake
+driver root (:func:`prepare_node`), and deploying ``config/overlays/e2e-real-nodes``
+(:func:`deploy_driver`)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from localcluster.realnode import RealNode
+from nodeimages import driver_image_refs
+
+from pkg.testing.fakedriverroot import FakeDriverRoot
+
 REPO = Path(__file__).resolve().parents[2]
 REAL_NODES = ("real-1", "real-2")
+GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
+# Every node in one NVLink clique (as hack/kind/nodes/worker{,2}).
+FAKE_GPUS = {
+    "driverVersion": "580.65.06",
+    "gpuCount": 2,
+    "clusterUUID": "00000000-0000-0000-0000-0000000000e2",
+    "cliqueId": 1,
+    "fabric": {"state": "COMPLETED", "status": 0},
+}
+OVERLAY = REPO / "config" / "overlays" / "e2e-real-nodes"
+DRIVER_NAMESPACE = "nvidia-dra-driver"
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 T = TypeVar("T")
 
@@ -61,3 +82,38 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60, every: 
             last = e
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last error: {last}")
+
+
+def prepare_node(node: RealNode) -> None:
+    """Node-private files the overlay's hostPaths expect: fake GPUs, /proc/devices, driver root.
+
+    The driver root (``NVIDIA_DRIVER_ROOT`` of the overlay) holds the simulated IMEX as
+    ``nvidia-imex``: the daemons reach it only through the plugin's CDI spec."""
+    fake = node.ns.path("/var/lib/compute-domain-fake")
+    fake.mkdir(parents=True)
+    (fake / "fake-gpus.json").write_text(json.dumps(FAKE_GPUS))
+    shutil.copy(REPO / "hack" / "kind" / "nodes" / "worker" / "proc-devices", fake / "proc-devices")
+    FakeDriverRoot.create(fake / "driver-root")
+
+
+def deploy_driver(kubectl: Kubectl, *, nodes: int = len(REAL_NODES)) -> str:
+    """``kubectl apply --server-side -k`` the overlay; wait for the controller Deployment and a
+    Ready plugin pod on each of ``nodes`` nodes; check every driver container runs one of our
+    images. Returns the driver namespace."""
+    kubectl("apply", "--server-side", "-k", str(OVERLAY))
+    ns = DRIVER_NAMESPACE
+    for obj in ("deployment/compute-domain-controller", "daemonset/compute-domain-kubelet-plugin"):
+        kubectl("-n", ns, "rollout", "status", obj, "--timeout=180s")
+
+    def plugins_ready() -> bool:
+        ds = kubectl.json("-n", ns, "get", "daemonset/compute-domain-kubelet-plugin")
+        return int(ds.get("status", {}).get("numberReady", 0)) == nodes
+
+    wait_for("a Ready plugin pod per node", plugins_ready, timeout=120)
+    ours = set(driver_image_refs().values())
+    for pod in kubectl.items("pods", "-n", ns):
+        for status in pod["status"].get("containerStatuses", []):
+            assert status["image"].removeprefix("docker.io/") in ours, (
+                f"{pod['metadata']['name']} runs {status['image']}, not one of our images {ours}"
+            )
+    return ns

@@ -1,0 +1,69 @@
+"""An interrupted real-node run leaves host state behind; the next run's sweep removes all of it.
+
+Runs before the lane's nodes exist (pytest runs this module first: ``test_host_sweep`` sorts
+before the modules that use the ``nodes`` fixture) because :func:`hostnet.sweep` removes every
+real node on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from localcluster import hostnet
+from realsupport import REPO
+
+# A tunable the kubelet rewrites; the child changes it as the kubelet would.
+TUNABLE = "vm/overcommit_memory"
+
+
+def test_interrupted_run_is_swept(tmp_path: Path) -> None:
+    if hostnet.leftovers():
+        pytest.fail(
+            f"host not clean before the test (another real-node run?): {hostnet.leftovers()}"
+        )
+    original = Path(f"/proc/sys/{TUNABLE}").read_text().strip()
+    changed = "1" if original != "1" else "0"
+    child = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "hack")!r}]
+        from localcluster import hostnet
+        hostnet.record_kernel_tunables()
+        d = Path({str(tmp_path)!r})
+        ns = hostnet.NodeNamespace.create("sweep-1", 1, d, d)
+        hostnet.ensure_cgroup_root("sweep-1")
+        Path("/proc/sys/{TUNABLE}").write_text("{changed}")
+        print(ns.pid, flush=True)
+        time.sleep(3600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        holder = int(proc.stdout.readline())
+        assert holder > 0
+        left = hostnet.leftovers()
+        assert any("cgroup" in x for x in left) and any("link" in x for x in left), left
+        proc.send_signal(signal.SIGKILL)  # interrupted: no teardown ran
+        proc.wait(10)
+        time.sleep(0.5)
+        assert Path(f"/proc/sys/{TUNABLE}").read_text().strip() == changed
+        state = json.loads(hostnet.state_file().read_text())
+        assert state["sysctls"][TUNABLE] == original
+        assert hostnet.leftovers(), "nothing left behind: the test proves nothing"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        removed = hostnet.sweep()
+    assert removed, "sweep found nothing to remove"
+    assert hostnet.leftovers() == []
+    assert Path(f"/proc/sys/{TUNABLE}").read_text().strip() == original
+    assert not hostnet.state_file().exists()
