@@ -1,8 +1,8 @@
 """Our .proto files are wire-identical to the kubelet's (k8s.io/kubelet of the pinned version).
 
 A tiny Go program is built at test time in a temporary module that requires the upstream
-``k8s.io/kubelet`` module; it dumps the FileDescriptorProtos of the dra v1/v1beta1 and
-pluginregistration packages, which are compared field by field with our compiled descriptors.
+``k8s.io/kubelet`` module; it dumps the FileDescriptorProtos of the dra v1/v1beta1,
+dra-health v1/v1alpha1 and pluginregistration packages, which are compared field by field with our compiled descriptors.
 Nothing from upstream is written into the repository.
 """
 
@@ -19,6 +19,8 @@ import pytest
 from google.protobuf import descriptor_pb2, json_format
 
 from pkg.kubeletplugin.proto.gen import (
+    kubelet_dra_health_v1_pb2,
+    kubelet_dra_health_v1alpha1_pb2,
     kubelet_dra_v1_pb2,
     kubelet_dra_v1beta1_pb2,
     kubelet_pluginregistration_v1_pb2,
@@ -37,6 +39,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drav1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	reg "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
@@ -45,6 +49,8 @@ func main() {
 		(&reg.PluginInfo{}).ProtoReflect().Descriptor().ParentFile(),
 		(&drav1.Claim{}).ProtoReflect().Descriptor().ParentFile(),
 		(&drav1beta1.Claim{}).ProtoReflect().Descriptor().ParentFile(),
+		(&drahealthv1.DeviceHealth{}).ProtoReflect().Descriptor().ParentFile(),
+		(&drahealthv1alpha1.DeviceHealth{}).ProtoReflect().Descriptor().ParentFile(),
 	}
 	for _, f := range files {
 		b, err := protojson.Marshal(protodesc.ToFileDescriptorProto(f))
@@ -146,8 +152,10 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ("pluginregistration", kubelet_pluginregistration_v1_pb2),
         ("k8s.io.kubelet.pkg.apis.dra.v1", kubelet_dra_v1_pb2),
         ("k8s.io.kubelet.pkg.apis.dra.v1beta1", kubelet_dra_v1beta1_pb2),
+        ("v1", kubelet_dra_health_v1_pb2),
+        ("v1alpha1", kubelet_dra_health_v1alpha1_pb2),
     ],
-    ids=["pluginregistration", "dra-v1", "dra-v1beta1"],
+    ids=["pluginregistration", "dra-v1", "dra-v1beta1", "dra-health-v1", "dra-health-v1alpha1"],
 )
 def test_descriptor_matches_upstream(upstream: dict[str, Any], package: str, module: Any) -> None:
     assert package in upstream, f"upstream dump lacks {package}: {sorted(upstream)}"
