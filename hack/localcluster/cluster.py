@@ -23,6 +23,7 @@ import contextlib
 import json
 import shutil
 import signal
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +119,7 @@ class Cluster:
         self.ca_file = workdir / "pki" / "ca.crt"
         self.log_dir = workdir / "logs"
         self.kubeconfig_dir = workdir / "kubeconfigs"
+        self.die_with_parent = False  # start() sets it: restarted components inherit it
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -315,6 +317,7 @@ class Cluster:
             cluster._save()
             return proc
 
+        cluster.die_with_parent = die_with_parent
         if die_with_parent:
             atexit.register(cluster.stop)
         try:
@@ -386,6 +389,26 @@ class Cluster:
                 p.signal(signal.SIGTERM)
             for p in live:
                 p.stop(grace)
+
+    def restart_apiserver(self, down_for: float = 3.0, *, timeout: float = 90.0) -> float:
+        """Crash the kube-apiserver and bring it back: an API outage of about ``down_for`` s.
+
+        SIGKILLs the running apiserver (no graceful shutdown: open watches and requests break
+        mid-stream, like a crash), keeps it down for ``down_for`` seconds, starts it again with
+        the same argv (same port, certificates and etcd, so every client reconnects to the same
+        address) and waits for ``/readyz``. Returns the ``time.monotonic()`` at which it
+        answered ready, so callers can measure recovery from the apiserver's return. Raises
+        :class:`ClusterError` if it does not come back within ``timeout``.
+        """
+        old = self.procs["kube-apiserver"]
+        old.kill()
+        time.sleep(down_for)
+        proc = Proc.spawn(old.name, old.argv, self.log_dir, die_with_parent=self.die_with_parent)
+        self.procs[old.name] = proc
+        self._save()
+        deps = [p for n, p in self.procs.items() if n in ("etcd", old.name)]
+        wait_until("kube-apiserver /readyz", self.apiserver_ready, deps, timeout, interval=0.05)
+        return time.monotonic()
 
     def __enter__(self) -> Cluster:
         return self

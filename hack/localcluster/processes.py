@@ -116,6 +116,14 @@ class Proc:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)  # own session: pgid == pid
 
+    def kill(self, timeout: float = 5.0) -> None:
+        """SIGKILL the process group now (a crash, no shutdown); waits for it and reaps it."""
+        self.signal(signal.SIGKILL)
+        self._wait_gone(timeout)
+        if self.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=timeout)
+
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; reaps the child."""
         self.signal(signal.SIGTERM)
