@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Any
 
-from pkg.kube.errors import ApiError, GoneError
+from pkg.kube.errors import TRANSIENT_ERRORS, ApiError, GoneError
 from pkg.kube.resources import PODS
 
 from .podworker import NodeContext, PodWorker
@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT = 300
 HOUSEKEEPING_PERIOD = 2.0
+_WATCH_ERRORS: tuple[type[Exception], ...] = (ApiError, OSError, *TRANSIENT_ERRORS)
 
 
 class Kubelet:
@@ -114,7 +115,7 @@ class Kubelet:
                         self._dispatch(ev.type, ev.object)
             except GoneError:
                 rv = ""
-            except (ApiError, OSError) as e:
+            except _WATCH_ERRORS as e:
                 if not self._stop.is_set():
                     log.warning("node %s: pod watch failed: %s", self.ctx.node_name, e)
                     rv = ""

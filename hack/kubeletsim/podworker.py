@@ -12,7 +12,14 @@ Owns the per-pod state machine the kubelet runs (``SyncPod`` / ``SyncTerminating
    their startup/readiness/liveness exec probes; all other containers are marked running and
    their edits written to ``<node>/containers/<ns>_<pod>_<container>.json``;
 5. on deletion: stop processes (SIGTERM, grace, SIGKILL), unprepare claims no other pod on the
-   node uses, then delete the pod with grace period 0 (the kubelet's final delete).
+   node uses, post the terminated status, then delete the pod with grace period 0 (the
+   kubelet's final delete), in that order. Like the kubelet's pod worker, finalization never
+   gives up: a step that fails (plugin not registered or failing, API server unreachable,
+   5xx, timeouts, any other error) is retried with exponential backoff
+   (``FINALIZE_BACKOFF`` .. ``FINALIZE_MAX_BACKOFF``) until it succeeds, across API server
+   restarts; the final DELETE is sent only after every claim was unprepared. Only the pod's
+   own disappearance (404, or a UID precondition failing: a new pod took the name) ends it
+   early.
 
 One thread per pod; the node's pod watch feeds it the latest object through :meth:`update`.
 """
@@ -30,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pkg.kube.client import KubeClient
-from pkg.kube.errors import ApiError, ConflictError, NotFoundError
+from pkg.kube.errors import TRANSIENT_ERRORS, ApiError, ConflictError, NotFoundError
 from pkg.kube.events import EventRecorder
 from pkg.kube.resources import PODS
 
@@ -48,6 +55,10 @@ log = logging.getLogger(__name__)
 TICK = 0.25
 CLAIM_POLL = 0.2
 MAX_BACKOFF = 10.0
+# A failed write worth retrying: any answer but 404/409, and every outage or timeout.
+RETRYABLE: tuple[type[Exception], ...] = (ApiError, *TRANSIENT_ERRORS)
+FINALIZE_BACKOFF = 0.25
+FINALIZE_MAX_BACKOFF = 2.0  # short: a pod's deletion must finish soon after an outage ends
 
 
 @dataclass
@@ -95,6 +106,14 @@ class PodWorker:
         self._backoff = 0.5
         self._next_try = 0.0
         self._last_status: dict[str, Any] | None = None
+        self._released = False  # a finished pod's claims unprepared
+        self._stopped = False  # containers stopped (termination step 1 done)
+        self._final_status_posted = False
+        self._finalize_backoff = FINALIZE_BACKOFF
+        self._status_backoff = FINALIZE_BACKOFF
+        self._next_status = 0.0
+        self._next_finalize = 0.0
+        self.finalize_failures = 0  # failed finalization attempts (tests, logs)
         self._thread = threading.Thread(target=self._run, name=f"pod:{self.key}", daemon=True)
 
     # -- feeding ----------------------------------------------------------------------------
@@ -144,16 +163,20 @@ class PodWorker:
         """One sync; True when the worker is finished."""
         pod = self._pod
         if self._gone:
-            self._terminate(grace=0.5, delete=False)
-            return True
+            return self._finalize(grace=0.5, delete=False)
         if pod["metadata"].get("deletionTimestamp"):
             grace = float(pod["metadata"].get("deletionGracePeriodSeconds") or 30)
-            self._terminate(grace=min(grace, self._ctx.max_grace), delete=True)
-            return True
+            return self._finalize(grace=min(grace, self._ctx.max_grace), delete=True)
         phase = self._state.phase(pod["spec"].get("restartPolicy", "Always"))
         if phase in ("Succeeded", "Failed"):
             if not self._terminated:
-                self._terminate(grace=0, delete=False)
+                self._terminate(grace=0)
+            if not self._released and time.monotonic() >= self._next_try:
+                # The kubelet unprepares a finished pod's claims (syncTerminatedPod).
+                self._released = self._unprepare()
+                if not self._released:
+                    self._delay_retry()
+            self._post_status()
             return False
         if not self._started:
             if time.monotonic() >= self._next_try:
@@ -293,12 +316,15 @@ class PodWorker:
             if run is not None:
                 run.tick(state, restart_policy=policy)
 
-    def _post_status(self) -> None:
+    def _post_status(self) -> bool:
+        """Write the pod's status if it changed; False when the write failed (retry later)."""
         policy = self._pod["spec"].get("restartPolicy", "Always")
         status = self._state.to_status(policy)
         if same_status(self._last_status, status):
-            return
+            return True
         meta = self._pod["metadata"]
+        if time.monotonic() < self._next_status:
+            return False
         try:
             self._ctx.client.patch(
                 PODS,
@@ -309,14 +335,70 @@ class PodWorker:
                 subresource="status",
             )
             self._last_status = status
+            self._status_backoff = FINALIZE_BACKOFF
         except (NotFoundError, ConflictError):
             pass  # pod gone or replaced: the watch will tell
-        except ApiError as e:
-            log.warning("pod %s: status update failed: %s", self.key, e)
+        except RETRYABLE as e:
+            log.warning("pod %s: status update failed (retrying): %s", self.key, e)
+            self._next_status = time.monotonic() + self._status_backoff
+            self._status_backoff = min(self._status_backoff * 2, FINALIZE_MAX_BACKOFF)
+            return False
+        return True
 
     # -- termination ------------------------------------------------------------------------
 
-    def _terminate(self, *, grace: float, delete: bool) -> None:
+    def _finalize(self, *, grace: float, delete: bool) -> bool:
+        """One attempt at the rest of the pod's termination; True once all of it is done.
+
+        Steps, each done once: stop containers; unprepare the claims only this pod used;
+        (``delete``) post the terminated status, then the final DELETE. A failing step is
+        retried on a later call after a backoff; nothing is ever skipped.
+        ``delete=False`` (the pod is gone from the API server) hands a claim that cannot be
+        unprepared now to the node's housekeeping, which retries it until it succeeds.
+        """
+        if time.monotonic() < self._next_finalize:
+            return False
+        if not self._stopped:
+            self._terminate(grace=grace)
+        try:
+            done = self._finalize_steps(delete=delete)
+        except Exception as e:  # never give up on a pod: log and retry
+            log.warning("pod %s: finalization failed (retrying): %s", self.key, e)
+            done = False
+        if done:
+            return True
+        self.finalize_failures += 1
+        self._next_finalize = time.monotonic() + self._finalize_backoff
+        self._finalize_backoff = min(self._finalize_backoff * 2, FINALIZE_MAX_BACKOFF)
+        return False
+
+    def _finalize_steps(self, *, delete: bool) -> bool:
+        if not self._unprepare() and delete:
+            return False
+        if not delete:
+            return True
+        meta = self._pod["metadata"]
+        if not self._final_status_posted:
+            policy = self._pod["spec"].get("restartPolicy", "Always")
+            body = {"metadata": {"uid": self.uid}, "status": self._state.to_status(policy)}
+            try:
+                self._ctx.client.patch(
+                    PODS, meta["name"], body, namespace=meta["namespace"],
+                    patch_type="strategic", subresource="status",
+                )  # fmt: skip
+            except (NotFoundError, ConflictError):
+                return True  # gone, or a new pod took the name: nothing left to delete
+            self._final_status_posted = True
+        # NotFound: already gone; Conflict: the UID precondition failed, not our pod any more.
+        with contextlib.suppress(NotFoundError, ConflictError):
+            self._ctx.client.delete(
+                PODS, meta["name"], namespace=meta["namespace"], uid=self.uid,
+                grace_period_seconds=0,
+            )  # fmt: skip
+        return True
+
+    def _terminate(self, *, grace: float) -> None:
+        """Stop the pod's containers and remove their records (no API calls)."""
         for state in self._state.containers:
             run = self._local.pop(state.name, None)
             if run is not None:
@@ -325,29 +407,29 @@ class PodWorker:
             elif not state.terminated:
                 state.set_terminated(0)
         self._terminated = True
-        self._unprepare()
+        self._stopped = True
         for p in self._ctx.dirs.containers.glob(
             f"{self._pod['metadata']['namespace']}_{self._pod['metadata']['name']}_*.json"
         ):
             p.unlink(missing_ok=True)
-        if delete:
-            meta = self._pod["metadata"]
-            with contextlib.suppress(NotFoundError, ConflictError):
-                self._ctx.client.delete(
-                    PODS, meta["name"], namespace=meta["namespace"], uid=self.uid,
-                    grace_period_seconds=0,
-                )  # fmt: skip
-        elif not self._gone:
-            self._post_status()
 
-    def _unprepare(self) -> None:
-        """Unprepare claims only this pod used; failures are retried by node housekeeping."""
+    def _unprepare(self) -> bool:
+        """Unprepare the claims only this pod used; True when none is left prepared.
+
+        Safe to repeat: a claim stays in the DRA manager's cache until its unprepare succeeds.
+        """
+        ok = True
         for info in self._ctx.dra.release(self.uid):
             plugin = self._ctx.plugins.plugin(info.driver)
             if plugin is None:
+                log.warning("pod %s: unprepare %s: DRA driver %s is not registered",
+                            self.key, info.ref.name, info.driver)  # fmt: skip
+                ok = False
                 continue
             try:
                 plugin.unprepare([info.ref])
                 self._ctx.dra.unprepared(info.ref.uid)
             except DraPluginError as e:
                 log.warning("pod %s: unprepare %s: %s", self.key, info.ref.name, e)
+                ok = False
+        return ok

@@ -56,6 +56,8 @@ class StubPlugin(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
         self.unprepared: list[str] = []
         self.registered: list[bool] = []
         self.fail_prepare = 0
+        self.fail_unprepare = 0  # like fail_prepare, for NodeUnprepareResources
+        self.calls: list[str] = []  # "prepare"/"unprepare" in call order
         self._servers: list[grpc.Server] = []
 
     def start(self) -> StubPlugin:
@@ -104,6 +106,11 @@ class StubPlugin(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
         resp = dra.NodeUnprepareResourcesResponse()
         for c in request.claims:
+            self.calls.append("unprepare")
+            if self.fail_unprepare > 0:
+                self.fail_unprepare -= 1
+                resp.claims[c.uid].error = "injected unprepare failure"
+                continue
             self.unprepared.append(c.uid)
             resp.claims[c.uid].error = ""
         return resp
@@ -347,3 +354,64 @@ def test_termination_message_reaches_state_and_last_state(tmp_path: Path) -> Non
     assert status["lastState"]["terminated"]["message"] == "Boom: detail"
     assert status["restartCount"] == 1
     run.stop(1.0)
+
+
+# -- finalization under faults: never give up, back off, unprepare before the final DELETE ----
+
+
+def _final_deletes(api: FakeApiServer, since: int = 0) -> list[Any]:
+    """DELETEs of pod ns/w with gracePeriodSeconds=0 logged after request number ``since``."""
+    return [r for r in api.requests[since:] if r.method == "DELETE" and r.path.endswith("/pods/w")]
+
+
+def _running_pod(api: FakeApiServer, kubelet: Kubelet) -> str:
+    uid = seed_pod_with_claim(api, kubelet.ctx.node_name, container=WORKLOAD)
+    wait_for("Running", lambda: pod_status(api).get("phase") == "Running")
+    return uid
+
+
+def test_final_delete_waits_for_a_failing_unprepare_and_retries_it(
+    api: FakeApiServer, node: tuple[Kubelet, StubPlugin, FakeCdi]
+) -> None:
+    kubelet, plugin, _ = node
+    uid = _running_pod(api, kubelet)
+    plugin.fail_unprepare = 3
+    start = len(api.requests)
+    api.client().delete(PODS, "w", namespace="ns")
+    wait_for("unprepare retried until it succeeded", lambda: plugin.unprepared, timeout=20)
+    assert plugin.calls.count("unprepare") == 4, plugin.calls  # 3 failures, then success
+    deletes = wait_for("final DELETE", lambda: _final_deletes(api, start)[1:])
+    assert len(deletes) == 1, "the final DELETE comes once, after the unprepare succeeded"
+    worker = kubelet.workers()[uid]
+    wait_for("worker finished", lambda: worker.done)
+    assert worker.finalize_failures == 3
+    assert kubelet.ctx.dra.prepared() == {}
+
+
+def test_finalization_survives_an_api_outage_with_backoff(
+    api: FakeApiServer, node: tuple[Kubelet, StubPlugin, FakeCdi]
+) -> None:
+    kubelet, plugin, _ = node
+    uid = _running_pod(api, kubelet)
+    plugin.fail_unprepare = 10**6  # hold the worker in finalization until the API is down
+    api.client().delete(PODS, "w", namespace="ns")
+    wait_for("finalization started", lambda: plugin.calls.count("unprepare") >= 1)
+    worker = kubelet.workers()[uid]
+    api.set_available(False)
+    down_at = len(api.requests)
+    plugin.fail_unprepare = 0
+    time.sleep(4.0)  # every status PATCH / DELETE in here is dropped
+    attempts = [r for r in api.requests[down_at:] if r.method in ("PATCH", "DELETE")
+                and r.path.startswith("/api/v1/namespaces/ns/pods/w")]  # fmt: skip
+    assert attempts, "the worker kept trying while the API server was down"
+    # Backoff 0.25 s doubling to 2 s: about 5 tries in 4 s (a retry every 0.25 s tick: 16).
+    assert len(attempts) <= 8, attempts
+    assert not worker.done, "a worker must not give up on its pod during an outage"
+    up_at = len(api.requests)
+    api.set_available(True)
+    wait_for("final DELETE after the outage", lambda: _final_deletes(api, up_at), timeout=10)
+    wait_for("worker finished", lambda: worker.done)
+    status = pod_status(api)
+    assert status["containerStatuses"][0]["state"].get("terminated"), status
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
+    assert plugin.unprepared == plugin.prepared
