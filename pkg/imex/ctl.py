@@ -6,6 +6,21 @@ newline. Anything else (other text, a non-zero exit, a timeout, a missing binary
 Readiness is local: it says this node's IMEX serves, not that the whole domain is connected
 (``IMEX_WAIT_FOR_QUORUM=RECOVERY``).
 
+Peer connectivity: ``nvidia-imex-ctl -c <imexd.cfg> -N -j`` prints the domain's node table as
+JSON, in the shape real IMEX prints it::
+
+    {"status": "UP", "timestamp": "...",
+     "nodes": {"0": {"host": "10.0.0.1", "hostName": "...", "status": "READY",
+                     "connections": {"0": {"host": "10.0.0.1", "status": "CONNECTED", ...},
+                                     "1": {"host": "10.0.0.2", "status": "CONNECTED", ...}}},
+               "1": {...}}}
+
+:func:`peer_connections` takes this node's row (its ``host`` is our bind address) and returns
+the connection state to each peer address; only ``CONNECTED`` means the peer is reachable
+(other states: ``NEVER_CONNECTED``, ``RECOVERING``, ``DISCONNECTED``, ``AUTHENTICATING``,
+``INVALID``, version or node-map mismatch). The simulator (:mod:`pkg.imex.sim.ctl`) prints the
+same shape.
+
 The command is run through an injected :class:`CommandRunner` so tests need no binary.
 """
 
@@ -18,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 READY_OUTPUT: Final = "READY\n"
+CONNECTED: Final = "CONNECTED"
 
 
 @dataclass(frozen=True)
@@ -91,3 +107,29 @@ class ImexCtl:
             raise RuntimeError(f"nvidia-imex-ctl -N failed ({result.returncode}): {result.output}")
         status: dict[str, Any] = json.loads(result.output)
         return status
+
+
+def peer_connections(status: object, *, own_address: str) -> dict[str, str]:
+    """Connection state (``CONNECTED``, ``DISCONNECTED``, ...) from this node to each peer
+    address, read from ``-N -j`` output ``status``; our own address is left out.
+
+    Raises ``ValueError`` when the output is not the documented shape or has no row whose
+    ``host`` is ``own_address`` (then nothing can be said about our connections).
+    """
+    if not isinstance(status, dict) or not isinstance(status.get("nodes"), dict):
+        raise ValueError("nvidia-imex-ctl -N -j: no 'nodes' object")
+    rows = [r for r in status["nodes"].values() if isinstance(r, dict)]
+    own = next((r for r in rows if r.get("host") == own_address), None)
+    if own is None:
+        raise ValueError(f"nvidia-imex-ctl -N -j: no node with host {own_address}")
+    connections = own.get("connections")
+    if not isinstance(connections, dict):
+        raise ValueError(f"nvidia-imex-ctl -N -j: node {own_address} has no 'connections'")
+    out: dict[str, str] = {}
+    for conn in connections.values():
+        if not isinstance(conn, dict):
+            continue
+        host = conn.get("host")
+        if isinstance(host, str) and host and host != own_address:
+            out[host] = str(conn.get("status") or "INVALID")
+    return out

@@ -5,8 +5,9 @@ Talks to the simulated IMEX's command port named in the config
 
 - ``-q``: prints ``READY`` (exit 0) or ``NOT_READY`` (exit 0, like the real tool, so callers must
   compare the text); an unreachable daemon prints an error and exits 1;
-- ``-N``: the per-node connection table; ``-j`` prints it as JSON (``connected`` lists the peer
-  addresses this daemon currently holds a connection to).
+- ``-N``: the per-node connection table; ``-j`` prints it as JSON in real ``nvidia-imex-ctl``
+  shape (see :mod:`pkg.imex.ctl`), plus simulator keys (``connected`` lists the peer addresses
+  this daemon currently holds a connection to, ``probes`` its per-entry probe results).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _request(config_path: str, command: str) -> str:
 
 def _table(status: dict[str, object]) -> str:
     rows = [f"IMEX domain {status.get('domain')!r} on {status.get('address')}"]
-    nodes = status.get("nodes")
+    nodes = status.get("probes")
     for node in nodes if isinstance(nodes, list) else []:
         rows.append(
             f"{node.get('index'):>4}  {node.get('entry', ''):<45} "

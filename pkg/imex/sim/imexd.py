@@ -14,6 +14,14 @@ What it really does, so a bad configuration fails tests the way it would fail re
   its domain identity (env ``IMEX_DOMAIN_ID``); a peer of another domain, or one that does not
   list us, refuses. The command port reports readiness (``READY`` once both ports listen and
   ``IMEX_SIM_READY_DELAY`` seconds passed; quorum is never awaited) and the status table;
+- a *dropped* peer simulates a failed link: every address or nodes-config name listed (one per
+  line, ``#`` comments) in the drop file -- env ``IMEX_SIM_DROP_FILE``, default ``drop-peers``
+  next to the config file -- is neither probed nor accepted (re-read every round), so both ends
+  see the connection ``DISCONNECTED`` in ``nvidia-imex-ctl -N -j``;
+- the command port's status is the node table in real ``nvidia-imex-ctl -N -j`` shape
+  (:mod:`pkg.imex.ctl`): our own row has one connection per configured peer; the rows of peers
+  carry only what we can see (``READY`` when connected). Simulator-only keys (``probes``,
+  ``connected``, ``reloads``, ...) are added at the top level;
 - SIGTERM/SIGINT exit 0; it also exits when its parent dies, so a killed daemon never leaves an
   orphan holding the ports.
 """
@@ -74,6 +82,7 @@ class Settings:
     domain: str
     probe_interval: float
     ready_delay: float
+    drop_file: Path
 
 
 def _port(cfg: dict[str, str], key: str, default: int) -> int:
@@ -109,6 +118,10 @@ def load_settings(config_path: str, env: dict[str, str]) -> Settings:
         domain=env.get("IMEX_DOMAIN_ID", ""),
         probe_interval=float(env.get("IMEX_SIM_PROBE_INTERVAL") or 0.5),
         ready_delay=float(env.get("IMEX_SIM_READY_DELAY") or 0),
+        drop_file=Path(
+            env.get("IMEX_SIM_DROP_FILE")
+            or os.path.join(os.path.dirname(config_path), "drop-peers")
+        ),
     )
 
 
@@ -138,6 +151,7 @@ class Node:
         self._resolved: dict[str, str | None] = {}
         self._states: dict[int, dict[str, Any]] = {}
         self._inbound: dict[str, float] = {}
+        self._ever_connected: set[str] = set()
         self._started = time.monotonic()
         self.reloads = 0
         self.listening = False
@@ -181,17 +195,32 @@ class Node:
     def ready(self) -> bool:
         return self.listening and time.monotonic() - self._started >= self.s.ready_delay
 
+    def dropped(self) -> set[str]:
+        """Addresses and names listed in the drop file (empty when there is none)."""
+        try:
+            text = self.s.drop_file.read_text(encoding="utf-8")
+        except OSError:
+            return set()
+        lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+        return {line for line in lines if line}
+
     def probe_all(self, pool: ThreadPoolExecutor) -> None:
         self._resolve_missing()
+        drop = self.dropped()
         with self._lock:
             targets = [(i, e, self._resolved.get(e)) for i, e in enumerate(self._entries)]
-        results = pool.map(lambda t: (t[0], self._probe(t[1], t[2])), targets)
+        results = pool.map(lambda t: (t[0], self._probe(t[1], t[2], drop)), targets)
         states = dict(results)
         with self._lock:
             self._states = states
+            self._ever_connected |= {
+                str(st["address"]) for st in states.values() if st["state"] == "connected"
+            }
 
-    def _probe(self, entry: str, address: str | None) -> dict[str, Any]:
+    def _probe(self, entry: str, address: str | None, drop: set[str]) -> dict[str, Any]:
         state: dict[str, Any] = {"entry": entry, "address": address}
+        if address is not None and address != self.s.bind_ip and (drop & {entry, address}):
+            return {**state, "state": "dropped", "error": "link dropped (drop file)"}
         if address is None:
             return {**state, "state": "unresolvable"}
         if address == nodesconfig.SENTINEL_ADDRESS:
@@ -225,6 +254,9 @@ class Node:
                 if address not in self.peer_addresses():
                     wire.send_line(conn, f"{wire.REFUSE} unknown node {address}")
                     return
+                if str(address) in self.dropped() or self._entry_of(str(address)) in self.dropped():
+                    wire.send_line(conn, f"{wire.REFUSE} link dropped (drop file)")
+                    return
                 with self._lock:
                     self._inbound[str(address)] = time.time()
                 reply = {"domain": self.s.domain, "address": self.s.bind_ip}
@@ -232,20 +264,59 @@ class Node:
             except (OSError, ValueError):
                 return
 
-    def status(self) -> dict[str, Any]:
+    def _entry_of(self, address: str) -> str | None:
         with self._lock:
-            nodes = [
+            return next((e for e, a in self._resolved.items() if a == address), None)
+
+    def _connection_state(self, probe: dict[str, Any]) -> str:
+        state = probe["state"]
+        if state in ("connected", "self"):
+            return "CONNECTED"
+        if state in ("unreachable", "dropped", "refused"):
+            return (
+                "DISCONNECTED"
+                if probe.get("address") in self._ever_connected
+                else ("NEVER_CONNECTED")
+            )
+        return "INVALID"  # pending, unresolvable
+
+    def status(self) -> dict[str, Any]:
+        """``nvidia-imex-ctl -N -j`` output plus the simulator's own keys (module docstring)."""
+        with self._lock:
+            probes = [
                 {"index": i, **self._states.get(i, {"entry": e, "state": "pending"})}
                 for i, e in enumerate(self._entries)
             ]
+            members = [p for p in probes if p["state"] != "empty"]
+            connections = {
+                str(p["index"]): {"host": p.get("address") or "N/A",
+                                  "status": self._connection_state(p), "changed": False}
+                for p in members
+            }  # fmt: skip
+        rows: dict[str, Any] = {}
+        for p in members:
+            own = p["state"] == "self"
+            up = self.ready() if own else p["state"] == "connected"
+            rows[str(p["index"])] = {
+                "host": p.get("address") or "N/A",
+                "hostName": p["entry"],
+                "status": "READY" if up else "UNAVAILABLE",
+                "connections": connections if own else {},
+            }
+        peers = [c for c in connections.values() if c["host"] != self.s.bind_ip]
+        good = sum(1 for c in peers if c["status"] == "CONNECTED")
+        domain_state = "UP" if good == len(peers) else ("DEGRADED" if good else "DOWN")
         return {
+            "status": domain_state if self.ready() else "DOWN",
+            "timestamp": time.strftime("%m/%d/%Y %H:%M:%S"),
+            "nodes": rows,
             "domain": self.s.domain,
             "address": self.s.bind_ip,
             "port": self.s.server_port,
             "ready": self.ready(),
             "reloads": self.reloads,
-            "nodes": nodes,
-            "connected": sorted(n["address"] for n in nodes if n["state"] == "connected"),
+            "probes": probes,
+            "connected": sorted(p["address"] for p in probes if p["state"] == "connected"),
         }
 
     def handle_cmd(self, conn: socket.socket) -> None:

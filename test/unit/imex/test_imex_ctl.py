@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from pkg.imex.ctl import CommandResult, ImexCtl
+from pkg.imex.ctl import CommandResult, ImexCtl, peer_connections
 
 
 class FakeCommands:
@@ -47,3 +47,33 @@ def test_node_status_parses_json() -> None:
     ctl = ImexCtl(["python", "-m", "x"], config_path="/c", runner=cmds)
     assert ctl.node_status() == {"connected": ["127.0.0.12"]}
     assert cmds.argv[-2:] == ["-N", "-j"]
+
+
+REAL_SHAPE = {
+    "status": "DEGRADED",
+    "timestamp": "9/4/2026 00:00:00.000",
+    "nodes": {
+        "0": {"host": "10.0.0.1", "hostName": "a", "status": "READY", "connections": {
+            "0": {"host": "10.0.0.1", "status": "CONNECTED", "changed": False},
+            "1": {"host": "10.0.0.2", "status": "CONNECTED", "changed": False},
+            "2": {"host": "10.0.0.3", "status": "DISCONNECTED", "changed": True},
+        }},
+        "1": {"host": "10.0.0.2", "status": "READY", "connections": {}},
+    },
+}  # fmt: skip
+
+
+def test_peer_connections_reads_own_row() -> None:
+    assert peer_connections(REAL_SHAPE, own_address="10.0.0.1") == {
+        "10.0.0.2": "CONNECTED",
+        "10.0.0.3": "DISCONNECTED",
+    }
+    assert peer_connections(REAL_SHAPE, own_address="10.0.0.2") == {}
+
+
+@pytest.mark.parametrize(
+    "bad", [[], None, {"nodes": []}, {"nodes": {"0": {"host": "10.0.0.9"}}}, {"nodes": {}}]
+)
+def test_peer_connections_rejects_other_shapes(bad: object) -> None:
+    with pytest.raises(ValueError):
+        peer_connections(bad, own_address="10.0.0.1")

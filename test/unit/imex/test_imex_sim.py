@@ -17,6 +17,7 @@ import pytest
 
 from pkg.imex import nodesconfig as nc
 from pkg.imex.config import ImexConfig
+from pkg.imex.ctl import peer_connections
 from pkg.imex.hosts import HostsFile
 from pkg.testing.fakedriverroot import FakeDriverRoot
 
@@ -170,21 +171,21 @@ def test_domain_forms_refuses_strangers_and_reloads(tmp_path: Path, nodes: list[
     wait_for(lambda: a0.ctl("-q").stdout == "READY\n")
     wait_for(lambda: a0.status().get("connected") == [ips[1]])
     wait_for(lambda: a1.status().get("connected") == [ips[0]])
-    states = [n["state"] for n in a0.status()["nodes"]]
+    states = [n["state"] for n in a0.status()["probes"]]
     assert states == ["self", "connected", "empty", "empty"]
-    wait_for(lambda: b0.status()["nodes"][1]["state"] == "refused")
-    assert "domain mismatch" in b0.status()["nodes"][1]["error"]
+    wait_for(lambda: b0.status()["probes"][1]["state"] == "refused")
+    assert "domain mismatch" in b0.status()["probes"][1]["error"]
     assert b0.status()["connected"] == []
 
     # A new IP for slot 1 is only seen after SIGUSR1, like real IMEX.
     a0.hosts.update(nc.dns_mapping(uid_a, {0: ips[0], 1: "127.0.0.29"}, max_nodes=4))
     time.sleep(0.3)
-    assert a0.status()["nodes"][1]["address"] == ips[1]
+    assert a0.status()["probes"][1]["address"] == ips[1]
     assert a0.proc is not None
     a0.proc.send_signal(signal.SIGUSR1)
-    wait_for(lambda: a0.status()["nodes"][1]["address"] == "127.0.0.29")
+    wait_for(lambda: a0.status()["probes"][1]["address"] == "127.0.0.29")
     assert a0.status()["reloads"] == 1
-    wait_for(lambda: a0.status()["nodes"][1]["state"] == "unreachable")
+    wait_for(lambda: a0.status()["probes"][1]["state"] == "unreachable")
 
 
 def test_unresolvable_name_is_reported_not_fatal(tmp_path: Path, nodes: list[SimNode]) -> None:
@@ -192,6 +193,39 @@ def test_unresolvable_name_is_reported_not_fatal(tmp_path: Path, nodes: list[Sim
     node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain="d", entries=["ghost", ip])
     nodes.append(node)
     node.start()
-    wait_for(lambda: node.status().get("nodes", [{}])[0].get("state") == "unresolvable")
+    wait_for(lambda: node.status().get("probes", [{}])[0].get("state") == "unresolvable")
     assert node.ctl("-q").stdout == "READY\n"
     assert node.proc is not None and node.proc.poll() is None
+
+
+def test_node_status_has_real_shape_and_a_dropped_peer_disconnects_both_ends(
+    tmp_path: Path, nodes: list[SimNode]
+) -> None:
+    ips = ["127.0.0.31", "127.0.0.32"]
+    port = free_port(ips)
+    a, b = (SimNode(tmp_path, ip=ip, port=port, domain="d", entries=ips) for ip in ips)
+    nodes += [a, b]
+    for n in nodes:
+        n.start()
+
+    def view(node: SimNode, me: str) -> dict[str, str]:
+        try:  # before the first probe round the own row has no address yet
+            return peer_connections(node.status(), own_address=me)
+        except ValueError:
+            return {}
+
+    wait_for(lambda: view(a, ips[0]) == {ips[1]: "CONNECTED"})
+    wait_for(lambda: view(b, ips[1]) == {ips[0]: "CONNECTED"})
+    status = a.status()
+    assert status["status"] == "UP"
+    assert status["nodes"]["0"]["host"] == ips[0] and status["nodes"]["0"]["status"] == "READY"
+    assert status["nodes"]["0"]["connections"]["1"]["host"] == ips[1]
+
+    (a.dir / "drop-peers").write_text(f"# link to b is down\n{ips[1]}\n")
+    wait_for(lambda: view(a, ips[0]) == {ips[1]: "DISCONNECTED"})
+    wait_for(lambda: view(b, ips[1]) == {ips[0]: "DISCONNECTED"})  # b is refused by a
+    assert a.status()["status"] == "DOWN" or a.status()["status"] == "DEGRADED"
+
+    (a.dir / "drop-peers").unlink()
+    wait_for(lambda: view(a, ips[0]) == {ips[1]: "CONNECTED"})
+    wait_for(lambda: view(b, ips[1]) == {ips[0]: "CONNECTED"})
