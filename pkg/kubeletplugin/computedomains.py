@@ -13,7 +13,9 @@ Owns three things:
   there is no sleep-polling - and the wait is bounded by the caller's deadline (on the injected
   `pkg.informers.clock.Clock`). No event is lost: an informer updates its cache before it
   queues the notification, and the handler must take the condition the waiter holds while
-  checking;
+  checking. `daemon_readiness` answers the same question with a reason and a third answer
+  ("cannot tell") for device health; listeners added with `add_listener` are called after
+  every event (device health re-evaluates then);
 * the node label ``resource.nvidia.com/computeDomain=<cdUID>``: added with a JSON patch whose
   first operation tests ``metadata.resourceVersion``, so two domains racing for one node can
   never both win (the loser re-reads and sees the other's label: a retryable error); removed only
@@ -29,6 +31,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
@@ -52,6 +55,14 @@ log = logging.getLogger(__name__)
 _LABEL_PATH = "/metadata/labels/" + COMPUTE_DOMAIN_LABEL.replace("~", "~0").replace("/", "~1")
 _LABEL_ATTEMPTS = 5
 _TRANSIENT_BACKOFF = (0.1, 0.2, 0.4, 0.8)  # then give up this call: the kubelet retries
+
+
+@dataclass(frozen=True)
+class DaemonReadiness:
+    """This node's IMEX daemon for one domain: ``ready`` is None when the plugin cannot tell."""
+
+    ready: bool | None
+    reason: str
 
 
 class DomainTracker:
@@ -87,6 +98,11 @@ class DomainTracker:
         self._domain_lister = Lister(self._domains.indexer, COMPUTE_DOMAINS)
         self._clique_lister = Lister(self._cliques.indexer, COMPUTE_DOMAIN_CLIQUES)
         self._registrations: list[tuple[SharedInformer, HandlerRegistration]] = []
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (no arguments, must not block) after every domain or clique event."""
+        self._listeners.append(listener)
 
     def start(self) -> None:
         """Register the notify-only handlers and start the two informers."""
@@ -119,6 +135,11 @@ class DomainTracker:
     def _notify(self) -> None:
         with self._cond:
             self._cond.notify_all()
+        for listener in list(self._listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("ComputeDomain event listener failed")
 
     def _on_add(self, _obj: JSON) -> None:
         self._notify()
@@ -169,6 +190,37 @@ class DomainTracker:
             if node.get("name") == self._node:
                 return bool(node.get("status") == STATUS_READY)
         return False
+
+    def daemon_readiness(self, cd_uid: str) -> DaemonReadiness:
+        """Whether this node's IMEX daemon serves the domain, and why (for device health).
+
+        Like Prepare's readiness check, but a clique object that exists and lacks this node
+        means the node left the domain (no fallback to the possibly older domain status), and
+        caches that have not synced or a domain that is not known give ``ready=None``.
+        """
+        me = self._node
+        if not self.synced():
+            return DaemonReadiness(None, "the plugin has not read ComputeDomains yet")
+        if self._clique_id:
+            clique = self._clique_lister.get(
+                clique_object_name(cd_uid, self._clique_id), self._namespace
+            )
+            if clique is not None:
+                for daemon in clique.get("daemons") or []:
+                    if daemon.get("nodeName") == me:
+                        return _readiness(me, cd_uid, daemon.get("status"))
+                return DaemonReadiness(
+                    False,
+                    f"node {me} is not a member of ComputeDomain {cd_uid} (its IMEX daemon "
+                    f"left clique {self._clique_id} or has not joined it)",
+                )
+        cd = self._domain(cd_uid)
+        if cd is None:
+            return DaemonReadiness(None, f"ComputeDomain {cd_uid} not found")
+        for node in (cd.get("status") or {}).get("nodes") or []:
+            if node.get("name") == me:
+                return _readiness(me, cd_uid, node.get("status"))
+        return DaemonReadiness(False, f"node {me} is not a member of ComputeDomain {cd_uid}")
 
     def wait_ready(self, cd_uid: str, *, deadline: float) -> bool:
         return bool(self._wait(lambda: self._ready(cd_uid), deadline))
@@ -273,3 +325,12 @@ class DomainTracker:
             return True
 
         self._with_retries("removing the ComputeDomain label", step)
+
+
+def _readiness(node: str, cd_uid: str, status: object) -> DaemonReadiness:
+    if status == STATUS_READY:
+        return DaemonReadiness(True, f"IMEX daemon on node {node} is Ready")
+    return DaemonReadiness(
+        False,
+        f"IMEX daemon on node {node} is {status or 'not Ready'} in ComputeDomain {cd_uid}",
+    )

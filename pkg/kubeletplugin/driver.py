@@ -2,13 +2,14 @@
 
 Owns start/stop order and the per-request claim fan-out:
 start = plugin dir -> base CDI spec (driver root scan) -> checkpoint open (corrupt policy) ->
-domain informers -> crash/boot recovery -> DRA socket -> registration socket -> health ->
-metrics -> slices;
-stop = reverse, then the informer factory. One `pkg.informers.SharedInformerFactory` serves
-every watch of the process (ComputeDomains, driver-namespace cliques, this node's slices), and
-the injected `pkg.informers.clock.Clock` drives request deadlines, checkpoint timestamps and
-the informers' backoff. Claims of one request run in parallel (different claims never share a
-lock except the short node-lock sections in `state`), duplicates are answered once, and every
+domain informers -> crash/boot recovery -> DRA socket (with device health) -> registration
+socket -> health -> metrics -> slices;
+stop = device health streams end, then the reverse, then the informer factory. One
+`pkg.informers.SharedInformerFactory` serves every watch of the process (ComputeDomains,
+driver-namespace cliques, this node's slices), and the injected `pkg.informers.clock.Clock`
+drives request deadlines, checkpoint timestamps, device-health resends and the informers'
+backoff. Claims of one request run in parallel (different claims never share a lock except the
+short node-lock sections in `state`), duplicates are answered once, and every
 requested UID gets an entry.
 """
 
@@ -33,6 +34,7 @@ from pkg.kubeletplugin.cdi import CdiWriter
 from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, read_boot_id
 from pkg.kubeletplugin.claims import ClaimRef
 from pkg.kubeletplugin.computedomains import DomainTracker
+from pkg.kubeletplugin.devicehealth import DeviceHealthMonitor
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.driverroot import BINARY_DIRS, DriverFiles, DriverRoot, management_edits
 from pkg.kubeletplugin.errors import (
@@ -130,6 +132,10 @@ class KubeletPlugin:
             driver_namespace=config.namespace, clique_id=devices.clique_id, clock=self.clock,
             domain_grace=config.domain_grace,
         )  # fmt: skip
+        self.device_health = DeviceHealthMonitor(
+            readiness=self.domains.daemon_readiness, clock=self.clock
+        )
+        self.domains.add_listener(self.device_health.changed)
         self.checkpoint_problem = ""
         self._client = client
         self._pool = futures.ThreadPoolExecutor(16, "claim")
@@ -140,7 +146,7 @@ class KubeletPlugin:
         )
         self.servers = PluginServers(
             handler=self, registration=self.registration, dra_socket=config.dra_socket,
-            registration_socket=config.registration_socket,
+            registration_socket=config.registration_socket, device_health=self.device_health,
         )  # fmt: skip
         self.health: HealthServer | None = None
         self.slices = SlicePublisher(
@@ -232,6 +238,7 @@ class KubeletPlugin:
 
     def stop(self) -> None:
         self._stop.set()
+        self.device_health.close()
         self.servers.stop()
         if self.health is not None:
             self.health.stop()
@@ -249,6 +256,7 @@ class KubeletPlugin:
                     log.exception("stale checkpoint cleanup failed")
 
     def _on_checkpoint_change(self, entries: list[ClaimEntry]) -> None:
+        self.device_health.set_prepared(entries)
         self.metrics.set_prepared_devices(
             e.kind for e in entries for _ in e.devices if e.state == "PrepareCompleted"
         )

@@ -2,7 +2,9 @@
 
 Owns what the plugin tells the kubelet about itself and what the kubelet answers. Invariants:
 ``GetInfo`` never blocks (the kubelet gives it about one second) - it only returns constants;
-the versions list puts ``v1.DRAPlugin`` first because kubelets pick the first entry they know;
+the versions list puts ``v1.DRAPlugin`` first because kubelets pick the first entry they know,
+and advertises the optional ``DRAResourceHealth`` service in both versions (kubelets 1.37+
+prefer ``v1``; 1.34-1.36 know only ``v1alpha1``; unknown entries are ignored);
 ``NotifyRegistrationStatus`` is recorded (thread-safe) for the health service and logged.
 """
 
@@ -21,7 +23,12 @@ from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc a
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE: Final = "DRAPlugin"
-SUPPORTED_SERVICES: Final = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+SUPPORTED_SERVICES: Final = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
 
 
 @dataclass(frozen=True)

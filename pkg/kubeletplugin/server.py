@@ -1,9 +1,11 @@
-"""gRPC servers on the kubelet's Unix sockets: DRA (v1 + v1beta1) and registration.
+"""gRPC servers on the kubelet's Unix sockets: DRA (v1 + v1beta1), device health, registration.
 
 Owns socket lifecycle and the mapping between wire messages and the plugin's claim handler.
 Invariants:
 * one `ClaimHandler` serves both DRA versions (the messages have the same shape; v1beta1 simply
   has no ``share_id``, which this driver never sets);
+* the DRA socket also serves ``DRAResourceHealth`` as ``v1`` and ``v1alpha1`` (one
+  `devicehealth.DeviceHealthMonitor` behind both) when a monitor is given;
 * every requested claim UID gets exactly one response entry (duplicates are answered once), an
   empty request gets an empty map, and bad claims become per-claim errors - the RPC itself only
   fails if the handler crashes;
@@ -27,6 +29,13 @@ import grpc
 
 from pkg.kubeletplugin.checkpoint import PreparedDevice
 from pkg.kubeletplugin.claims import ClaimRef
+from pkg.kubeletplugin.devicehealth import DeviceHealthMonitor, ResourceHealthServicer
+from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2 as health_v1_pb2
+from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2_grpc as health_v1_grpc
+from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1alpha1_pb2 as health_v1alpha1_pb2
+from pkg.kubeletplugin.proto.gen import (
+    kubelet_dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc,
+)
 from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2 as v1_pb2
 from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2_grpc as v1_grpc
 from pkg.kubeletplugin.proto.gen import kubelet_dra_v1beta1_pb2 as v1beta1_pb2
@@ -122,6 +131,7 @@ class PluginServers:
         registration: RegistrationServicer,
         dra_socket: Path,
         registration_socket: Path,
+        device_health: DeviceHealthMonitor | None = None,
         max_workers: int = 16,
     ) -> None:
         self.dra_socket = dra_socket
@@ -133,6 +143,15 @@ class PluginServers:
             v1beta1_grpc.DRAPluginServicer, _DraServicer(handler=handler, pb2=v1beta1_pb2)
         )
         v1beta1_grpc.add_DRAPluginServicer_to_server(v1beta1, self._dra)
+        if device_health is not None:
+            h1 = ResourceHealthServicer(monitor=device_health, pb2=health_v1_pb2)
+            health_v1_grpc.add_DRAResourceHealthServicer_to_server(
+                cast(health_v1_grpc.DRAResourceHealthServicer, h1), self._dra
+            )
+            h1a1 = ResourceHealthServicer(monitor=device_health, pb2=health_v1alpha1_pb2)
+            health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+                cast(health_v1alpha1_grpc.DRAResourceHealthServicer, h1a1), self._dra
+            )
         self._reg = grpc.server(futures.ThreadPoolExecutor(2, "registration"))
         reg_grpc.add_RegistrationServicer_to_server(registration, self._reg)
 

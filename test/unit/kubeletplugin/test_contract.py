@@ -53,7 +53,12 @@ def test_registration_handshake_and_socket_modes(api: FakeApiServer, root: Path)
         assert info.type == "DRAPlugin"
         assert info.name == c.DRIVER_NAME
         assert info.endpoint == str(plugin.config.dra_socket)
-        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth",
+        ]
         kubelet.notify(False, "boom")
         assert plugin.registration.status.error == "boom"
         kubelet.notify(True)

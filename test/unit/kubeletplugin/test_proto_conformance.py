@@ -2,7 +2,8 @@
 
 A tiny Go program is built at test time in a temporary module that requires the upstream
 ``k8s.io/kubelet`` module; it dumps the FileDescriptorProtos of the dra v1/v1beta1,
-dra-health v1/v1alpha1 and pluginregistration packages, which are compared field by field with our compiled descriptors.
+dra-health v1/v1alpha1 and pluginregistration packages, which are compared field by field with
+our compiled descriptors.
 Nothing from upstream is written into the repository.
 """
 
