@@ -7,7 +7,9 @@ Owns the list/watch loop and its failure policy (client-go `tools/cache/reflecto
   [min_watch_timeout, 2 * min_watch_timeout); a clean end re-watches from the last RV;
 * 410 Gone (HTTP or in-stream) -> relist; the sink turns vanished keys into tombstones;
 * any other failure -> jittered, capped exponential backoff, then resume from the last RV
-  (a failed LIST is retried as a LIST); the backoff resets after `backoff_reset` healthy seconds.
+  (a failed LIST is retried as a LIST); the backoff resets after `backoff_reset` healthy seconds;
+  while the server is unreachable (no answer at all) no wait exceeds `unreachable_cap` (2 s), so
+  a restarted API server is seen again within seconds of its return.
 Invariants: events reach the sink in stream order on the reflector's own thread (never
 dropped); the RV only advances to values the sink has already absorbed; `stop()` returns
 promptly, interrupting a blocked watch read and any backoff wait.
@@ -48,6 +50,10 @@ class BackoffPolicy:
     factor: float = 2.0
     jitter: float = 1.0
     reset_after: float = 120.0
+    # While nobody answers (connection refused/reset: the API server is down or restarting),
+    # retries are cheap for the server and the client should be back within a few seconds of
+    # its return, so the wait never exceeds this (an answered failure still grows to ``cap``).
+    unreachable_cap: float = 2.0
 
 
 DEFAULT_BACKOFF = BackoffPolicy()
@@ -113,14 +119,16 @@ class Reflector:
             except (ApiError, ConnectionFailedError) as exc:
                 if self._is_stopped():
                     return
-                delay = self._next_backoff()
+                delay = self._next_backoff(unreachable=isinstance(exc, ConnectionFailedError))
                 log.warning(
                     "list/watch failed resource=%s retry_in=%.2fs error=%s",
                     self._lw.resource.plural, delay, exc,
                 )  # fmt: skip
                 self._sleep(delay)
 
-    def _next_backoff(self) -> float:
+    def _next_backoff(self, *, unreachable: bool = False) -> float:
+        """The next wait: capped exponential with jitter; at most ``unreachable_cap`` when
+        the failure got no answer at all (see :class:`BackoffPolicy`)."""
         p = self._policy
         now = self._clock.monotonic()
         if now - self._last_failure > p.reset_after or self._delay == 0.0:
@@ -128,7 +136,8 @@ class Reflector:
         else:
             self._delay = min(self._delay * p.factor, p.cap)
         self._last_failure = now
-        return min(self._delay * (1.0 + p.jitter * self._rng.random()), p.cap * (1 + p.jitter))
+        delay = min(self._delay * (1.0 + p.jitter * self._rng.random()), p.cap * (1 + p.jitter))
+        return min(delay, p.unreachable_cap) if unreachable else delay
 
     def _sleep(self, seconds: float) -> None:
         with self._cond:

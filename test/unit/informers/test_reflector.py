@@ -194,6 +194,16 @@ def test_backoff_is_capped_exponential_and_resets() -> None:
         assert refl._next_backoff() == 1.0
 
 
+def test_backoff_while_unreachable_stays_short() -> None:
+    """No answer at all (API server down or restarting): waits stop growing at 2 s, so the
+    client is back within seconds of the server's return; answered failures still grow."""
+    with FakeApiServer() as api:
+        refl = Rig(api).inf.reflector
+        unreachable = [refl._next_backoff(unreachable=True) for _ in range(6)]
+        assert unreachable == [1.0, 2.0, 2.0, 2.0, 2.0, 2.0]
+        assert refl._next_backoff() == 8.0  # an answered failure: the exponential went on
+
+
 def test_stop_is_prompt_during_watch_and_backoff(api: FakeApiServer) -> None:
     rig = Rig(api)
     rig.start()
