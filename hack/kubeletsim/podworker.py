@@ -142,6 +142,15 @@ class PodWorker:
         for run in list(self._local.values()):
             run.kill()
 
+    def container_pids(self) -> dict[str, int]:
+        """PIDs of the pod's running local containers by container name (fault injection)."""
+        return {n: pid for n, run in list(self._local.items()) if (pid := run.pid) is not None}
+
+    @property
+    def pod(self) -> dict[str, Any]:
+        """The latest pod object the watch delivered."""
+        return self._pod
+
     @property
     def done(self) -> bool:
         return not self._thread.is_alive()
