@@ -1,0 +1,102 @@
+"""Device health in pod status (KEP-4680) as the real kubelet v1.37 shows it.
+
+The kubelet plugin advertises ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` at
+registration; the real kubelet (feature gate ``ResourceHealthStatus``, Beta and on by default
+since 1.36 in kubelet and API server alike, so the lane passes no gate) picks ``v1``, keeps one
+``NodeWatchResources`` stream open and writes what it hears into the workload pod's
+``status.containerStatuses[].allocatedResourcesStatus`` (``name: claim:<pod claim name>``, one
+``resources[]`` entry per device, ``resourceID`` = the device's first CDI device ID, ``health``
+and, with ``ResourceHealthStatusMessage`` - Beta, on - the plugin's ``message``).
+
+What a user sees when the node's IMEX daemon dies under a running workload: within seconds the
+channel device turns ``Unhealthy`` (the controller marks the daemon's clique entry NotReady from
+the pod status, the plugin's informer sees it and streams the change, the kubelet re-syncs the
+pods using the device); once the kubelet has restarted the daemon and IMEX is Ready again, it is
+``Healthy`` again. The workload itself keeps running throughout - health is information, the
+kubelet does not restart or evict anything because of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from typing import Any
+
+from localcluster.realnode import RealNodes
+from realsupport import REAL_NODES, Kubectl, wait_for
+from test_real_faults import _apply, _container_pids, _domain, _phase, _pod, _ready_daemon
+
+CDI_VENDOR = "k8s.compute-domain.nvidia.com"
+
+
+def _channel_health(kubectl: Kubectl, ns: str, pod: str) -> dict[str, Any] | None:
+    """The workload container's one ``claim:ch`` resource entry, if the kubelet wrote it."""
+    status = kubectl.json("-n", ns, "get", "pod", pod).get("status", {})
+    for cs in status.get("containerStatuses", []):
+        for rs in cs.get("allocatedResourcesStatus") or []:
+            if rs.get("name") == "claim:ch":
+                (entry,) = rs["resources"]
+                return dict(entry)
+    return None
+
+
+def _health_is(kubectl: Kubectl, ns: str, pod: str, want: str) -> dict[str, Any] | None:
+    entry = _channel_health(kubectl, ns, pod)
+    return entry if entry is not None and entry.get("health") == want else None
+
+
+def test_channel_device_health_follows_the_imex_daemon(
+    kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str
+) -> None:
+    node = REAL_NODES[0]
+    _apply(kubectl, _domain(ns), _pod(ns, "w", node, "sleep 3600"))
+    wait_for("the workload to run", lambda: _phase(kubectl, ns, "w") == "Running", 180, 1)
+    uid = kubectl.json("-n", ns, "get", "computedomain/cd")["metadata"]["uid"]
+    (claim,) = kubectl.items("resourceclaims", "-n", ns)
+    claim_uid = claim["metadata"]["uid"]
+
+    healthy = wait_for(
+        "the channel Healthy in the pod status",
+        lambda: _health_is(kubectl, ns, "w", "Healthy"),
+        timeout=60,
+    )
+    assert healthy["resourceID"] == f"{CDI_VENDOR}/claim={claim_uid}-channel-0"
+    assert healthy.get("message") == f"IMEX daemon on node {node} is Ready"
+    daemon = wait_for("the daemon pod Ready", lambda: _ready_daemon(kubectl, driver, uid, node), 60)
+    restarts = daemon["status"]["containerStatuses"][0]["restartCount"]
+
+    pids = _container_pids(nodes, node, "compute-domain-daemon")
+    assert pids, "no daemon process on the node"
+    killed_at = time.monotonic()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    unhealthy = wait_for(
+        "the channel Unhealthy in the pod status",
+        lambda: _health_is(kubectl, ns, "w", "Unhealthy"),
+        timeout=30,
+        every=0.2,
+    )
+    took = time.monotonic() - killed_at
+    print(f"healthy: {healthy}\nunhealthy after {took:.1f}s: {unhealthy}")  # shown with -s
+    assert took < 15, f"Unhealthy showed only after {took:.1f}s"
+    assert f"IMEX daemon on node {node} is NotReady in ComputeDomain {uid}" in unhealthy.get(
+        "message", ""
+    )
+    assert unhealthy["resourceID"] == healthy["resourceID"]
+    assert _phase(kubectl, ns, "w") == "Running"  # information only: nothing is restarted
+
+    d = wait_for("the daemon Ready again", lambda: _ready_daemon(kubectl, driver, uid, node), 120)
+    assert d["status"]["containerStatuses"][0]["restartCount"] > restarts
+    again = wait_for(
+        "the channel Healthy again in the pod status",
+        lambda: _health_is(kubectl, ns, "w", "Healthy"),
+        timeout=60,
+        every=0.5,
+    )
+    print(f"healthy again {time.monotonic() - killed_at:.1f}s after the kill: {again}")
+    assert _phase(kubectl, ns, "w") == "Running"
+    kubectl("-n", ns, "delete", "pod", "w", "--wait=true")
+    kubectl("-n", ns, "delete", "computedomain/cd", "--wait=true", "--timeout=120s")
