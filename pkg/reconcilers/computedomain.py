@@ -15,7 +15,8 @@ within the process there is exactly one writer. One pass:
    leaves out make the condition ``CapacityExceeded`` with a Warning Event on the domain and
    on each such daemon pod (once per cause); daemons whose node's driver root lacks IMEX make
    it ``DriverRootIncomplete`` with a Warning Event on the domain (the daemon itself records
-   one on its pod).
+   one on its pod); a ``numNodes`` larger than the nodes that could ever join
+   (:mod:`pkg.reconcilers.reachability`) makes it ``NumNodesUnreachable`` with a Warning Event.
 
 Status writes go to ``/status`` with the resourceVersion read; on 409 the domain is re-read
 from the API server and the same aggregation is written again, so no concurrent change is ever
@@ -47,6 +48,7 @@ from pkg.reconcilers.controller import Result, TerminalError
 from pkg.reconcilers.dependents import Dependents, RetryLaterError
 from pkg.reconcilers.events import NORMAL, WARNING, EventSink, OnceEvents
 from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
+from pkg.reconcilers.reachability import candidate_nodes, num_nodes_problem
 from pkg.reconcilers.status import (
     Aggregate,
     Member,
@@ -118,6 +120,13 @@ class ComputeDomainReconciler:
         if problem is not None:
             self._events.event(obj, WARNING, problem.reason, problem.message)
         found = self._aggregate(cd.uid)
+        unreachable = num_nodes_problem(
+            cd.num_nodes,
+            candidate_nodes(self._caches.slices.list(), self._caches.nodes),
+            (m.entry.name for m in found.members),
+        )
+        if unreachable is not None:
+            self._once.event(obj, WARNING, unreachable.reason, unreachable.message)
         capacity = found.capacity_problem()
         if capacity is not None:
             self._capacity_events(obj, found)
@@ -125,7 +134,10 @@ class ComputeDomainReconciler:
         if driver_root is not None:
             self._once.event(obj, WARNING, driver_root.reason, driver_root.message)
         self._write_status(
-            obj, members=found.members, problem=problem or capacity or driver_root, found=found
+            obj,
+            members=found.members,
+            problem=problem or unreachable or capacity or driver_root,
+            found=found,
         )
         if problem is not None:
             # No retry storm, but recover on our own from fixes we get no event for (a

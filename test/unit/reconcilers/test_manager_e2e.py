@@ -157,3 +157,24 @@ def test_status_writer_and_informers_ride_out_dropped_writes_and_an_outage(
     eventually(lambda: status() == "Ready", timeout=20)
     assert all(ctl._threads and all(t.is_alive() for t in ctl._threads)
                for ctl in manager.controllers)  # fmt: skip
+
+
+def test_num_nodes_unreachable_clears_when_a_node_publishes_its_slices(
+    server: FakeApiServer, manager: ControllerManager
+) -> None:
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id="uuid.3"))
+    server.seed(res.COMPUTE_DOMAINS, compute_domain(numNodes=2))
+    assert manager.start(sync_timeout=10)
+
+    def reason() -> str:
+        st = server.objects(res.COMPUTE_DOMAINS)[0].get("status") or {}
+        cond: dict[str, Any] = next(
+            (x for x in st.get("conditions") or [] if x["type"] == "Ready"), {}
+        )
+        return str(cond.get("reason", ""))
+
+    eventually(lambda: reason() == "NumNodesUnreachable")
+    server.seed(res.NODES, node("b"))  # no slice yet: still unreachable
+    server.seed(res.RESOURCE_SLICES, resource_slice("b", clique_id="uuid.3"))  # the event
+    eventually(lambda: reason() == "WaitingForNodes")

@@ -1,0 +1,105 @@
+"""numNodes above the nodes that could ever join: Ready=False/NumNodesUnreachable and an Event.
+
+Nodes that could ever join are those publishing this driver's ResourceSlices (the kubelet
+plugin runs there) and existing, plus nodes already hosting a member (pkg.reconcilers.reachability).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
+    RecordedEvents,
+    StepClock,
+    clique,
+    compute_domain,
+    daemon_entry,
+    daemon_pod,
+    node,
+    resource_slice,
+)
+from prometheus_client import CollectorRegistry
+
+from pkg.kube import resources as res
+from pkg.kube.client import RestClient
+from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.computedomain import ComputeDomainReconciler
+from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.metrics import DomainMetrics
+from pkg.reconcilers.reachability import (
+    NUM_NODES_UNREACHABLE,
+    candidate_nodes,
+    num_nodes_problem,
+)
+from pkg.testing.fakeapiserver import FakeApiServer
+
+JSON = dict[str, Any]
+
+
+class Nodes:
+    def __init__(self, *objs: JSON) -> None:
+        self._by_name = {o["metadata"]["name"]: o for o in objs}
+
+    def get_by_key(self, key: str) -> JSON | None:
+        return self._by_name.get(key)
+
+
+def test_candidates_are_existing_nodes_publishing_our_slices() -> None:
+    foreign = resource_slice("c", clique_id=None)
+    foreign["spec"]["driver"] = "gpu.nvidia.com"
+    deleting = node("d")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    slices = [resource_slice("a", clique_id="cl.1"), resource_slice("a", clique_id="cl.1"),
+              resource_slice("b", clique_id=None), foreign, resource_slice("d", clique_id=None),
+              resource_slice("gone", clique_id=None)]  # fmt: skip
+    nodes = Nodes(node("a"), node("b", ready="False"), node("c"), deleting)
+    assert candidate_nodes(slices, nodes) == {"a", "b"}  # type: ignore[arg-type]
+
+
+def test_problem_only_when_num_nodes_exceeds_candidates_and_members() -> None:
+    assert num_nodes_problem(2, {"a", "b"}, []) is None
+    assert num_nodes_problem(0, set(), []) is None
+    assert num_nodes_problem(3, {"a"}, ["b", "c"]) is None  # members count although unpublished
+    problem = num_nodes_problem(5, {"a", "b"}, ["b"])
+    assert problem is not None and problem.reason == NUM_NODES_UNREACHABLE
+    assert "numNodes is 5 but only 2 node(s)" in problem.message
+
+
+def test_condition_and_event_then_recovery_when_nodes_join(
+    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    events: RecordedEvents, clock: StepClock, registry: CollectorRegistry,
+) -> None:  # fmt: skip
+    reconciler = ComputeDomainReconciler(
+        client=client, caches=caches, config=config, events=events,
+        metrics=DomainMetrics(registry), clock=clock,
+    )  # fmt: skip
+    for name in ("a", "b"):
+        server.seed(res.NODES, node(name))
+        server.seed(res.RESOURCE_SLICES, resource_slice(name, clique_id="cl.1"))
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain(numNodes=3))["metadata"]["uid"])
+    for _ in range(2):  # level-triggered: one Event per cause
+        reconciler.reconcile("team/cd1")
+    cd = server.store.get(res.COMPUTE_DOMAINS, "team", "cd1")
+    cond = next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
+    assert (cd["status"]["status"], cond["status"], cond["reason"]) == (
+        "NotReady", "False", NUM_NODES_UNREACHABLE,
+    )  # fmt: skip
+    assert "numNodes is 3 but only 2 node(s)" in cond["message"]
+    assert events.reasons().count(NUM_NODES_UNREACHABLE) == 1
+
+    server.seed(res.NODES, node("c"))  # a third node's plugin publishes its slice
+    server.seed(res.RESOURCE_SLICES, resource_slice("c", clique_id="cl.1"))
+    reconciler.reconcile("team/cd1")
+    cd = server.store.get(res.COMPUTE_DOMAINS, "team", "cd1")
+    cond = next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
+    assert cond["reason"] == "WaitingForNodes", cond
+    assert events.reasons().count(NUM_NODES_UNREACHABLE) == 1
+
+    # A member whose node lost its slice still counts: no flapping while a plugin restarts.
+    server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1", container="running"))
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [daemon_entry("a", index=0)]))
+    server.store.delete(res.RESOURCE_SLICES, "", "a-cd")
+    reconciler.reconcile("team/cd1")
+    cd = server.store.get(res.COMPUTE_DOMAINS, "team", "cd1")
+    cond = next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
+    assert cond["reason"] != NUM_NODES_UNREACHABLE, cond
