@@ -154,7 +154,11 @@ def _compute_domain_schema() -> JSON:
             },
             "conditions": {
                 "type": "array",
-                "description": "Ready condition with reason and observedGeneration.",
+                "description": (
+                    "Ready (with the reason it is not), SingleClique (False: the nodes span "
+                    "several NVLink cliques) and IMEXConnected (False: some IMEX daemons "
+                    "cannot reach their clique peers)."
+                ),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
                 "items": _CONDITION_SCHEMA,
@@ -178,7 +182,29 @@ def _compute_domain_schema() -> JSON:
     }
 
 
+_PEER_FIELDS: JSON = {
+    "connectedPeers": {
+        "type": "integer",
+        "minimum": 0,
+        "description": (
+            "Members of this clique the node's IMEX is connected to (nvidia-imex-ctl -N); "
+            "absent until the daemon reported."
+        ),
+    },
+    "unreachablePeers": {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": (
+            "Node names of clique members the node's IMEX is not connected to "
+            "(nvidia-imex-ctl -N); absent until the daemon reported."
+        ),
+    },
+}
+
+
 def _clique_schema() -> JSON:
+    daemon = _node_entry_schema(name_field="nodeName", description="An IMEX daemon in this clique.")
+    daemon["properties"].update(_PEER_FIELDS)
     return {
         "type": "object",
         "description": (
@@ -194,9 +220,7 @@ def _clique_schema() -> JSON:
                 "description": "One entry per daemon, keyed by node name.",
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["nodeName"],
-                "items": _node_entry_schema(
-                    name_field="nodeName", description="An IMEX daemon in this clique."
-                ),
+                "items": daemon,
             },
         },
     }
@@ -248,6 +272,17 @@ def custom_resource_definitions() -> list[JSON]:
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyNodes"},
         {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodeCount"},
         {"name": "Min-Nodes", "type": "integer", "jsonPath": ".spec.numNodes", "priority": 1},
+        {
+            "name": "Single-Clique",
+            "type": "string",
+            "jsonPath": ".status.conditions[?(@.type=='SingleClique')].status",
+        },
+        {
+            "name": "IMEX-Connected",
+            "type": "string",
+            "jsonPath": ".status.conditions[?(@.type=='IMEXConnected')].status",
+            "priority": 1,
+        },
         {
             "name": "Reason",
             "type": "string",

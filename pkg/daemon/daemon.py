@@ -17,6 +17,13 @@ process marks the entry NotReady *before* IMEX is started: a daemon restarted in
 no workload may be released against an IMEX daemon that is not up yet. (While no daemon runs
 at all, the controller marks the entry NotReady from the pod status.)
 
+Peer connectivity (clique mode): while Ready, every ``peer_interval`` the loop runs
+``nvidia-imex-ctl -N -j`` and writes into its entry how many clique peers its IMEX is connected
+to and which it cannot reach (:mod:`pkg.daemon.peers`); a write happens only when that changed.
+A daemon alone in its clique writes nothing (it clears a stale list of unreachable
+peers). Output IMEX cannot give (not running, unparsable) leaves the last report in place.
+The controller turns the reports into the domain's ``IMEXConnected`` condition.
+
 A full clique (``MAX_NODES_PER_IMEX_DOMAIN`` daemons already joined) cannot take our entry:
 the daemon says so once at ERROR level and retries when the clique changes or every
 ``slow_interval``; the controller turns it into the domain's ``CapacityExceeded`` condition and
@@ -40,6 +47,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -61,10 +69,11 @@ from pkg.daemon.membership import (
 )
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import Options
+from pkg.daemon.peers import clique_peers, peer_report
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES
 from pkg.imex import nodesconfig
 from pkg.imex.config import ImexConfig, write_file_atomically
-from pkg.imex.ctl import CommandRunner, ImexCtl
+from pkg.imex.ctl import CommandRunner, ImexCtl, peer_connections
 from pkg.imex.hosts import HostsFile
 from pkg.imex.supervisor import ProcessRunner, Supervisor
 from pkg.kube import resources as res
@@ -93,6 +102,7 @@ class Timing:
     leave_timeout: float = 10.0
     imex_stop_timeout: float = 10.0
     resync_seconds: int = 240
+    peer_interval: float = 5.0
     watch_backoff: informers.BackoffPolicy = WATCH_BACKOFF
 
 
@@ -229,6 +239,7 @@ class Daemon:
         self._next_ready_check = 0.0
         self._first_pass = True
         self._last_error = ""
+        self._next_peer_check = 0.0
 
     def wake(self) -> None:
         """Run the loop now (new object, or shutdown requested)."""
@@ -295,7 +306,36 @@ class Daemon:
         self._metrics.ready.set(1 if self._ready else 0)
         want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
         if own is None or own.status != want:
-            self.membership.set_status(want)
+            entries = self.membership.set_status(want)
+            own = self.membership.own_entry(entries)
+        if self._ready and own is not None and isinstance(self.store, CliqueStore):
+            self._report_peers(entries, own)
+
+    def _report_peers(self, entries: list[DaemonEntry], own: DaemonEntry) -> None:
+        """Publish our IMEX's peer connectivity when due and changed (module docstring)."""
+        now = self._clock.monotonic()
+        if now < self._next_peer_check:
+            return
+        self._next_peer_check = now + self._timing.peer_interval
+        peers = clique_peers(entries, self.me)
+        if not peers and not own.unreachable_peers:
+            return  # alone in the clique: nothing to report, no write
+        connections: dict[str, str] = {}
+        if peers:
+            try:
+                status = self.ctl.node_status()
+                connections = peer_connections(status, own_address=self.me.pod_ip)
+            except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
+                log.debug("no peer connectivity from nvidia-imex-ctl -N: %s", err)
+                return
+        connected, unreachable = peer_report(peers, connections)
+        if (own.connected_peers, own.unreachable_peers) == (connected, unreachable):
+            return
+        if unreachable:
+            log.warning("IMEX cannot reach clique peers: %s", ", ".join(unreachable))
+        elif own.unreachable_peers:
+            log.info("IMEX reaches all %d clique peers again", connected)
+        self.membership.set_connectivity(connected, unreachable)
 
     def _write_imex_config(self) -> None:
         cfg = ImexConfig(

@@ -23,6 +23,10 @@ Invariants:
   entry exists, so a restarted daemon (same node, new IP) keeps its slot;
 - leaving removes only our node's entry *and only if it still carries our IP*, so a shutting-down
   pod never deletes the entry its replacement on the same node already re-registered;
+- peer connectivity (``connectedPeers``, ``unreachablePeers``: what our IMEX's
+  ``nvidia-imex-ctl -N -j`` says about the other members of our clique) is written only into
+  clique entries, as additive fields upstream's readers ignore; absent means "not reported",
+  and a new IP (restarted daemon) clears it;
 - the clique is created on demand with upstream's labels; each daemon pod that writes it adds
   itself as an owner, so the garbage collector removes it after the last daemon pod is gone.
 """
@@ -77,6 +81,10 @@ class DaemonEntry:
     clique_id: str
     index: int
     status: str = c.STATUS_NOT_READY
+    connected_peers: int | None = None
+    """Clique members our IMEX holds a connection to (None: not reported)."""
+    unreachable_peers: tuple[str, ...] | None = None
+    """Node names of clique members our IMEX is not connected to (None: not reported)."""
 
 
 @dataclass(frozen=True)
@@ -129,23 +137,35 @@ def _entry(item: Any, *, name_key: str) -> DaemonEntry | None:
     if not isinstance(item, dict) or not item.get(name_key):
         return None
     index = item.get("index", -1)
+    connected = item.get("connectedPeers")
+    unreachable = item.get("unreachablePeers")
     return DaemonEntry(
         node_name=str(item[name_key]),
         ip_address=str(item.get("ipAddress", "")),
         clique_id=str(item.get("cliqueID", "")),
         index=index if isinstance(index, int) else -1,
         status=str(item.get("status") or c.STATUS_NOT_READY),
+        connected_peers=connected if isinstance(connected, int) else None,
+        unreachable_peers=(
+            tuple(str(n) for n in unreachable) if isinstance(unreachable, list) else None
+        ),
     )
 
 
 def _encode(e: DaemonEntry, *, name_key: str) -> JSON:
-    return {
+    out: JSON = {
         name_key: e.node_name,
         "ipAddress": e.ip_address,
         "cliqueID": e.clique_id,
         "index": e.index,
         "status": e.status,
     }
+    if name_key == "nodeName":  # clique entries only; status.nodes keeps upstream's fields
+        if e.connected_peers is not None:
+            out["connectedPeers"] = e.connected_peers
+        if e.unreachable_peers is not None:
+            out["unreachablePeers"] = list(e.unreachable_peers)
+    return out
 
 
 class CliqueStore:
@@ -277,7 +297,8 @@ def upsert(entries: list[DaemonEntry], me: Identity, *, max_nodes: int) -> list[
         if e.clique_id == me.clique_id and 0 <= e.index < max_nodes:
             # Same node, new pod IP: keep the slot, readiness must be re-earned.
             out = list(entries)
-            out[i] = replace(e, ip_address=me.pod_ip, status=c.STATUS_NOT_READY)
+            out[i] = replace(e, ip_address=me.pod_ip, status=c.STATUS_NOT_READY,
+                             connected_peers=None, unreachable_peers=None)  # fmt: skip
             return out
         others = [x for j, x in enumerate(entries) if j != i]
         return _append(others, me, max_nodes=max_nodes)
@@ -300,6 +321,27 @@ def with_status(
                 return base
             out = list(current)
             out[i] = replace(e, status=status)
+            return out
+    raise AssertionError("upsert always leaves our entry")
+
+
+def with_connectivity(
+    entries: list[DaemonEntry],
+    me: Identity,
+    connected: int,
+    unreachable: tuple[str, ...],
+    *,
+    max_nodes: int,
+) -> list[DaemonEntry] | None:
+    """Our entry with the given peer connectivity (joining first if needed)."""
+    base = upsert(entries, me, max_nodes=max_nodes)
+    current = base if base is not None else list(entries)
+    for i, e in enumerate(current):
+        if e.node_name == me.node_name:
+            if e.connected_peers == connected and e.unreachable_peers == unreachable:
+                return base
+            out = list(current)
+            out[i] = replace(e, connected_peers=connected, unreachable_peers=unreachable)
             return out
     raise AssertionError("upsert always leaves our entry")
 
@@ -412,6 +454,13 @@ class Membership:
     def set_status(self, status: str) -> list[DaemonEntry]:
         edit = lambda es: with_status(es, self.me, status, max_nodes=self.max_nodes)  # noqa: E731
         return self._mutate(edit, f"set status {status}")
+
+    def set_connectivity(self, connected: int, unreachable: tuple[str, ...]) -> list[DaemonEntry]:
+        """Publish what our IMEX sees of its peers in our entry (no write if unchanged)."""
+        edit = lambda es: with_connectivity(  # noqa: E731
+            es, self.me, connected, unreachable, max_nodes=self.max_nodes
+        )
+        return self._mutate(edit, "set connectivity")
 
     def leave(self) -> list[DaemonEntry]:
         return self._mutate(lambda es: without_me(es, self.me), "leave", create=False)

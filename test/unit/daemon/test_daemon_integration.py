@@ -163,6 +163,20 @@ def test_domains_form_reform_and_stay_apart(cluster: Cluster) -> None:
     wait_for(lambda: {e["status"] for e in cluster.clique(UID_A)} == {c.STATUS_READY}, "A ready")
     index_a2 = next(e["index"] for e in cluster.clique(UID_A) if e["nodeName"] == "a2")
     pods = {p["metadata"]["name"]: p for p in cluster.api.objects(res.PODS)}
+
+    # Every daemon publishes what its IMEX (nvidia-imex-ctl -N -j) sees of its clique peers.
+    def peers(uid: str) -> dict[str, tuple[object, object]]:
+        return {e["nodeName"]: (e.get("connectedPeers"), tuple(e.get("unreachablePeers", ["-"])))
+                for e in cluster.clique(uid)}  # fmt: skip
+
+    wait_for(lambda: set(peers(UID_A).values()) == {(2, ())}, "A reports all peers connected")
+    # The link a0 <-> a1 fails (the simulator's drop file): both ends name the other.
+    drop = cluster.tmp / "a0" / "imexd" / "drop-peers"
+    drop.write_text(a["a1"] + "\n")
+    want = {"a0": (1, ("a1",)), "a1": (1, ("a0",)), "a2": (2, ())}
+    wait_for(lambda: peers(UID_A) == want, "a0 and a1 report each other unreachable")
+    drop.unlink()
+    wait_for(lambda: set(peers(UID_A).values()) == {(2, ())}, "the link is back")
     assert pods["daemon-a0-41"]["metadata"]["labels"][c.CLIQUE_ID_LABEL] == CLIQUE
 
     # Kill a2's daemon hard (its IMEX follows), bring the node back on a new pod IP.
@@ -175,7 +189,7 @@ def test_domains_form_reform_and_stay_apart(cluster: Cluster) -> None:
     assert next(e for e in entries if e["nodeName"] == "a2")["index"] == index_a2
     assert "127.0.0.43" not in {e["ipAddress"] for e in entries}
     for node in a:
-        for peer in cluster.status(node)["nodes"]:
+        for peer in cluster.status(node)["probes"]:
             assert peer.get("address") not in set(b.values())
     for node in b:
         assert sorted(cluster.connected(node)) == sorted(ip for m, ip in b.items() if m != node)
