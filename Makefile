@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test venv check unit e2e demo bench control-plane clean
+.PHONY: test venv check unit e2e chaos demo bench control-plane clean
 
 ## test: set up the venv, lint, type-check, check import layers, run unit and e2e tests
 test: venv
@@ -24,6 +24,14 @@ e2e: venv control-plane
 
 control-plane:
 	hack/build-control-plane.sh
+
+## chaos: soak of CHAOS_LIFECYCLES (default 200) ComputeDomain lifecycles with random SIGKILLs
+## (controller, plugin, daemon, nvidia-imex, apiserver); figures -> docs/reliability.md.
+## CHAOS_SEED=<n> replays a run. `make test` runs 8 of them (test/e2e/test_chaos.py).
+CHAOS_LIFECYCLES ?= 200
+chaos: venv control-plane
+	CHAOS_LIFECYCLES=$(CHAOS_LIFECYCLES) CHAOS_REPORT=docs/reliability.md \
+	  $(PY) -m pytest test/e2e/test_chaos.py -q -s -p no:cacheprovider
 
 ## demo: local control plane + 2 real nodes (or 4 simulated ones), a 2-pod ComputeDomain Job, teardown
 demo: venv control-plane

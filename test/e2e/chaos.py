@@ -1,0 +1,271 @@
+"""One ComputeDomain lifecycle with one random SIGKILL, and the figures of many of them.
+
+Owns the chaos loop's steps (used by ``test_chaos.py`` and ``make chaos``): a lifecycle creates
+a ComputeDomain (``numNodes: 2``) and two pods on two random nodes of clique 0, waits until the
+pods run with their channel and the domain is Ready, deletes the pods, then the domain, and
+waits until nothing is left (``leak_report``). In one random phase of it (``PHASES``) one random
+target (``TARGETS``) is SIGKILLed:
+
+* ``controller``: the controller process; restarted after ``RESTART_DELAY`` (its Deployment);
+* ``plugin``: a random node's kubelet plugin; restarted after ``RESTART_DELAY`` (DaemonSet);
+* ``daemon``: one of the domain's IMEX daemon containers (the kubelet stand-in restarts it);
+* ``imex``: an ``nvidia-imex`` (simulator) process under a daemon (the daemon restarts it);
+* ``apiserver``: the kube-apiserver, down 1-3 s, then started again (``restart_apiserver``).
+
+Every other binary must keep its PID (``faults.exited``). A step that does not finish in time
+is recorded as a problem (stuck pods, a domain never Ready, leaks) and the lifecycle is cleaned
+up by force so the next one starts clean; nothing raises. :func:`report` renders the figures
+(lifecycles, faults by target and phase, stuck pods, leaks, crashes, recovery p50/p99).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from e2e_support import Driver, channels_seen, free_port, leak_report, pod_ready, teardown_namespace
+from faults import DaemonProc, daemon_procs, driver_pids, exited, imex_pids, kill_group, kill_pid
+from kubeletsim import NodeFleet
+from localcluster import Cluster
+from workloads import Workload, cd_status, create_cd, daemon_pods, start_pods
+
+from pkg.api import constants as c
+from pkg.kube.client import KubeClient
+from pkg.kube.errors import NotFoundError
+from pkg.kube.resources import COMPUTE_DOMAINS, PODS
+
+TARGETS = ("controller", "plugin", "daemon", "imex", "apiserver")
+PHASES = ("before-ready", "after-ready", "pod-deletion", "cd-deletion")
+CLIQUE0 = ["gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-4"]
+RESTART_DELAY = 1.0
+STEP_TIMEOUT = 90.0
+
+
+@dataclass
+class Lifecycle:
+    """What happened in one lifecycle (``problems`` empty = it behaved)."""
+
+    index: int
+    target: str
+    phase: str
+    fault: str = ""  # what was killed ("" = no such process existed at that moment)
+    recovery: float | None = None  # fault (apiserver: its return) -> the phase's goal reached
+    stuck_pods: list[str] = field(default_factory=list)
+    leaks: dict[str, object] = field(default_factory=dict)
+    crashes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class Env:
+    """The running cluster, driver and fleet a lifecycle acts on."""
+
+    cluster: Cluster
+    admin: KubeClient
+    fleet: NodeFleet
+    driver: Driver
+    namespace: str
+
+
+def _poll(fn: Callable[[], bool], timeout: float = STEP_TIMEOUT, every: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # an API outage is what we are testing
+            if fn():
+                return True
+        time.sleep(every)
+    return False
+
+
+def _gone(admin: KubeClient, res: object, name: str, ns: str) -> bool:
+    try:
+        admin.get(res, name, namespace=ns)  # type: ignore[arg-type]
+    except NotFoundError:
+        return True
+    return False
+
+
+def _restart_controller(env: Env) -> None:
+    env.driver.start_controller(
+        kubeconfig=env.cluster.kubeconfig("compute-domain-controller"),
+        log_file=env.cluster.log_path("controller"), http_port=free_port(),
+    )  # fmt: skip
+
+
+def inject(
+    env: Env, target: str, w: Workload, rng: random.Random, lc_phase: str
+) -> tuple[str, set[str], float]:
+    """SIGKILL ``target``; returns (what was killed, PID keys allowed to change, t0).
+
+    ``t0`` is when recovery starts: the kill, or the apiserver's return."""
+    if target == "controller":
+        env.driver.kill_controller()
+        t0 = time.monotonic()
+        time.sleep(RESTART_DELAY)
+        _restart_controller(env)
+        return "controller", {"controller"}, t0
+    if target == "plugin":
+        node = env.fleet[rng.choice(CLIQUE0)]
+        node.kill_plugin()
+        t0 = time.monotonic()
+        time.sleep(RESTART_DELAY)
+        node.start_plugin()
+        return f"plugin/{node.name}", {f"plugin/{node.name}"}, t0
+    if target == "apiserver":
+        down = rng.uniform(1.0, 3.0)
+        back = env.cluster.restart_apiserver(down)
+        return f"apiserver (down {down:.1f}s)", set(), back
+    wait = 30.0 if lc_phase == "before-ready" else 3.0  # deleting: the daemons may be gone
+
+    def ours() -> list[DaemonProc]:
+        names = {p["metadata"]["name"] for p in daemon_pods(env.admin, env.driver.namespace,
+                                                              w.cd_uid)}  # fmt: skip
+        return [d for d in daemon_procs(env.fleet, env.driver.namespace) if d.pod in names]
+
+    procs: list[DaemonProc] = []
+    found: list[int] = []
+
+    def daemons() -> bool:
+        procs[:] = ours()
+        return bool(procs)
+
+    def imex() -> bool:
+        found[:] = [p for d in ours() for p in imex_pids(d.pid)]
+        return bool(found)
+
+    if target == "daemon":
+        if not _poll(daemons, timeout=wait):
+            return "", set(), time.monotonic()
+        d = rng.choice(procs)
+        kill_group(d.pid)
+        return f"daemon/{d.pod}", {f"daemon/{d.pod}"}, time.monotonic()
+    if not _poll(imex, timeout=wait):
+        return "", set(), time.monotonic()
+    pid = rng.choice(found)
+    kill_pid(pid)
+    return f"nvidia-imex pid {pid}", set(), time.monotonic()
+
+
+def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
+    """One lifecycle with one fault (see the module docstring); never raises on a problem."""
+    admin, ns, dns = env.admin, env.namespace, env.driver.namespace
+    lc = Lifecycle(index=index, target=rng.choice(TARGETS), phase=rng.choice(PHASES))
+    start = time.monotonic()
+    nodes = rng.sample(CLIQUE0, 2)
+    before = driver_pids(env.driver, env.fleet)
+    allowed: set[str] = set()
+    t0 = 0.0
+
+    def fault(phase: str) -> None:
+        nonlocal allowed, t0
+        if lc.phase == phase:
+            lc.fault, allowed, t0 = inject(env, lc.target, w, rng, phase)
+
+    def running() -> bool:
+        return all(pod_ready(admin, ns, p) and channels_seen(env.fleet, ns, p) == ["channel0"]
+                   for p in w.pods)  # fmt: skip
+
+    def ready() -> bool:
+        st = cd_status(admin, w)
+        return st.get("status") == c.STATUS_READY and st.get("readyNodes") == 2
+
+    def recovered() -> None:
+        if lc.fault and lc.recovery is None:
+            lc.recovery = time.monotonic() - t0
+
+    w = create_cd(admin, ns, f"chaos-{index}", num_nodes=2)
+    start_pods(admin, w, 2, nodes)
+    if lc.phase == "before-ready":
+        _poll(lambda: bool(daemon_pods(admin, dns, w.cd_uid)), timeout=30, every=0.05)
+        time.sleep(rng.uniform(0.0, 1.0))
+    fault("before-ready")
+    if not _poll(lambda: running() and ready()):
+        lc.stuck_pods += [p for p in w.pods if not pod_ready(admin, ns, p)]
+        lc.problems.append(f"not Running+Ready: CD status {cd_status(admin, w)}")
+    recovered()
+    fault("after-ready")
+    if lc.phase == "after-ready":
+        time.sleep(1.0)  # let the fault show before judging recovery
+        if not _poll(lambda: running() and ready()):
+            lc.stuck_pods += [p for p in w.pods if not pod_ready(admin, ns, p)]
+            lc.problems.append(f"not Ready again after the fault: {cd_status(admin, w)}")
+        recovered()
+    for p in w.pods:
+        with contextlib.suppress(NotFoundError):
+            admin.delete(PODS, p, namespace=ns)
+    fault("pod-deletion")
+    if not _poll(lambda: all(_gone(admin, PODS, p, ns) for p in w.pods)
+                 and not daemon_pods(admin, dns, w.cd_uid)):  # fmt: skip
+        lc.stuck_pods += [p for p in w.pods if not _gone(admin, PODS, p, ns)]
+        lc.problems.append("pods or daemons not gone after deletion")
+    recovered()
+    with contextlib.suppress(NotFoundError):
+        admin.delete(COMPUTE_DOMAINS, w.cd_name, namespace=ns)
+    fault("cd-deletion")
+    if not _poll(lambda: _gone(admin, COMPUTE_DOMAINS, w.cd_name, ns)
+                 and not leak_report(admin, env.fleet, dns, [ns]), timeout=60):  # fmt: skip
+        with contextlib.suppress(Exception):
+            lc.leaks = leak_report(admin, env.fleet, dns, [ns])
+        lc.problems.append(f"leaked: {lc.leaks}")
+    recovered()
+    if not env.driver.controller_alive():
+        lc.crashes.append("controller not running")
+        _restart_controller(env)
+    lc.crashes += exited(before, driver_pids(env.driver, env.fleet), allowed=allowed)
+    for node in env.fleet:
+        if not node.plugin_alive():
+            lc.crashes.append(f"plugin/{node.name} not running")
+            node.start_plugin()
+    if lc.crashes:
+        lc.problems.append(f"unexpected exits: {lc.crashes}")
+    if lc.problems:
+        with contextlib.suppress(Exception):
+            teardown_namespace(admin, ns)
+    lc.seconds = time.monotonic() - start
+    return lc
+
+
+def _pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def report(results: list[Lifecycle], *, seed: int, command: str, wall: float) -> str:
+    """The figures of a chaos run as Markdown (what ``docs/reliability.md`` holds)."""
+    by = Counter((r.target, r.phase) for r in results)
+    missed = sum(1 for r in results if not r.fault)
+    lines = [
+        f"- command: `{command}`", f"- seed: {seed}",
+        f"- lifecycles: {len(results)} (wall time {wall / 60:.1f} min)",
+        f"- faults injected: {len(results) - missed} ({missed} found no such process at that "
+        "moment, e.g. no `nvidia-imex` yet)",
+        f"- lifecycles with a problem: {sum(1 for r in results if r.problems)}",
+        f"- stuck pods: {sum(len(r.stuck_pods) for r in results)}",
+        f"- leaks: {sum(1 for r in results if r.leaks)}",
+        f"- crashes (unexpected exits): {sum(len(r.crashes) for r in results)}",
+        "", "Faults by target and phase:", "",
+        "| target | " + " | ".join(PHASES) + " | total |",
+        "|---|" + "---|" * (len(PHASES) + 1),
+    ]  # fmt: skip
+    for t in TARGETS:
+        row = [by[(t, p)] for p in PHASES]
+        lines.append(f"| {t} | " + " | ".join(map(str, row)) + f" | {sum(row)} |")
+    lines += ["", "Recovery (s) from the fault (apiserver: from its return) to the phase's goal "
+              "(Ready; pods and daemons gone; domain gone and nothing left):", "",
+              "| target | n | p50 | p99 | max |", "|---|---|---|---|---|"]  # fmt: skip
+    for t in TARGETS:
+        rec = [r.recovery for r in results if r.target == t and r.recovery is not None]
+        if rec:
+            lines.append(f"| {t} | {len(rec)} | {_pct(rec, 0.5):.1f} | {_pct(rec, 0.99):.1f} | "
+                         f"{max(rec):.1f} |")  # fmt: skip
+    bad = [r for r in results if r.problems]
+    if bad:
+        lines += ["", "Problems:", ""]
+        lines += [f"- #{r.index} {r.target}@{r.phase} ({r.fault}): {'; '.join(r.problems)}"
+                  for r in bad]  # fmt: skip
+    return "\n".join(lines) + "\n"
