@@ -15,14 +15,14 @@ from collections.abc import Callable
 from pkg.informers.clock import Clock
 from pkg.informers.informer import SharedInformer
 from pkg.informers.lister import Lister
-from pkg.informers.listwatch import ResourceListerWatcher
+from pkg.informers.listwatch import ListerWatcher, ResourceListerWatcher, RestListerWatcher
 from pkg.informers.reflector import DEFAULT_BACKOFF, BackoffPolicy
-from pkg.kube.client import JSON, KubeClient
+from pkg.kube.client import JSON, KubeClient, RestClient
 from pkg.kube.resources import Resource
 
 __all__ = ["InformerKey", "SharedInformerFactory"]
 
-InformerKey = tuple[Resource, str | None, str | None, str | None]
+InformerKey = tuple[Resource, str | None, str | None, str | None, bool]
 
 
 class SharedInformerFactory:
@@ -36,8 +36,12 @@ class SharedInformerFactory:
         min_watch_timeout: float = 300.0,
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
         transform: Callable[[JSON], JSON] | None = None,
+        watch_list: bool = False,
     ) -> None:
+        """``watch_list``: informers over a `RestClient` start with a streaming watch-list
+        (``sendInitialEvents``) and fall back to LIST + WATCH where the server refuses it."""
         self._client = client
+        self._watch_list = watch_list
         self._transform = transform
         self._clock = clock
         self._resync_period = resync_period
@@ -54,18 +58,33 @@ class SharedInformerFactory:
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        *,
+        transform: Callable[[JSON], JSON] | None = None,
+        metadata_only: bool = False,
     ) -> SharedInformer:
-        key: InformerKey = (resource, namespace, label_selector or None, field_selector or None)
+        """The shared informer of this slice; ``transform`` (for this informer, overriding
+        the factory's) applies only when this call creates it; ``metadata_only`` (needs a
+        `RestClient`) caches PartialObjectMetadata objects, a separate informer."""
+        key: InformerKey = (
+            resource, namespace, label_selector or None, field_selector or None, metadata_only,
+        )  # fmt: skip
         with self._lock:
             inf = self._informers.get(key)
             if inf is None:
-                lw = ResourceListerWatcher(
-                    self._client, resource, namespace, label_selector, field_selector
-                )
+                lw: ListerWatcher
+                if isinstance(self._client, RestClient) and (self._watch_list or metadata_only):
+                    lw = RestListerWatcher(
+                        self._client, resource, namespace, label_selector, field_selector,
+                        metadata_only=metadata_only, watch_list_enabled=self._watch_list,
+                    )  # fmt: skip
+                else:
+                    lw = ResourceListerWatcher(
+                        self._client, resource, namespace, label_selector, field_selector
+                    )
                 inf = SharedInformer(
                     lw, clock=self._clock, resync_period=self._resync_period,
                     page_size=self._page_size, min_watch_timeout=self._min_watch_timeout,
-                    backoff=self._backoff, transform=self._transform,
+                    backoff=self._backoff, transform=transform or self._transform,
                 )  # fmt: skip
                 self._informers[key] = inf
             return inf

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from pkg.kube.client import JSON, KubeClient, WatchStream
+from pkg.kube.client import JSON, KubeClient, RestClient, WatchStream
 from pkg.kube.resources import Resource
 
-__all__ = ["ListerWatcher", "ResourceListerWatcher"]
+__all__ = ["ListerWatcher", "ResourceListerWatcher", "RestListerWatcher"]
 
 
 class ListerWatcher(Protocol):
@@ -57,3 +57,55 @@ class ResourceListerWatcher:
             timeout_seconds=timeout_seconds,
             allow_watch_bookmarks=True,
         )
+
+
+@dataclass(frozen=True)
+class RestListerWatcher:
+    """A `ListerWatcher` over `RestClient` that can ask for less: metadata only
+    (PartialObjectMetadata, as client-go's metadata informers) and streaming watch-list.
+
+    With ``watch_list`` the reflector first tries :meth:`watch_list` (one WATCH with
+    ``sendInitialEvents=true``) instead of LIST + WATCH, and falls back to them when the server
+    refuses it (4xx)."""
+
+    client: RestClient
+    resource: Resource
+    namespace: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
+    metadata_only: bool = False
+    watch_list_enabled: bool = False
+
+    def list(
+        self, *, limit: int | None, continue_token: str | None, resource_version: str | None
+    ) -> JSON:
+        """One LIST page of this slice."""
+        return self.client.list(
+            self.resource, namespace=self.namespace, label_selector=self.label_selector,
+            field_selector=self.field_selector, limit=limit, continue_token=continue_token,
+            resource_version=resource_version, metadata_only=self.metadata_only,
+        )  # fmt: skip
+
+    def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream:
+        """A WATCH of this slice from ``resource_version``, with bookmarks."""
+        return self.client.watch(
+            self.resource, namespace=self.namespace, label_selector=self.label_selector,
+            field_selector=self.field_selector, resource_version=resource_version,
+            timeout_seconds=timeout_seconds, allow_watch_bookmarks=True,
+            metadata_only=self.metadata_only,
+        )  # fmt: skip
+
+    def __getattr__(self, name: str) -> object:
+        # Without watch-list enabled the reflector must not see a `watch_list` method.
+        if name == "watch_list" and self.watch_list_enabled:
+            return self._watch_list
+        raise AttributeError(name)
+
+    def _watch_list(self, *, timeout_seconds: int) -> WatchStream:
+        """A streaming watch-list of this slice (initial state, end bookmark, then live)."""
+        return self.client.watch(
+            self.resource, namespace=self.namespace, label_selector=self.label_selector,
+            field_selector=self.field_selector, resource_version="",
+            timeout_seconds=timeout_seconds, allow_watch_bookmarks=True,
+            metadata_only=self.metadata_only, send_initial_events=True,
+        )  # fmt: skip

@@ -2,7 +2,10 @@
 
 Owns the list/watch loop and its failure policy (client-go `tools/cache/reflector.go`):
 * paginated LIST (first with RV "0", later relists with "" = a consistent read), then
-  `sink.replace(items, rv)`;
+  `sink.replace(items, rv)`; or, when the lister-watcher offers `watch_list`, a streaming
+  watch-list instead (one WATCH with `sendInitialEvents=true`: the initial ADDED events up to
+  the `k8s.io/initial-events-end` bookmark replace the sink, the same stream goes on as the
+  watch), falling back to LIST + WATCH for good when the server refuses it (4xx);
 * WATCH from the last RV with bookmarks and a randomized server timeout in
   [min_watch_timeout, 2 * min_watch_timeout); a clean end re-watches from the last RV;
 * 410 Gone (HTTP or in-stream) -> relist; the sink turns vanished keys into tombstones;
@@ -25,7 +28,7 @@ from typing import Protocol
 
 from pkg.informers.clock import Clock
 from pkg.informers.listwatch import ListerWatcher
-from pkg.kube.client import JSON, WatchStream
+from pkg.kube.client import INITIAL_EVENTS_END, JSON, WatchStream
 from pkg.kube.errors import ApiError, ConnectionFailedError, GoneError
 
 __all__ = ["DEFAULT_BACKOFF", "BackoffPolicy", "Reflector", "ReflectorSink"]
@@ -85,6 +88,8 @@ class Reflector:
         self._delay = 0.0
         self._last_failure = float("-inf")
         self.lists = 0  # LIST rounds completed (observability for tests and metrics)
+        self.watch_lists = 0  # of which streaming watch-lists
+        self._watch_list_refused = False
 
     @property
     def last_sync_resource_version(self) -> str:
@@ -109,6 +114,11 @@ class Reflector:
         consistent = False  # after the first list, relists must not be served stale
         while not self._is_stopped():
             try:
+                if need_list and self._use_watch_list():
+                    need_list = False
+                    if self._watch_list():
+                        continue  # the stream ended after the initial state: watch on
+                    need_list = True  # refused (4xx): LIST + WATCH from now on
                 if need_list:
                     self._list(consistent=consistent)
                     need_list, consistent = False, True
@@ -165,6 +175,59 @@ class Reflector:
             self._last_rv = rv
         self.lists += 1
 
+    def _use_watch_list(self) -> bool:
+        return not self._watch_list_refused and callable(getattr(self._lw, "watch_list", None))
+
+    def _watch_list(self) -> bool:
+        """Streaming watch-list: collect the initial ADDED events until the bookmark annotated
+        ``k8s.io/initial-events-end``, replace the sink with them at that RV, then keep
+        consuming the same stream as a watch. False (and never again) if the server refuses
+        it with a 4xx other than 410; other errors propagate (backoff, then retry)."""
+        timeout = int(self._min_watch_timeout * (1.0 + self._rng.random()))
+        try:
+            stream: WatchStream = self._lw.watch_list(timeout_seconds=timeout)  # type: ignore[attr-defined]
+            with self._cond:
+                if self._stopped:
+                    stream.stop()
+                    return True
+                self._stream = stream
+            items: dict[tuple[str, str], JSON] = {}
+            for event in stream:
+                obj = event.object
+                meta = obj.get("metadata") or {}
+                if event.type == "BOOKMARK":
+                    if (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
+                        rv = str(meta.get("resourceVersion", ""))
+                        self._sink.replace(list(items.values()), rv)
+                        with self._cond:
+                            self._last_rv = rv
+                        self.lists += 1
+                        self.watch_lists += 1
+                        self._consume(stream)
+                        return True
+                    continue
+                key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+                if event.type == "DELETED":
+                    items.pop(key, None)
+                else:
+                    items[key] = obj
+            raise ConnectionFailedError("watch-list ended before its initial events did")
+        except GoneError:
+            raise
+        except ApiError as exc:
+            if 400 <= exc.status < 500:
+                log.info("watch-list refused resource=%s status=%d; using LIST+WATCH",
+                         self._lw.resource.plural, exc.status)  # fmt: skip
+                self._watch_list_refused = True
+                return False
+            raise
+        finally:
+            with self._cond:
+                stream_ref = self._stream
+                self._stream = None
+            if stream_ref is not None:
+                stream_ref.stop()
+
     def _watch(self) -> None:
         timeout = int(self._min_watch_timeout * (1.0 + self._rng.random()))
         stream = self._lw.watch(resource_version=self._last_rv, timeout_seconds=timeout)
@@ -173,22 +236,26 @@ class Reflector:
                 return
             self._stream = stream
         try:
-            for event in stream:
-                obj = event.object
-                rv = (obj.get("metadata") or {}).get("resourceVersion")
-                if event.type == "ADDED":
-                    self._sink.add(obj)
-                elif event.type == "MODIFIED":
-                    self._sink.update(obj)
-                elif event.type == "DELETED":
-                    self._sink.delete(obj)
-                elif event.type != "BOOKMARK":
-                    log.warning("unknown watch event type=%s", event.type)
-                    continue
-                if rv:
-                    with self._cond:
-                        self._last_rv = str(rv)
+            self._consume(stream)
         finally:
             with self._cond:
                 self._stream = None
             stream.stop()
+
+    def _consume(self, stream: WatchStream) -> None:
+        """Feed watch events to the sink until the stream ends."""
+        for event in stream:
+            obj = event.object
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if event.type == "ADDED":
+                self._sink.add(obj)
+            elif event.type == "MODIFIED":
+                self._sink.update(obj)
+            elif event.type == "DELETED":
+                self._sink.delete(obj)
+            elif event.type != "BOOKMARK":
+                log.warning("unknown watch event type=%s", event.type)
+                continue
+            if rv:
+                with self._cond:
+                    self._last_rv = str(rv)

@@ -27,7 +27,9 @@ from pkg.kube.resources import Resource
 from pkg.kube.watch import HttpWatchStream, WatchEvent, WatchStream
 
 __all__ = [
+    "INITIAL_EVENTS_END",
     "JSON",
+    "PARTIAL_OBJECT_METADATA",
     "HttpWatchStream",
     "KubeClient",
     "PatchBody",
@@ -48,6 +50,11 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
     "strategic": "application/strategic-merge-patch+json",
     "apply": "application/apply-patch+yaml",
 }
+# Accept header of client-go's metadata client (JSON flavour): objects come back as
+# meta.k8s.io/v1 PartialObjectMetadata(List), i.e. apiVersion, kind and metadata only.
+PARTIAL_OBJECT_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+# Annotation on the BOOKMARK that ends the initial events of a streaming watch-list.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 # Seconds added to a watch's server timeout to form the client read timeout.
 _WATCH_READ_SLACK = 30.0
 
@@ -139,17 +146,35 @@ class RestClient:
         user_agent: str = "compute-domain-driver",
         qps: float | None = None,
         burst: int = 10,
+        per_group_limit: bool = False,
     ) -> None:
+        """``qps``/``burst``: client-side token bucket (None: unlimited); with
+        ``per_group_limit`` every API group (``/api`` core, ``/apis/<group>``) gets its own
+        bucket of that size, as a client-go clientset has one limiter per group client."""
         self._api = api_client
         self._host = str(api_client.configuration.host).rstrip("/")
         self._pool: urllib3.PoolManager = api_client.rest_client.pool_manager
         self._timeout = request_timeout
         self._user_agent = user_agent
         self._throttle = _Throttle(qps, burst) if qps else None
+        self._group_limits: dict[str, _Throttle] | None = {} if qps and per_group_limit else None
+        self._qps, self._burst = qps or 0.0, burst
 
     def close(self) -> None:
         """Close pooled connections (open watches are ended by their own `stop()`)."""
         self._pool.clear()
+
+    def _throttle_for(self, path: str) -> _Throttle:
+        assert self._throttle is not None
+        if self._group_limits is None:
+            return self._throttle
+        parts = path.split("/", 4)  # "", "apis", group, version, ...
+        group = parts[2] if len(parts) > 2 and parts[1] == "apis" else ""
+        with self._throttle._lock:
+            limit = self._group_limits.get(group)
+            if limit is None:
+                limit = self._group_limits[group] = _Throttle(self._qps, self._burst)
+        return limit
 
     # -- transport ---------------------------------------------------------------------------
 
@@ -162,11 +187,12 @@ class RestClient:
         body: Any = None,
         content_type: str = "application/json",
         read_timeout: float | None = None,
+        accept: str = "application/json",
     ) -> urllib3.BaseHTTPResponse:
         """Issue one request; returns the unread (streaming) response or raises."""
         if self._throttle is not None:
-            self._throttle.wait()
-        headers = {"Accept": "application/json", "User-Agent": self._user_agent}
+            self._throttle_for(path).wait()
+        headers = {"Accept": accept, "User-Agent": self._user_agent}
         queries: list[tuple[str, str]] = list((query or {}).items())
         self._api.update_params_for_auth(headers, queries, ["BearerToken"], path, method, body)
         payload: bytes | None = None
@@ -204,8 +230,11 @@ class RestClient:
         query: dict[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Any:
-        resp = self._send(method, path, query=query, body=body, content_type=content_type)
+        resp = self._send(
+            method, path, query=query, body=body, content_type=content_type, accept=accept
+        )
         self._raise_for_status(resp)
         try:
             data = resp.read()
@@ -238,7 +267,9 @@ class RestClient:
         limit: int | None = None,
         continue_token: str | None = None,
         resource_version: str | None = None,
+        metadata_only: bool = False,
     ) -> JSON:
+        """One LIST page; ``metadata_only`` asks for a PartialObjectMetadataList."""
         query = _selectors(label_selector, field_selector)
         if limit:
             query["limit"] = str(limit)
@@ -246,7 +277,8 @@ class RestClient:
             query["continue"] = continue_token
         if resource_version is not None:
             query["resourceVersion"] = resource_version
-        out: JSON = self._call("GET", resource.path(namespace), query=query)
+        accept = PARTIAL_OBJECT_METADATA if metadata_only else "application/json"
+        out: JSON = self._call("GET", resource.path(namespace), query=query, accept=accept)
         return out
 
     def create(self, resource: Resource, obj: JSON, *, namespace: str | None = None) -> JSON:
@@ -325,19 +357,30 @@ class RestClient:
         resource_version: str,
         timeout_seconds: int,
         allow_watch_bookmarks: bool = True,
+        metadata_only: bool = False,
+        send_initial_events: bool = False,
     ) -> WatchStream:
+        """A WATCH stream. ``send_initial_events`` makes it a streaming watch-list
+        (``sendInitialEvents=true``, ``resourceVersionMatch=NotOlderThan``, bookmarks on): the
+        current state arrives as ADDED events, ended by a BOOKMARK annotated
+        :data:`INITIAL_EVENTS_END`. ``metadata_only`` streams PartialObjectMetadata."""
         query = _selectors(label_selector, field_selector)
         query.update(watch="true", timeoutSeconds=str(timeout_seconds))
         if resource_version:
             query["resourceVersion"] = resource_version
-        if allow_watch_bookmarks:
+        if allow_watch_bookmarks or send_initial_events:
             query["allowWatchBookmarks"] = "true"
+        if send_initial_events:
+            query["sendInitialEvents"] = "true"
+            query["resourceVersionMatch"] = "NotOlderThan"
         path = resource.path(namespace)
+        accept = PARTIAL_OBJECT_METADATA if metadata_only else "application/json"
 
         def opener() -> urllib3.BaseHTTPResponse:
             resp = self._send(
-                "GET", path, query=query, read_timeout=timeout_seconds + _WATCH_READ_SLACK
-            )
+                "GET", path, query=query, read_timeout=timeout_seconds + _WATCH_READ_SLACK,
+                accept=accept,
+            )  # fmt: skip
             self._raise_for_status(resp)
             return resp
 

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, PlatformCollector, ProcessColle
 from pkg.informers import RealClock
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
-from pkg.kube.events import EventRecorder
+from pkg.kube.eventbroadcaster import AsyncEventRecorder
 from pkg.reconcilers.flags import Options
 from pkg.reconcilers.manager import ControllerManager
 from pkg.runtime.clock import Clock, SystemClock
@@ -45,8 +45,15 @@ COMPONENT = "compute-domain-controller"
 def _default_client(options: Options) -> KubeClient:
     api = load_api_client(options.kubeconfig)
     return RestClient(
-        api, qps=options.kube_api_qps, burst=options.kube_api_burst, user_agent=COMPONENT
-    )
+        api, qps=options.kube_api_qps, burst=options.kube_api_burst, user_agent=COMPONENT,
+        per_group_limit=True,
+    )  # fmt: skip
+
+
+def _default_events_client(options: Options) -> KubeClient:
+    """Events get their own connection pool and rate limit, off the reconcile budget."""
+    api = load_api_client(options.kubeconfig)
+    return RestClient(api, qps=options.events_qps, burst=options.events_burst, user_agent=COMPONENT)
 
 
 def run(
@@ -55,6 +62,7 @@ def run(
     stop: threading.Event,
     env: Mapping[str, str] | None = None,
     client_factory: Callable[[Options], KubeClient] = _default_client,
+    events_client_factory: Callable[[Options], KubeClient] | None = None,
     clock: Clock | None = None,
     registry: CollectorRegistry | None = None,
     ready: Callable[[int], None] | None = None,
@@ -62,6 +70,9 @@ def run(
     """Run until ``stop`` is set (0) or the caches cannot sync (1); lost terms re-campaign.
 
     ``ready`` is called with the bound HTTP port once the server listens (0 without one).
+    Events go through ``events_client_factory`` (default: a second client with the
+    ``--events-qps``/``--events-burst`` limit when ``client_factory`` is the default, else
+    ``client_factory``) from a background sender, so no reconcile waits for one.
     """
     clock = clock or SystemClock()
     if registry is None:
@@ -71,7 +82,12 @@ def run(
     process_registry = registry
     tracing = setup_tracing(COMPONENT, env=os.environ if env is None else env)
     client = client_factory(options)
-    recorder = EventRecorder(client, COMPONENT, clock)
+    if events_client_factory is None:
+        events_client_factory = (
+            _default_events_client if client_factory is _default_client else client_factory
+        )
+    recorder = AsyncEventRecorder(events_client_factory(options), COMPONENT, clock)
+    recorder.start()
     state: dict[str, ControllerManager | None] = {"manager": None}
     leading = threading.Event()
     failed = threading.Event()
@@ -147,6 +163,7 @@ def run(
         stop_term()
         return 1 if failed.is_set() else 0
     finally:
+        recorder.stop()
         if server is not None:
             server.stop()
         tracing.shutdown()

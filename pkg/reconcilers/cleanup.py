@@ -1,6 +1,9 @@
 """Orphan cleanup: dependents and node labels of ComputeDomains that no longer exist.
 
-Owns the periodic sweep (at start, then every ``cleanup_interval``) that deletes daemon
+Owns the sweep (at start, then whenever :meth:`OrphanCleaner.poke` reports a possible orphan —
+a ComputeDomain deleted, a dependent or node label naming an unknown domain — and, only if
+``cleanup_interval`` > 0, also every ``cleanup_interval`` as a backstop; a failed sweep is
+retried after ``retry_delay``; an idle controller does no periodic work) that deletes daemon
 DaemonSets, daemon and workload ResourceClaimTemplates, and removes ``computeDomain`` node
 labels whose domain UID is unknown, e.g. because a domain was force-deleted or deleted while
 the controller was down. Candidates come from the informer caches; before anything is deleted
@@ -54,6 +57,20 @@ class OrphanCleaner:
         self._config = config
         self._clock = clock
         self._deleter = Dependents(client=client, caches=caches, config=config, events=events)
+        self._wake = threading.Event()
+        self.retry_delay = 30.0
+
+    def poke(self) -> None:
+        """Ask for a sweep soon (cheap; call from event handlers and on stop)."""
+        self._wake.set()
+
+    def maybe_orphan(self, obj: JSON) -> bool:
+        """True (and a sweep is requested) if ``obj`` names a domain UID the cache lacks."""
+        owner = _owner(obj)
+        if owner and not self._caches.compute_domains.by_index("uid", owner):
+            self.poke()
+            return True
+        return False
 
     def _live_uids(self) -> set[str]:
         uids: set[str] = set()
@@ -103,11 +120,23 @@ class OrphanCleaner:
         return done
 
     def run(self, stop: threading.Event) -> None:
-        """Sweep now and then every interval until ``stop`` is set; never raises."""
+        """Sweep now, then on each :meth:`poke` (and every ``cleanup_interval`` if > 0) until
+        ``stop`` is set (poke after setting it); never raises."""
+        pending = True
         while not stop.is_set():
-            try:
-                self.sweep()
-            except Exception:
-                log.exception("orphan sweep failed")
-            if self._clock.wait(stop, self._config.cleanup_interval):
+            if pending:
+                self._wake.clear()
+                try:
+                    self.sweep()
+                    pending = False
+                except Exception:
+                    log.exception("orphan sweep failed")
+            if stop.is_set():
                 return
+            interval = self._config.cleanup_interval
+            timeout = self.retry_delay if pending else (interval if interval > 0 else None)
+            if timeout is None:
+                self._wake.wait()
+            else:
+                self._clock.wait(self._wake, timeout)
+            pending = True

@@ -105,8 +105,9 @@ class ControllerConfig:
     ``status.nodes`` and from its clique. The daemon pods tolerate every taint like upstream's
     (the DaemonSet controller forces infinite node-failure tolerations anyway), so this,
     not eviction, is what makes a dead node leave."""
-    cleanup_interval: float = 600.0
-    """Seconds between orphan sweeps (upstream: 10 min)."""
+    cleanup_interval: float = 0.0
+    """Seconds between backstop orphan sweeps; 0 (default): sweeps are event-driven only
+    (upstream: every 10 min)."""
     deletion_recheck: float = 30.0
     """Safety-net requeue while waiting for dependents to disappear (events usually win)."""
     clique_entry_grace_period: float = 30.0

@@ -119,10 +119,12 @@ class Dependents:
                     RESOURCE_CLAIM_TEMPLATES, meta["name"], namespace=meta["namespace"]
                 )
             else:
-                self._events.event(
-                    cd_obj, NORMAL, "ResourceClaimTemplateCreated",
-                    f"created {what} ResourceClaimTemplate {key}",
-                )  # fmt: skip
+                # One Normal event per domain creation: only the RCT the user's pods reference.
+                if what == "channel":
+                    self._events.event(
+                        cd_obj, NORMAL, "ResourceClaimTemplateCreated",
+                        f"created {what} ResourceClaimTemplate {key}",
+                    )  # fmt: skip
                 return None
         owner = _labels(existing).get(c.COMPUTE_DOMAIN_LABEL)
         if owner == cd.uid:
@@ -149,9 +151,7 @@ class Dependents:
                     DAEMONSETS, desired["metadata"]["name"], namespace=self._config.namespace
                 )
             else:
-                self._events.event(
-                    cd_obj, NORMAL, "DaemonSetCreated", f"created IMEX daemon DaemonSet {key}"
-                )
+                log.info("created IMEX daemon DaemonSet", extra={"key": key})
                 return None
         if _labels(existing).get(c.COMPUTE_DOMAIN_LABEL) != cd.uid:
             return Problem(

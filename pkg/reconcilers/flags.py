@@ -64,6 +64,8 @@ class Options:
     kubeconfig: str | None
     kube_api_qps: float
     kube_api_burst: int
+    events_qps: float
+    events_burst: int
     http_endpoint: str
     metrics_path: str
     leader_election: bool
@@ -91,7 +93,8 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
      "extra daemon env, comma separated NAME=value (e.g. HTTPS_PROXY=http://proxy:3128)"),
     ("node-loss-grace-period", "NODE_LOSS_GRACE_PERIOD", parse_duration, 60.0,
      "how long a node may be NotReady/unreachable before its daemon leaves the domain"),
-    ("cleanup-interval", "CLEANUP_INTERVAL", parse_duration, 600.0, "orphan sweep period"),
+    ("cleanup-interval", "CLEANUP_INTERVAL", parse_duration, 0.0,
+     "backstop orphan sweep period (0: only at start and when an orphan may exist)"),
     ("clique-entry-grace-period", "CLIQUE_ENTRY_GRACE_PERIOD", parse_duration, 30.0,
      "how long a clique entry outlives its node's last daemon pod before it is pruned"),
     ("http-endpoint", "HTTP_ENDPOINT", str, "", "host:port for /metrics, /healthz, /readyz"),
@@ -107,8 +110,12 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
     ("leader-election-renew-deadline", "LEADER_ELECTION_RENEW_DEADLINE", parse_duration, 10.0, ""),
     ("leader-election-retry-period", "LEADER_ELECTION_RETRY_PERIOD", parse_duration, 2.0, ""),
     ("kubeconfig", "KUBECONFIG", str, "", "kubeconfig file (default: in-cluster)"),
-    ("kube-api-qps", "KUBE_API_QPS", float, 5.0, "client QPS"),
-    ("kube-api-burst", "KUBE_API_BURST", int, 10, "client burst"),
+    ("kube-api-qps", "KUBE_API_QPS", float, 5.0,
+     "client QPS, per API group (core, apps, resource.k8s.io, resource.nvidia.com)"),
+    ("kube-api-burst", "KUBE_API_BURST", int, 10, "client burst, per API group"),
+    ("events-qps", "EVENTS_QPS", float, 5.0,
+     "QPS of the separate client that writes Events (never spends the reconcile budget)"),
+    ("events-burst", "EVENTS_BURST", int, 10, "burst of the Events client"),
     ("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false"),
 )  # fmt: skip
 
@@ -179,6 +186,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         kubeconfig=str(values["kubeconfig"]) or None,
         kube_api_qps=float(values["kube_api_qps"]),
         kube_api_burst=int(values["kube_api_burst"]),
+        events_qps=float(values["events_qps"]),
+        events_burst=int(values["events_burst"]),
         http_endpoint=str(values["http_endpoint"]),
         metrics_path=str(values["metrics_path"]),
         leader_election=bool(values["leader_election_enabled"]),

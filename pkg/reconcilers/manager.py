@@ -47,6 +47,7 @@ from pkg.reconcilers.controller import Controller, ReconcileMetrics, Reconciler
 from pkg.reconcilers.events import EventSink, OnceEvents
 from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
+from pkg.reconcilers.slim import slim_node, slim_object
 from pkg.runtime.clock import Clock
 
 __all__ = ["ControllerManager"]
@@ -55,7 +56,9 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 Mapper = Callable[[JSON], Iterable[str]]
-RESYNC_PERIOD = 600.0
+# No periodic resync: every handler is level-triggered from watch events, and a resync would
+# re-run every reconcile every period on an idle cluster (client-go's default is 0 too).
+RESYNC_PERIOD = 0.0
 
 
 def _unwrap(obj: JSON | DeletedFinalStateUnknown) -> JSON:
@@ -84,8 +87,9 @@ class ControllerManager:
         cd_workers: int = 2,
     ) -> None:
         self._factory = SharedInformerFactory(
-            client, clock=informer_clock, resync_period=RESYNC_PERIOD
-        )
+            client, clock=informer_clock, resync_period=RESYNC_PERIOD, transform=slim_object,
+            watch_list=True,
+        )  # fmt: skip
         ns, label = config.namespace, c.COMPUTE_DOMAIN_LABEL
         f = self._factory
         informers: dict[str, SharedInformer] = {
@@ -94,7 +98,7 @@ class ControllerManager:
             "pods": f.informer_for(res.PODS, ns, label_selector=label),
             "cliques": f.informer_for(res.COMPUTE_DOMAIN_CLIQUES, ns, label_selector=label),
             "rcts": f.informer_for(res.RESOURCE_CLAIM_TEMPLATES, label_selector=label),
-            "nodes": f.informer_for(res.NODES),
+            "nodes": f.informer_for(res.NODES, transform=slim_node),
             "claims": f.informer_for(res.RESOURCE_CLAIMS),
             "slices": f.informer_for(res.RESOURCE_SLICES),
         }
@@ -187,6 +191,16 @@ class ControllerManager:
         cd_ctl, claim_ctl, clique_ctl, prune_ctl = self.controllers
         inf = self._informers
         self._watch(inf["compute_domains"], cd_ctl, lambda o: [_key(o)])
+        # Orphan sweeps are event-driven: a domain went away, or something names an unknown one.
+        inf["compute_domains"].add_event_handler(on_delete=lambda _o: self.cleaner.poke())
+
+        def maybe_orphan(obj: JSON) -> None:
+            self.cleaner.maybe_orphan(obj)
+
+        for name in ("daemonsets", "rcts", "nodes"):
+            inf[name].add_event_handler(
+                on_add=maybe_orphan, on_update=lambda _old, new: maybe_orphan(new)
+            )
         self._watch(
             inf["compute_domains"], claim_ctl,
             lambda o: self.claims.nodes_of_domain(str(o["metadata"].get("uid"))),
@@ -250,6 +264,7 @@ class ControllerManager:
             self._stop.set()
         for ctl in self.controllers:
             ctl.stop()
+        self.cleaner.poke()
         if self._cleanup_thread is not None:
             self._cleanup_thread.join(timeout=10)
         self._factory.shutdown()

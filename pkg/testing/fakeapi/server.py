@@ -30,7 +30,12 @@ from pkg.testing.fakeapi.handlers import decode_body, handle_write
 from pkg.testing.fakeapi.httpd import Handler, Httpd
 from pkg.testing.fakeapi.selectors import parse_field_selector, parse_label_selector
 from pkg.testing.fakeapi.store import ObjectStore
-from pkg.testing.fakeapi.watch import WatchRequest, serve_watch, status_body
+from pkg.testing.fakeapi.watch import (
+    WatchRequest,
+    partial_object_metadata,
+    serve_watch,
+    status_body,
+)
 
 __all__ = ["FakeApiServer", "LoggedRequest"]
 
@@ -89,6 +94,9 @@ class FakeApiServer:
         for r in res.WELL_KNOWN:
             self.register(r, status_subresource=r in _STATUS_RESOURCES)
         self.bookmark_interval = bookmark_interval
+        # Streaming watch-list (sendInitialEvents) served; False answers such watches 400,
+        # as an API server without the WatchList feature does.
+        self.watch_list = True
         self.request_log: list[tuple[str, str]] = []
         self.requests: list[LoggedRequest] = []
         self._lock = threading.Lock()
@@ -284,10 +292,13 @@ class FakeApiServer:
                     raise GoneError(410, "Expired", "too old resource version (injected)")
                 raise error_from_status(injected, {"reason": "Injected", "message": "injected"})
             body = decode_body(raw, h.headers.get("Content-Type"))
+            metadata_only = _wants_metadata(h.headers.get("Accept"))
             if verb == "WATCH":
-                self._watch(h, route, query, generation)
+                self._watch(h, route, query, generation, metadata_only=metadata_only)
                 return
             code, out = self._dispatch(verb, route, query, body, h.headers.get("Content-Type"))
+            if metadata_only and verb in ("GET", "LIST") and isinstance(out, dict):
+                out = _as_metadata(out, verb)
         except ApiError as err:
             if split.query and "watch=true" in split.query and isinstance(err, GoneError):
                 h.start_chunks()
@@ -359,7 +370,25 @@ class FakeApiServer:
             ],
         }
 
-    def _watch(self, h: Handler, route: _Route, query: dict[str, str], generation: int) -> None:
+    def _watch(
+        self, h: Handler, route: _Route, query: dict[str, str], generation: int, *,
+        metadata_only: bool = False,
+    ) -> None:  # fmt: skip
+        send_initial = query.get("sendInitialEvents") == "true"
+        if send_initial:
+            # kube-apiserver's validation of a streaming watch-list request.
+            if not self.watch_list:
+                raise BadRequestError(400, "BadRequest", "sendInitialEvents is not supported")
+            if query.get("resourceVersionMatch") != "NotOlderThan":
+                raise BadRequestError(
+                    400,
+                    "BadRequest",
+                    "sendInitialEvents requires resourceVersionMatch=NotOlderThan",
+                )
+            if query.get("allowWatchBookmarks") != "true":
+                raise BadRequestError(
+                    400, "BadRequest", "sendInitialEvents requires allowWatchBookmarks=true"
+                )
         match_l = parse_label_selector(query.get("labelSelector"))
         match_f = parse_field_selector(query.get("fieldSelector"))
         req = WatchRequest(
@@ -369,6 +398,8 @@ class FakeApiServer:
             resource_version=query.get("resourceVersion", ""),
             timeout=float(query.get("timeoutSeconds") or 1800),
             bookmarks=query.get("allowWatchBookmarks") == "true",
+            send_initial_events=send_initial,
+            metadata_only=metadata_only,
         )
         h.start_chunks()
         serve_watch(
@@ -377,6 +408,23 @@ class FakeApiServer:
             stopping=lambda: self._stopping,
             bookmark_interval=self.bookmark_interval,
         )  # fmt: skip
+
+
+def _wants_metadata(accept: str | None) -> bool:
+    """The first media type of ``accept`` asks for PartialObjectMetadata(List)."""
+    first = (accept or "").split(",")[0]
+    return "as=PartialObjectMetadata" in first.replace(" ", "")
+
+
+def _as_metadata(out: JSON, verb: str) -> JSON:
+    if verb == "GET":
+        return partial_object_metadata(out)
+    return {
+        "kind": "PartialObjectMetadataList",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": out.get("metadata", {}),
+        "items": [partial_object_metadata(o) for o in out.get("items") or []],
+    }
 
 
 # Old private name; hack/bench/prepare_latency.py still patches it (harmless now).

@@ -41,6 +41,20 @@ class WatchRequest:
     resource_version: str
     timeout: float
     bookmarks: bool
+    # sendInitialEvents=true: the current state as ADDED, then a BOOKMARK annotated
+    # k8s.io/initial-events-end (streaming watch-list, as kube-apiserver >= 1.32 serves it).
+    send_initial_events: bool = False
+    # Accept: ...;as=PartialObjectMetadata: objects reduced to apiVersion/kind/metadata.
+    metadata_only: bool = False
+
+
+def partial_object_metadata(obj: JSON) -> JSON:
+    """``obj`` as a meta.k8s.io/v1 PartialObjectMetadata (what the metadata client gets)."""
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata", {}),
+    }
 
 
 def status_body(err: ApiError) -> JSON:
@@ -56,11 +70,21 @@ def status_body(err: ApiError) -> JSON:
     }
 
 
-def _line(type_: str, obj: JSON) -> bytes:
+def _line(type_: str, obj: JSON, req: WatchRequest | None = None) -> bytes:
+    if req is not None and req.metadata_only and type_ != "ERROR":
+        obj = partial_object_metadata(obj)
     return json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n"
 
 
 def _translate(ev: Event, req: WatchRequest) -> bytes | None:
+    line = _translate_raw(ev, req)
+    if line is None or not req.metadata_only:
+        return line
+    decoded = json.loads(line)
+    return _line(decoded["type"], decoded["object"], req)
+
+
+def _translate_raw(ev: Event, req: WatchRequest) -> bytes | None:
     if ev.resource != req.resource:
         return None
     if req.namespace and ev.obj["metadata"].get("namespace") != req.namespace:
@@ -99,10 +123,15 @@ def serve_watch(
     with store.cond:
         initial: list[bytes] = []
         try:
-            if req.resource_version in ("", "0"):
+            if req.send_initial_events and req.resource_version not in ("", "0"):
+                # NotOlderThan a given RV: replay nothing older, state as of now (simplified).
+                _, objs = store.select(req.resource, req.namespace, req.match)
+                initial = [_line("ADDED", o, req) for o in objs]
+                pos = store.log_end
+            elif req.resource_version in ("", "0"):
                 # "Any/most recent" semantics: synthetic ADDED for current state, then live.
                 _, objs = store.select(req.resource, req.namespace, req.match)
-                initial = [_line("ADDED", o) for o in objs]
+                initial = [_line("ADDED", o, req) for o in objs]
                 pos = store.log_end
             else:
                 pos = store.log_position(int(req.resource_version))
@@ -115,6 +144,10 @@ def serve_watch(
             out.end_chunks()
             return
         sent_rv = store.rv
+    if req.send_initial_events:
+        end = bookmark_obj(sent_rv)
+        end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+        initial.append(_line("BOOKMARK", end))
     if initial:
         out.write_chunk(b"".join(initial))
     next_bookmark = time.monotonic() + bookmark_interval

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -163,9 +164,12 @@ def test_orphan_sweep_confirms_with_the_api_before_deleting(
     assert len(server.objects(res.DAEMONSETS)) == 1
 
 
-def test_orphan_sweep_runs_periodically_until_stopped(
-    server: FakeApiServer, cleaner: OrphanCleaner, clock: StepClock
-) -> None:
+def test_orphan_sweep_runs_periodically_when_a_backstop_interval_is_set(
+    server: FakeApiServer, caches: Caches, config: ControllerConfig, events: RecordedEvents,
+    clock: StepClock,
+) -> None:  # fmt: skip
+    cleaner = OrphanCleaner(client=server.client(), caches=caches, events=events, clock=clock,
+                            config=replace(config, cleanup_interval=600.0))  # fmt: skip
     stop = threading.Event()
     calls: list[float] = []
     real = cleaner.sweep
@@ -206,3 +210,42 @@ def test_orphan_sweep_survives_an_api_server_outage(
     cleaner.run(stop)
     assert done == [-1, 3]
     assert server.objects(res.DAEMONSETS) == []
+
+
+def test_idle_cleaner_does_no_periodic_work_and_sweeps_when_poked(
+    server: FakeApiServer, cleaner: OrphanCleaner, clock: StepClock
+) -> None:
+    """Default (no backstop interval): one sweep at start, then only when poked."""
+    stop = threading.Event()
+    calls: list[float] = []
+    real = cleaner.sweep
+    swept = threading.Semaphore(0)
+
+    def sweep() -> int:
+        calls.append(clock.monotonic())
+        swept.release()
+        return real()
+
+    cleaner.sweep = sweep  # type: ignore[method-assign]
+    thread = threading.Thread(target=cleaner.run, args=(stop,), daemon=True)
+    thread.start()
+    assert swept.acquire(timeout=10)
+    thread.join(0.3)  # an idle cleaner blocks: no time passes, no further sweep
+    assert thread.is_alive() and len(calls) == 1 and clock.monotonic() == 0.0
+    orphan_objects(server, "dead-uid")
+    cleaner.poke()
+    assert swept.acquire(timeout=10)
+    stop.set()
+    cleaner.poke()
+    thread.join(10)
+    assert not thread.is_alive() and len(calls) == 2
+    assert server.objects(res.DAEMONSETS) == []
+
+
+def test_maybe_orphan_pokes_only_for_unknown_domains(
+    server: FakeApiServer, cleaner: OrphanCleaner, caches: Caches
+) -> None:
+    assert not cleaner.maybe_orphan({"metadata": {"name": "x"}})
+    assert cleaner.maybe_orphan(
+        {"metadata": {"name": "x", "labels": {c.COMPUTE_DOMAIN_LABEL: "nope"}}}
+    )
