@@ -1,0 +1,68 @@
+"""The real kube-apiserver (1.37) accepts the requests our informers send and the fake API
+server serves (test/unit/informers/test_watch_list.py): metadata-only lists and watches
+(PartialObjectMetadata) and streaming watch-list (sendInitialEvents + the initial-events-end
+bookmark), and refuses a watch-list without resourceVersionMatch=NotOlderThan with a 4xx."""
+
+from __future__ import annotations
+
+import pytest
+from localcluster import Cluster
+
+from pkg.informers.clock import RealClock
+from pkg.informers.factory import SharedInformerFactory
+from pkg.informers.listwatch import RestListerWatcher
+from pkg.kube import resources as r
+from pkg.kube.client import INITIAL_EVENTS_END, KubeClient, RestClient
+from pkg.kube.config import load_api_client
+from pkg.kube.errors import ApiError
+
+
+@pytest.fixture
+def rest(cluster: Cluster) -> RestClient:
+    return RestClient(load_api_client(str(cluster.kubeconfig("admin"))), user_agent="e2e")
+
+
+def test_metadata_only_list_and_watch_list_on_the_real_apiserver(rest: RestClient) -> None:
+    page = rest.list(r.NODES, limit=5, metadata_only=True)
+    assert page["kind"] == "PartialObjectMetadataList"
+    assert page["items"] and all(
+        set(i) <= {"apiVersion", "kind", "metadata"} for i in page["items"]
+    )
+    lw = RestListerWatcher(rest, r.NODES, metadata_only=True, watch_list_enabled=True)
+    stream = lw._watch_list(timeout_seconds=30)
+    names = set()
+    try:
+        for ev in stream:
+            if ev.type == "BOOKMARK":
+                annotations = ev.object["metadata"].get("annotations") or {}
+                assert annotations.get(INITIAL_EVENTS_END) == "true"
+                break
+            assert ev.type == "ADDED" and ev.object["kind"] == "PartialObjectMetadata"
+            names.add(ev.object["metadata"]["name"])
+    finally:
+        stream.stop()
+    assert names == {i["metadata"]["name"] for i in rest.list(r.NODES)["items"]}
+
+
+def test_watch_list_without_not_older_than_is_refused(rest: RestClient) -> None:
+    stream = rest.watch(r.NODES, resource_version="", timeout_seconds=5)
+    stream.stop()
+    with pytest.raises(ApiError) as err:
+        rest._call("GET", r.NODES.path(None),
+                   query={"watch": "true", "sendInitialEvents": "true",
+                          "allowWatchBookmarks": "true"})  # fmt: skip
+    assert 400 <= err.value.status < 500
+
+
+def test_informer_syncs_by_watch_list_on_the_real_apiserver(
+    rest: RestClient, admin: KubeClient
+) -> None:
+    factory = SharedInformerFactory(rest, clock=RealClock(), watch_list=True)
+    inf = factory.informer_for(r.NODES, metadata_only=True)
+    inf.start()
+    try:
+        assert inf.wait_for_sync(30)
+        assert inf.reflector.watch_lists == 1 and inf.reflector.lists == 1
+        assert len(inf.indexer.list()) == len(admin.list(r.NODES)["items"])
+    finally:
+        factory.shutdown()
