@@ -59,6 +59,10 @@ class NodeEntry:
     clique_id: str
     index: int
     status: str
+    connected_peers: int | None = None
+    """Clique members this node's IMEX is connected to (clique entries only; None: unknown)."""
+    unreachable_peers: tuple[str, ...] | None = None
+    """Clique members this node's IMEX cannot reach (clique entries only; None: unknown)."""
 
     def to_status_node(self) -> JSON:
         return {
@@ -71,12 +75,19 @@ class NodeEntry:
 
     @classmethod
     def from_clique_daemon(cls, item: JSON) -> NodeEntry:
+        """The entry of a clique's ``daemons[]`` item, with its peer report if it has one."""
+        connected = item.get("connectedPeers")
+        unreachable = item.get("unreachablePeers")
         return cls(
             name=str(item.get("nodeName", "")),
             ip_address=str(item.get("ipAddress", "")),
             clique_id=str(item.get("cliqueID", "")),
             index=int(item.get("index", -1)),
             status=str(item.get("status") or c.STATUS_NOT_READY),
+            connected_peers=connected if isinstance(connected, int) else None,
+            unreachable_peers=(
+                tuple(str(n) for n in unreachable) if isinstance(unreachable, list) else None
+            ),
         )
 
 
@@ -144,6 +155,8 @@ def clique_daemons(clique: JSON) -> list[NodeEntry]:
 # -- status helpers (pure) ----------------------------------------------------------------------
 
 CONDITION_READY = "Ready"
+CONDITION_SINGLE_CLIQUE = "SingleClique"
+CONDITION_IMEX_CONNECTED = "IMEXConnected"
 
 
 def required_nodes(num_nodes: int) -> int:
@@ -175,7 +188,7 @@ def set_condition(
     conditions: list[JSON],
     *,
     type_: str,
-    status: bool,
+    status: bool | str,
     reason: str,
     message: str,
     observed_generation: int,
@@ -184,9 +197,10 @@ def set_condition(
     """A copy of ``conditions`` with ``type_`` set (``metav1.Condition`` semantics).
 
     ``lastTransitionTime`` only moves when the status flips, so it tells how long the domain
-    has been in its current state, not when the message last changed.
+    has been in its current state, not when the message last changed. ``status`` is a bool or
+    one of ``"True"``, ``"False"``, ``"Unknown"``.
     """
-    value = "True" if status else "False"
+    value = status if isinstance(status, str) else ("True" if status else "False")
     old = find_condition(conditions, type_)
     transition = now if old is None or old.get("status") != value else old["lastTransitionTime"]
     new: JSON = {

@@ -19,7 +19,8 @@ at all, the controller marks the entry NotReady from the pod status.)
 
 Peer connectivity (clique mode): while Ready, every ``peer_interval`` the loop runs
 ``nvidia-imex-ctl -N -j`` and writes into its entry how many clique peers its IMEX is connected
-to and which it cannot reach (:mod:`pkg.daemon.peers`); a write happens only when that changed.
+to and which it cannot reach (:mod:`pkg.daemon.peers`; a peer only after two polls in a row
+that did not find it connected); a write happens only when that changed.
 A daemon alone in its clique writes nothing (it clears a stale list of unreachable
 peers). Output IMEX cannot give (not running, unparsable) leaves the last report in place.
 The controller turns the reports into the domain's ``IMEXConnected`` condition.
@@ -240,6 +241,7 @@ class Daemon:
         self._first_pass = True
         self._last_error = ""
         self._next_peer_check = 0.0
+        self._peer_suspects: set[str] = set()
 
     def wake(self) -> None:
         """Run the loop now (new object, or shutdown requested)."""
@@ -329,6 +331,10 @@ class Daemon:
                 log.debug("no peer connectivity from nvidia-imex-ctl -N: %s", err)
                 return
         connected, unreachable = peer_report(peers, connections)
+        # A peer counts as unreachable only on two polls in a row: a member that just joined is
+        # not connected until IMEX reloaded its node list and said hello.
+        suspects, self._peer_suspects = self._peer_suspects, set(unreachable)
+        unreachable = tuple(n for n in unreachable if n in suspects)
         if (own.connected_peers, own.unreachable_peers) == (connected, unreachable):
             return
         if unreachable:

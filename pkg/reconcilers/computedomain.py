@@ -54,6 +54,7 @@ from pkg.reconcilers.status import (
     Member,
     Problem,
     aggregate,
+    condition_events,
     render_status,
     status_events,
 )
@@ -266,6 +267,8 @@ class ComputeDomainReconciler:
         lost = found.lost if found is not None else {}
         grace = self._config.node_loss_grace_period
         for ev in status_events(previous, new, members=members, lost=lost, node_loss_grace=grace):
+            self._events.event(obj, ev.type, ev.reason, ev.message)
+        for ev in condition_events(previous, new):
             self._events.event(obj, ev.type, ev.reason, ev.message)
         self._metrics.observe_status(
             str(meta.get("uid")),

@@ -29,6 +29,15 @@ entries, and nothing here ever writes a clique. Invariants:
   condition becomes ``DriverRootIncomplete`` with the daemons' messages
   (:meth:`Aggregate.driver_root_problem`);
 * a domain with no members is never Ready, even with ``numNodes: 0``;
+* two conditions name fabric problems without changing ``Ready`` (upstream lets a domain span
+  cliques, one IMEX domain per clique; a workload spread over them is what fails):
+  ``SingleClique`` is False (reason ``MultipleCliques``, naming each clique and its nodes) when
+  the members are in more than one NVLink clique, nodes without a clique counting as one group;
+  ``IMEXConnected`` is False (reason ``PeersUnreachable``) when a Ready member's daemon reports
+  (clique entry ``unreachablePeers``, from its IMEX's ``nvidia-imex-ctl -N``) that it cannot
+  reach another Ready member of its clique, naming who cannot reach whom. Neither exists before
+  the domain had members (resp. a report); afterwards they go ``Unknown`` when there is nothing
+  to judge. :func:`condition_events` gives the Event of each of their transitions;
 * :func:`render_status` is deterministic, so re-aggregating unchanged inputs yields an equal
   status and no write.
 """
@@ -36,15 +45,18 @@ entries, and nothing here ever writes a clique. Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pkg.api import constants as c
 from pkg.api.computedomain import (
+    CONDITION_IMEX_CONNECTED,
     CONDITION_READY,
+    CONDITION_SINGLE_CLIQUE,
     ComputeDomain,
     NodeEntry,
     clique_daemons,
+    find_condition,
     global_status,
     required_nodes,
     set_condition,
@@ -59,7 +71,10 @@ __all__ = [
     "Problem",
     "Shortfall",
     "aggregate",
+    "clique_condition",
     "collect_members",
+    "condition_events",
+    "connectivity_condition",
     "daemon_not_running",
     "node_loss_in",
     "node_problem",
@@ -281,9 +296,7 @@ def aggregate(
         if not problem and daemon_not_running(pod, entry if entry.clique_id else None):
             problem = DAEMON_NOT_RUNNING
         if problem and entry.status != c.STATUS_NOT_READY:
-            entry = NodeEntry(
-                entry.name, entry.ip_address, entry.clique_id, entry.index, c.STATUS_NOT_READY
-            )
+            entry = replace(entry, status=c.STATUS_NOT_READY)
         members.append(Member(entry, problem))
     live_pods = {n: p for n, p in pods_by_node.items() if n not in lost}
     shortfalls = (
@@ -332,6 +345,95 @@ def _ready_condition(
     return True, "AllNodesReady", f"{ready}/{total} nodes ready"
 
 
+Condition = tuple[str, str, str]
+"""(status ``True``/``False``/``Unknown``, reason, message) of a condition."""
+
+MULTIPLE_CLIQUES = "MultipleCliques"
+PEERS_UNREACHABLE = "PeersUnreachable"
+
+
+def _clique_label(clique_id: str) -> str:
+    return f"clique {clique_id}" if clique_id else "no NVLink clique"
+
+
+def clique_condition(members: list[Member]) -> Condition | None:
+    """``SingleClique`` for these members; None while there are none."""
+    groups: dict[str, list[str]] = {}
+    for m in members:
+        groups.setdefault(m.entry.clique_id, []).append(m.entry.name)
+    if not groups:
+        return None
+    if len(groups) == 1:
+        ((clique_id, names),) = groups.items()
+        where = f"in {_clique_label(clique_id)}" if clique_id else "without an NVLink clique"
+        return "True", "SingleClique", f"all {len(names)} nodes are {where}"
+    spans = "; ".join(
+        f"{_clique_label(cid)}: {', '.join(sorted(names))}" for cid, names in sorted(groups.items())
+    )
+    return (
+        "False",
+        MULTIPLE_CLIQUES,
+        f"the domain's nodes span {len(groups)} NVLink cliques ({spans}); an IMEX domain "
+        "connects only the nodes of one clique, so workers in different cliques cannot share "
+        "GPU memory over NVLink",
+    )
+
+
+def connectivity_condition(members: list[Member]) -> Condition | None:
+    """``IMEXConnected`` from the Ready members' peer reports; None while none reported."""
+    ready = {
+        m.entry.name: m.entry
+        for m in members
+        if m.entry.status == c.STATUS_READY and m.entry.clique_id and not m.problem
+    }
+    reporting = [e for e in ready.values() if e.unreachable_peers is not None]
+    if not reporting:
+        return None
+    broken = []
+    for e in sorted(reporting, key=lambda x: x.name):
+        peers = sorted(
+            p
+            for p in e.unreachable_peers or ()
+            if p != e.name and p in ready and ready[p].clique_id == e.clique_id
+        )
+        if peers:
+            broken.append(f"{e.name} cannot reach {', '.join(peers)}")
+    if broken:
+        return (
+            "False",
+            PEERS_UNREACHABLE,
+            "; ".join(broken) + " (IMEX connection state from nvidia-imex-ctl -N)",
+        )
+    return (
+        "True",
+        "AllPeersConnected",
+        f"{len(reporting)} of {len(ready)} ready nodes reported; each reaches all its clique peers",
+    )
+
+
+def _fabric_conditions(
+    conditions: list[JSON], members: list[Member], *, generation: int, now: str
+) -> list[JSON]:
+    judged = (
+        (CONDITION_SINGLE_CLIQUE, clique_condition(members), "NoNodes", "the domain has no nodes"),
+        (
+            CONDITION_IMEX_CONNECTED,
+            connectivity_condition(members),
+            "NotReported",
+            "no ready node has reported its IMEX peer connections",
+        ),
+    )
+    for type_, judged_cond, unknown_reason, unknown_message in judged:
+        if judged_cond is None and find_condition(conditions, type_) is None:
+            continue
+        cond = judged_cond or ("Unknown", unknown_reason, unknown_message)
+        conditions = set_condition(
+            conditions, type_=type_, status=cond[0], reason=cond[1], message=cond[2],
+            observed_generation=generation, now=now,
+        )  # fmt: skip
+    return conditions
+
+
 def render_status(
     cd: ComputeDomain,
     *,
@@ -355,6 +457,7 @@ def render_status(
         observed_generation=cd.generation,
         now=now,
     )
+    conditions = _fabric_conditions(conditions, members, generation=cd.generation, now=now)
     out: JSON = {"status": status}
     if entries:  # upstream omits an empty list (omitempty); its e2e tests check for that
         out["nodes"] = [e.to_status_node() for e in entries]
@@ -415,4 +518,30 @@ def status_events(
             out.append(StatusEvent("Normal", "Ready", cond["message"]))
         elif old_status == c.STATUS_READY:
             out.append(StatusEvent("Warning", "NotReady", f"{cond['reason']}: {cond['message']}"))
+    return out
+
+
+def condition_events(old: JSON | None, new: JSON) -> list[StatusEvent]:
+    """Events for the transitions of ``SingleClique`` and ``IMEXConnected`` from ``old`` to
+    ``new``: a Warning with the condition's reason when it turns (or, while False, changes
+    to another) False, a Normal Event when it turns True or Unknown from something else. A
+    condition appearing as True is not a transition and records nothing."""
+    out: list[StatusEvent] = []
+    before = list((old or {}).get("conditions") or [])
+    after = list(new.get("conditions") or [])
+    for type_ in (CONDITION_SINGLE_CLIQUE, CONDITION_IMEX_CONNECTED):
+        was, now = find_condition(before, type_), find_condition(after, type_)
+        if now is None:
+            continue
+        status = now.get("status")
+        if was is None and status == "True":
+            continue
+        prev = was or {}
+        same = was is not None and prev.get("status") == status
+        if same and (status != "False" or prev.get("message") == now.get("message")):
+            continue
+        kind = "Warning" if status == "False" else "Normal"
+        out.append(
+            StatusEvent(kind, str(now.get("reason")), f"{type_}={status}: {now.get('message')}")
+        )
     return out

@@ -49,7 +49,7 @@ def test_readiness_rules(num_nodes: int, statuses: list[str], expected: str, rea
     ms = members([daemon_entry(f"n{i}", index=i, status=s) for i, s in enumerate(statuses)])
     status = render_status(cd(num_nodes), members=ms, previous=None, problem=None, now="T1")
     assert status["status"] == expected
-    (cond,) = status["conditions"]
+    cond = next(x for x in status["conditions"] if x["type"] == "Ready")
     assert (cond["reason"], cond["status"], cond["observedGeneration"]) == (
         reason, "True" if expected == "Ready" else "False", 3,
     )  # fmt: skip
