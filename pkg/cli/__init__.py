@@ -1,0 +1,1 @@
+"""Command-line tools for users and operators (``kubectl computedomain``)."""

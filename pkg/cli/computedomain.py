@@ -1,0 +1,322 @@
+"""``kubectl computedomain``: one screen that says what a ComputeDomain is doing and why.
+
+Installed as the console script ``kubectl-computedomain`` (kubectl runs any ``kubectl-<name>``
+on ``PATH`` as ``kubectl <name>``). Subcommands:
+
+``get [-n NS | -A]``
+    a table of domains: namespace, name, status, nodes ready/total, cliques, age;
+``describe NAME [-n NS]``
+    the domain's status and nodes, its conditions, its cliques with every daemon's IMEX state
+    (index, readiness, peers connected / unreachable, from the clique entries the daemons
+    write), its daemon pods, its workload pods (pods of the domain's namespace whose claims come
+    from its ResourceClaimTemplate) and its most recent Events.
+
+Credentials are kubectl's: ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``,
+with ``--context``; the namespace defaults to the context's. Reads only; nothing is written.
+The rendering functions are pure (objects in, text out) so tests need no cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pkg.api import constants as c
+from pkg.kube import resources as res
+from pkg.kube.client import KubeClient, RestClient
+from pkg.kube.config import load_api_client
+from pkg.kube.errors import ApiError, NotFoundError
+
+JSON = dict[str, Any]
+
+__all__ = ["DomainView", "collect", "main", "render_describe", "render_get"]
+
+RECENT_EVENTS = 12
+
+
+def _epoch(value: object) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return float(calendar.timegm(time.strptime(value[:19], "%Y-%m-%dT%H:%M:%S")))
+    except ValueError:
+        return None
+
+
+def age(timestamp: object, now: float) -> str:
+    """kubectl's short age (``45s``, ``12m``, ``3h``, ``2d``); ``<unknown>`` without a time."""
+    then = _epoch(timestamp)
+    if then is None:
+        return "<unknown>"
+    secs = max(0, int(now - then))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= 2 * size or (unit == "m" and secs >= size):
+            return f"{secs // size}{unit}"
+    return f"{secs}s"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    lines = []
+    for row in (header, *rows):
+        cells = [str(x).ljust(w) for x, w in zip(row, widths, strict=False)]
+        lines.append((indent + "   ".join(cells)).rstrip())
+    return lines
+
+
+def _cliques_of(cd: JSON) -> list[str]:
+    nodes = (cd.get("status") or {}).get("nodes") or []
+    return sorted({str(n.get("cliqueID") or "-") for n in nodes if isinstance(n, dict)})
+
+
+def render_get(domains: list[JSON], *, now: float) -> str:
+    """The ``get`` table for ``domains`` (sorted by namespace and name)."""
+    rows = []
+    for cd in sorted(domains, key=lambda o: (o["metadata"].get("namespace", ""),
+                                             o["metadata"]["name"])):  # fmt: skip
+        meta, status = cd["metadata"], cd.get("status") or {}
+        rows.append((
+            meta.get("namespace", ""), meta["name"], status.get("status") or "-",
+            f"{status.get('readyNodes', 0)}/{status.get('nodeCount', 0)}",
+            ",".join(_cliques_of(cd)) or "-", age(meta.get("creationTimestamp"), now),
+        ))  # fmt: skip
+    if not rows:
+        return "No ComputeDomains found.\n"
+    header = ("NAMESPACE", "NAME", "STATUS", "NODES", "CLIQUES", "AGE")
+    return "\n".join(_table(header, rows)) + "\n"
+
+
+@dataclass
+class DomainView:
+    """Everything ``describe`` shows about one domain, as read from the API server."""
+
+    domain: JSON
+    cliques: list[JSON]
+    daemon_pods: list[JSON]
+    workload_pods: list[JSON]
+    events: list[JSON]
+
+
+def _items(client: KubeClient, resource: res.Resource, **kw: Any) -> list[JSON]:
+    return list(client.list(resource, **kw).get("items") or [])
+
+
+def uses_template(pod: JSON, template: str) -> bool:
+    """Whether ``pod`` has a claim made from ResourceClaimTemplate ``template``."""
+    claims = (pod.get("spec") or {}).get("resourceClaims") or []
+    return any(isinstance(x, dict) and x.get("resourceClaimTemplateName") == template
+               for x in claims)  # fmt: skip
+
+
+def collect(client: KubeClient, namespace: str, name: str) -> DomainView:
+    """Read the domain ``namespace/name`` and everything around it (raises NotFoundError)."""
+    cd = client.get(res.COMPUTE_DOMAINS, name, namespace=namespace)
+    uid = str(cd["metadata"].get("uid", ""))
+    by_uid = f"{c.COMPUTE_DOMAIN_LABEL}={uid}"
+    template = str((((cd.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate")
+                    or {}).get("name", ""))  # fmt: skip
+    pods = _items(client, res.PODS, namespace=namespace)
+    events = _items(client, res.EVENTS, namespace=namespace,
+                    field_selector=f"involvedObject.uid={uid}")  # fmt: skip
+    events.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    return DomainView(
+        domain=cd,
+        cliques=_items(client, res.COMPUTE_DOMAIN_CLIQUES, label_selector=by_uid),
+        daemon_pods=_items(client, res.PODS, label_selector=by_uid),
+        workload_pods=[p for p in pods if template and uses_template(p, template)],
+        events=events[-RECENT_EVENTS:],
+    )
+
+
+def _pod_state(pod: JSON) -> tuple[str, str, str]:
+    """(ready containers "n/m", phase or waiting reason, restarts)."""
+    status = pod.get("status") or {}
+    statuses = [s for s in status.get("containerStatuses") or [] if isinstance(s, dict)]
+    ready = sum(1 for s in statuses if s.get("ready"))
+    restarts = sum(int(s.get("restartCount") or 0) for s in statuses)
+    phase = str(status.get("phase") or "Unknown")
+    for s in statuses:
+        waiting = (s.get("state") or {}).get("waiting")
+        if isinstance(waiting, dict) and waiting.get("reason"):
+            phase = str(waiting["reason"])
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        phase = "Terminating"
+    total = len(statuses) or len((pod.get("spec") or {}).get("containers") or [])
+    return f"{ready}/{total}", phase, str(restarts)
+
+
+def _pods_table(pods: list[JSON], *, now: float, with_ns: bool) -> list[str]:
+    if not pods:
+        return ["  <none>"]
+    rows = []
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        meta = pod["metadata"]
+        ready, phase, restarts = _pod_state(pod)
+        row = [meta["name"], str((pod.get("spec") or {}).get("nodeName") or "<none>"), ready,
+               phase, restarts, age(meta.get("creationTimestamp"), now)]  # fmt: skip
+        rows.append([meta.get("namespace", ""), *row] if with_ns else row)
+    header = ["NAME", "NODE", "READY", "STATUS", "RESTARTS", "AGE"]
+    return _table(["NAMESPACE", *header] if with_ns else header, rows, indent="  ")
+
+
+def _imex_state(daemon: JSON) -> str:
+    unreachable = daemon.get("unreachablePeers")
+    connected = daemon.get("connectedPeers")
+    if unreachable is None and connected is None:
+        return "not reported"
+    text = f"{connected or 0} peers connected"
+    if unreachable:
+        text += "; cannot reach " + ", ".join(str(n) for n in unreachable)
+    return text
+
+
+def render_describe(view: DomainView, *, now: float) -> str:
+    """The ``describe`` screen of one domain."""
+    cd = view.domain
+    meta, spec, status = cd["metadata"], cd.get("spec") or {}, cd.get("status") or {}
+    channel = spec.get("channel") or {}
+    out = [
+        f"Name:            {meta['name']}",
+        f"Namespace:       {meta.get('namespace', '')}",
+        f"UID:             {meta.get('uid', '')}",
+        f"Age:             {age(meta.get('creationTimestamp'), now)}",
+        f"Status:          {status.get('status') or '-'} "
+        f"({status.get('readyNodes', 0)}/{status.get('nodeCount', 0)} nodes ready"
+        f"{', numNodes ' + str(spec['numNodes']) if spec.get('numNodes') else ''})",
+        f"Channel:         ResourceClaimTemplate "
+        f"{(channel.get('resourceClaimTemplate') or {}).get('name', '-')}, "
+        f"allocationMode {channel.get('allocationMode') or c.ALLOCATION_MODE_SINGLE}",
+    ]
+    if meta.get("deletionTimestamp"):
+        out.append(f"Deleting since:  {meta['deletionTimestamp']}")
+    out.append("Conditions:")
+    conds = [x for x in status.get("conditions") or [] if isinstance(x, dict)]
+    if conds:
+        out += _table(("TYPE", "STATUS", "REASON", "MESSAGE"),
+                      [(x.get("type", ""), x.get("status", ""), x.get("reason", ""),
+                        x.get("message", "")) for x in conds], indent="  ")  # fmt: skip
+    else:
+        out.append("  <none>")
+    out.append("Nodes and IMEX daemons (per clique):")
+    nodes = {str(n.get("name")): n for n in status.get("nodes") or [] if isinstance(n, dict)}
+    rows = []
+    seen: set[str] = set()
+    for clique in sorted(view.cliques, key=lambda o: o["metadata"]["name"]):
+        clique_id = (clique["metadata"].get("labels") or {}).get(c.CLIQUE_ID_LABEL, "")
+        for d in sorted(clique.get("daemons") or [], key=lambda d: d.get("index", -1)):
+            name = str(d.get("nodeName", ""))
+            seen.add(name)
+            domain_view = (nodes.get(name) or {}).get("status", "(not counted)")
+            rows.append((clique_id or d.get("cliqueID", ""), name, str(d.get("index", "")),
+                         d.get("ipAddress", ""), d.get("status", ""), domain_view,
+                         _imex_state(d)))  # fmt: skip
+    for name, n in sorted(nodes.items()):
+        if name not in seen:  # non-NVLink members have no clique entry
+            rows.append((n.get("cliqueID") or "-", name, str(n.get("index", "")),
+                         n.get("ipAddress", ""), "-", n.get("status", ""),
+                         "no IMEX (no clique)"))  # fmt: skip
+    if rows:
+        out += _table(("CLIQUE", "NODE", "INDEX", "IP", "DAEMON", "IN DOMAIN", "IMEX"),
+                      rows, indent="  ")  # fmt: skip
+    else:
+        out.append("  <none>")
+    out.append("Daemon pods:")
+    out += _pods_table(view.daemon_pods, now=now, with_ns=True)
+    out.append("Workload pods:")
+    out += _pods_table(view.workload_pods, now=now, with_ns=False)
+    out.append("Events:")
+    if view.events:
+        out += _table(("TYPE", "REASON", "AGE", "COUNT", "MESSAGE"), [
+            (e.get("type", ""), e.get("reason", ""),
+             age(e.get("lastTimestamp") or e.get("eventTime"), now), str(e.get("count") or 1),
+             str(e.get("message", "")).replace("\n", " "))
+            for e in view.events
+        ], indent="  ")  # fmt: skip
+    else:
+        out.append("  <none>")
+    return "\n".join(out) + "\n"
+
+
+def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
+    from kubernetes import config as k8s_config  # noqa: PLC0415  (only the CLI needs it)
+
+    list_contexts: Callable[..., tuple[list[JSON], JSON]] = k8s_config.list_kube_config_contexts
+    try:
+        contexts, current = list_contexts(config_file=kubeconfig)
+    except (k8s_config.ConfigException, OSError):
+        return "default"
+    chosen = next((x for x in contexts if x.get("name") == context), None) if context else current
+    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubectl computedomain", description="Show ComputeDomains and why they are not Ready."
+    )
+    parser.add_argument("--kubeconfig", help="path of the kubeconfig file (default: $KUBECONFIG)")
+    parser.add_argument("--context", help="kubeconfig context to use")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    get = sub.add_parser("get", help="list ComputeDomains")
+    get.add_argument("-A", "--all-namespaces", action="store_true")
+    get.add_argument("-n", "--namespace", dest="sub_namespace", default=None)
+    describe = sub.add_parser("describe", help="show one ComputeDomain in detail")
+    describe.add_argument("name")
+    describe.add_argument("-n", "--namespace", dest="sub_namespace", default=None)
+    return parser
+
+
+def _kubeconfig(flag: str | None) -> str | None:
+    if flag:
+        return flag
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    default = os.path.expanduser("~/.kube/config")
+    return default if os.path.exists(default) else None
+
+
+def run(
+    argv: Sequence[str], client: KubeClient | None = None, *, now: float | None = None
+) -> tuple[int, str]:
+    """Run the command line ``argv``; (exit code, text to print). ``client`` replaces the
+    kubeconfig's (tests)."""
+    args = _parser().parse_args(list(argv))
+    kubeconfig = _kubeconfig(args.kubeconfig)
+    if client is None:
+        client = RestClient(load_api_client(kubeconfig, context=args.context),
+                            user_agent="kubectl-computedomain")  # fmt: skip
+    namespace = args.sub_namespace or args.namespace
+    if (
+        namespace is None
+        and client is not None
+        and not (args.command == "get" and args.all_namespaces)
+    ):
+        namespace = _context_namespace(kubeconfig, args.context) if kubeconfig else "default"
+    when = time.time() if now is None else now
+    try:
+        if args.command == "get":
+            ns = None if args.all_namespaces else namespace
+            return 0, render_get(_items(client, res.COMPUTE_DOMAINS, namespace=ns), now=when)
+        view = collect(client, str(namespace), args.name)
+    except NotFoundError:
+        return 1, f'Error: computedomain "{args.name}" not found in namespace "{namespace}"\n'
+    except ApiError as err:
+        return 1, f"Error: {err}\n"
+    return 0, render_describe(view, now=when)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point (``kubectl-computedomain``)."""
+    code, text = run(sys.argv[1:] if argv is None else argv)
+    (sys.stdout if code == 0 else sys.stderr).write(text)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
