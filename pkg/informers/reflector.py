@@ -90,6 +90,7 @@ class Reflector:
         self.lists = 0  # LIST rounds completed (observability for tests and metrics)
         self.watch_lists = 0  # of which streaming watch-lists
         self._watch_list_refused = False
+        self._initial_done = False
 
     @property
     def last_sync_resource_version(self) -> str:
@@ -115,10 +116,15 @@ class Reflector:
         while not self._is_stopped():
             try:
                 if need_list and self._use_watch_list():
-                    need_list = False
-                    if self._watch_list():
+                    self._initial_done = False
+                    try:
+                        self._watch_list()  # refused (4xx): LIST + WATCH from now on
+                    finally:
+                        # Only a completed initial state counts as listed; a stream that
+                        # broke before its end bookmark is started over.
+                        need_list = not self._initial_done
+                    if not need_list:
                         continue  # the stream ended after the initial state: watch on
-                    need_list = True  # refused (4xx): LIST + WATCH from now on
                 if need_list:
                     self._list(consistent=consistent)
                     need_list, consistent = False, True
@@ -203,6 +209,7 @@ class Reflector:
                             self._last_rv = rv
                         self.lists += 1
                         self.watch_lists += 1
+                        self._initial_done = True
                         self._consume(stream)
                         return True
                     continue

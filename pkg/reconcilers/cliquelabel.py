@@ -15,17 +15,16 @@ label to write ``podAffinity`` with ``topologyKey: nvidia.com/gpu.clique``. Inva
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 from typing import Any
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
-from pkg.kube.resources import NODES
 from pkg.reconcilers.cache import BY_NODE, Caches
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.events import WARNING, OnceEvents
+from pkg.reconcilers.nodecache import patch_node_metadata
 
 __all__ = ["MANAGED_ANNOTATION", "CliqueLabelReconciler", "slice_clique_ids"]
 
@@ -98,16 +97,10 @@ class CliqueLabelReconciler:
         return Result()
 
     def _write(self, node: JSON, *, label: str | None) -> None:
-        body = copy.deepcopy(node)
-        meta = body["metadata"]
-        labels = meta.setdefault("labels", {})
-        annotations = meta.setdefault("annotations", {})
-        if label is None:
-            labels.pop(c.GPU_CLIQUE_NODE_LABEL, None)
-            annotations.pop(MANAGED_ANNOTATION, None)
-        else:
-            labels[c.GPU_CLIQUE_NODE_LABEL] = label
-            annotations[MANAGED_ANNOTATION] = "true"
-        self._client.update(NODES, body)
+        meta = node["metadata"]
+        patch_node_metadata(
+            self._client, node, labels={c.GPU_CLIQUE_NODE_LABEL: label},
+            annotations={MANAGED_ANNOTATION: None if label is None else "true"},
+        )  # fmt: skip
         log.info("clique label %s value=%s", "removed" if label is None else "set", label,
                  extra={"key": meta["name"]})  # fmt: skip

@@ -26,10 +26,11 @@ from pkg.api import constants as c
 from pkg.api.computedomain import ComputeDomain
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import AlreadyExistsError, ApiError, ForbiddenError, NotFoundError
-from pkg.kube.resources import DAEMONSETS, NODES, RESOURCE_CLAIM_TEMPLATES, Resource
+from pkg.kube.resources import DAEMONSETS, RESOURCE_CLAIM_TEMPLATES, Resource
 from pkg.reconcilers.cache import BY_DOMAIN, BY_UID, Caches
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.events import NORMAL, EventSink
+from pkg.reconcilers.nodecache import patch_node_metadata
 from pkg.reconcilers.objects import (
     SPEC_HASH_ANNOTATION,
     render_daemon_rct,
@@ -62,9 +63,7 @@ def remove_domain_label(client: KubeClient, node: JSON, *, uid: str) -> bool:
     """Drop ``computeDomain=<uid>`` from ``node`` (RV precondition); False if not ours."""
     if _labels(node).get(c.COMPUTE_DOMAIN_LABEL) != uid:
         return False
-    body = copy.deepcopy(node)
-    del body["metadata"]["labels"][c.COMPUTE_DOMAIN_LABEL]
-    client.update(NODES, body)
+    patch_node_metadata(client, node, labels={c.COMPUTE_DOMAIN_LABEL: None})
     return True
 
 

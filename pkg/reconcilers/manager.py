@@ -46,6 +46,7 @@ from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import Controller, ReconcileMetrics, Reconciler
 from pkg.reconcilers.events import EventSink, OnceEvents
 from pkg.reconcilers.metrics import DomainMetrics
+from pkg.reconcilers.nodecache import NodeView, as_node_metadata
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
 from pkg.reconcilers.slim import slim_node, slim_object
 from pkg.runtime.clock import Clock
@@ -84,7 +85,7 @@ class ControllerManager:
         clock: Clock,
         informer_clock: InformerClock,
         events: EventSink,
-        cd_workers: int = 2,
+        cd_workers: int = 8,
     ) -> None:
         self._factory = SharedInformerFactory(
             client, clock=informer_clock, resync_period=RESYNC_PERIOD, transform=slim_object,
@@ -98,13 +99,18 @@ class ControllerManager:
             "pods": f.informer_for(res.PODS, ns, label_selector=label),
             "cliques": f.informer_for(res.COMPUTE_DOMAIN_CLIQUES, ns, label_selector=label),
             "rcts": f.informer_for(res.RESOURCE_CLAIM_TEMPLATES, label_selector=label),
-            "nodes": f.informer_for(res.NODES, transform=slim_node),
+            "nodes": f.informer_for(res.NODES, transform=as_node_metadata, metadata_only=True),
             "claims": f.informer_for(res.RESOURCE_CLAIMS),
             "slices": f.informer_for(res.RESOURCE_SLICES),
         }
         for name, inf in informers.items():
             inf.add_indexers(INDEXES[name])
-        self.caches = Caches(**{name: inf.indexer for name, inf in informers.items()})
+        # Health (conditions, taints) only of the Nodes that host a domain's daemons.
+        self._node_health = f.informer_for(res.NODES, label_selector=label, transform=slim_node)
+        caches: dict[str, Any] = {name: inf.indexer for name, inf in informers.items()}
+        caches["nodes"] = NodeView(informers["nodes"].indexer, self._node_health.indexer)
+        self.caches = Caches(**caches)
+        informers["node_health"] = self._node_health
         self._informers = informers
         once = OnceEvents(events)
         reconcile_metrics = ReconcileMetrics(registry)
@@ -128,6 +134,8 @@ class ControllerManager:
             client=client, caches=self.caches, config=config, events=events, clock=clock
         )
         self.controllers = [
+            # Reconciles are I/O-bound: enough workers that the client's QPS (per API group),
+            # not the worker count, bounds a burst of new domains.
             controller("computedomain", self.domains, cd_workers),
             controller("resourceclaim", self.claims, 1),
             controller("cliquelabel", self.cliques, 1),
@@ -207,13 +215,14 @@ class ControllerManager:
         )  # fmt: skip
         for name in ("daemonsets", "pods", "cliques", "rcts"):
             self._watch(inf[name], cd_ctl, self._domain_keys)
-        self._watch(inf["nodes"], cd_ctl, self._domain_keys_of_node)
+        for nodes in ("nodes", "node_health"):
+            self._watch(inf[nodes], cd_ctl, self._domain_keys_of_node)
+            self._watch(inf[nodes], prune_ctl, self.prune.keys_for_node)
         # Nodes that could ever join (reachability): re-check domains still waiting for nodes.
         self._watch(inf["slices"], cd_ctl, lambda _o: self._waiting_domain_keys())
         self._watch(inf["nodes"], cd_ctl, lambda _o: self._waiting_domain_keys())
         self._watch(inf["cliques"], prune_ctl, lambda o: [_key(o)])
         self._watch(inf["pods"], prune_ctl, self.prune.keys_for_pod)
-        self._watch(inf["nodes"], prune_ctl, self.prune.keys_for_node)
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
         self._watch(inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])])
         self._watch(inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])])

@@ -23,18 +23,17 @@ still labels at NodePrepareResources as a fallback. Invariants:
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 from typing import Any
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
-from pkg.kube.resources import NODES
 from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, BY_UID, Caches, channel_domain_id
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.dependents import remove_domain_label
 from pkg.reconcilers.events import WARNING, OnceEvents
+from pkg.reconcilers.nodecache import patch_node_metadata
 
 __all__ = ["ResourceClaimReconciler"]
 
@@ -150,9 +149,7 @@ class ResourceClaimReconciler:
             for claim in claims:
                 self._events.event(claim, WARNING, "NodeInUse", msg)
             return Result()
-        body = copy.deepcopy(node)
-        body["metadata"].setdefault("labels", {})[c.COMPUTE_DOMAIN_LABEL] = uid
-        self._client.update(NODES, body)
+        patch_node_metadata(self._client, node, labels={c.COMPUTE_DOMAIN_LABEL: uid})
         self._remember(node_name, uid, claim_uids)
         log.info("node labelled for domain uid=%s domain=%s replaced=%s", uid, _ref(cd),
                  current or "-", extra={"key": node_name})  # fmt: skip

@@ -15,6 +15,7 @@ from pkg.informers.clock import FakeClock
 from pkg.informers.factory import SharedInformerFactory
 from pkg.informers.informer import SharedInformer
 from pkg.informers.listwatch import RestListerWatcher
+from pkg.informers.reflector import BackoffPolicy
 from pkg.kube import resources as r
 from pkg.kube.client import INITIAL_EVENTS_END, JSON
 from pkg.reconcilers.slim import slim_node
@@ -137,3 +138,21 @@ def test_slim_node_keeps_what_the_controller_reads() -> None:
     assert slim["spec"] == full["spec"]
     assert slim["status"] == {"conditions": full["status"]["conditions"]}
     assert "managedFields" in full["metadata"] and "images" in full["status"]  # not mutated
+
+
+def test_watch_list_broken_before_its_end_bookmark_starts_over(api: FakeApiServer) -> None:
+    """A stream that dies before the initial-events-end bookmark has not synced anything:
+    the reflector must ask for the initial state again, not resume a plain watch."""
+    api.seed(r.NODES, node("n0"))
+    api.inject_error("WATCH", r.NODES, 0, count=2)  # drop the first two watch-lists
+    factory = SharedInformerFactory(api.client(), clock=FakeClock(), watch_list=True,
+                                    backoff=BackoffPolicy(initial=0.01, cap=0.02))  # fmt: skip
+    inf = factory.informer_for(r.NODES)
+    inf.start()
+    try:
+        assert inf.wait_for_sync(10.0)
+        assert inf.indexer.get_by_key("n0") is not None
+        streams = [x.query for x in api.requests if x.path == "/api/v1/nodes"]
+        assert len(streams) >= 3 and all(q.get("sendInitialEvents") == "true" for q in streams)
+    finally:
+        factory.shutdown()

@@ -1,0 +1,73 @@
+"""The controller's view of Nodes: metadata of every Node, health of the domain's Nodes.
+
+Owns how two Node informers combine into the one ``Caches.nodes`` the reconcilers read:
+
+* every Node, metadata only (PartialObjectMetadata, as client-go's metadata informers: labels
+  and annotations are all the label reconcilers read), re-typed ``v1``/``Node`` so Events
+  about a Node name the right kind;
+* Nodes labelled ``resource.nvidia.com/computeDomain`` (the nodes that host IMEX daemons),
+  full objects slimmed to metadata, spec and ``status.conditions`` — node health (Ready
+  condition, unreachable/not-ready taints) is read only for them, as upstream's controller
+  watches only those nodes.
+
+Invariants: :meth:`NodeView.get_by_key` prefers the full object when there is one; ``list``
+and indexes come from the metadata cache, which holds every Node. Writes to Nodes must be
+metadata patches (:func:`patch_node_metadata`), never a PUT of a cached object, which may be
+metadata only.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+from pkg.informers.compact import drop_managed_fields
+from pkg.kube.client import KubeClient
+from pkg.kube.resources import NODES
+from pkg.reconcilers.cache import ObjectCache
+
+__all__ = ["NodeView", "as_node_metadata", "patch_node_metadata"]
+
+JSON = dict[str, Any]
+
+
+def as_node_metadata(obj: JSON) -> JSON:
+    """A PartialObjectMetadata Node without managedFields, typed ``v1``/``Node``."""
+    out = dict(drop_managed_fields(obj))
+    out["apiVersion"], out["kind"] = "v1", "Node"
+    return out
+
+
+def patch_node_metadata(
+    client: KubeClient, node: JSON, *, labels: dict[str, str | None],
+    annotations: dict[str, str | None] | None = None,
+) -> JSON:  # fmt: skip
+    """Set (value) or remove (None) labels/annotations of ``node`` with a merge patch that
+    carries the cached resourceVersion (a 409 means "look again")."""
+    meta = node["metadata"]
+    body: JSON = {"metadata": {"labels": labels}}
+    if annotations:
+        body["metadata"]["annotations"] = annotations
+    if meta.get("resourceVersion"):
+        body["metadata"]["resourceVersion"] = meta["resourceVersion"]
+    return client.patch(NODES, str(meta["name"]), body)
+
+
+class NodeView:
+    """``ObjectCache`` over the metadata cache of all Nodes and the health cache of some."""
+
+    def __init__(self, metadata: ObjectCache, health: ObjectCache) -> None:
+        self._metadata = metadata
+        self._health = health
+
+    def get_by_key(self, key: str) -> JSON | None:
+        """The full (slimmed) Node if it is a domain node, else its metadata, else None."""
+        return self._health.get_by_key(key) or self._metadata.get_by_key(key)
+
+    def list(self) -> builtins.list[JSON]:
+        """Every Node (metadata)."""
+        return self._metadata.list()
+
+    def by_index(self, index: str, value: str) -> builtins.list[JSON]:
+        """Index lookups on the metadata cache (labels only)."""
+        return self._metadata.by_index(index, value)
