@@ -10,6 +10,7 @@ target (``TARGETS``) is SIGKILLed:
 * ``plugin``: a random node's kubelet plugin; restarted after ``RESTART_DELAY`` (DaemonSet);
 * ``daemon``: one of the domain's IMEX daemon containers (the kubelet stand-in restarts it);
 * ``imex``: an ``nvidia-imex`` (simulator) process under a daemon (the daemon restarts it);
+  these two never at domain deletion (the pods' deletion already removed the daemons);
 * ``apiserver``: the kube-apiserver, down 1-3 s, then started again (``restart_apiserver``).
 
 Every other binary must keep its PID (``faults.exited``). A step that does not finish in time
@@ -154,7 +155,10 @@ def inject(
 def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
     """One lifecycle with one fault (see the module docstring); never raises on a problem."""
     admin, ns, dns = env.admin, env.namespace, env.driver.namespace
-    lc = Lifecycle(index=index, target=rng.choice(TARGETS), phase=rng.choice(PHASES))
+    target = rng.choice(TARGETS)
+    # Daemons exist until the pods' deletion has run its course: no daemon at domain deletion.
+    phases = PHASES[:3] if target in ("daemon", "imex") else PHASES
+    lc = Lifecycle(index=index, target=target, phase=rng.choice(phases))
     start = time.monotonic()
     nodes = rng.sample(CLIQUE0, 2)
     before = driver_pids(env.driver, env.fleet)
