@@ -64,12 +64,15 @@ def test_job_over_two_cliques_names_them_and_describe_shows_it(
     drop = domain_dir / "drop-peers"
     drop.write_text(ip_2 + "\n")
     try:
-        broken = wait_for("IMEXConnected=False", lambda: (
-            cond if (cond := condition(admin, w, "IMEXConnected")).get("status") == "False"
-            else None), timeout=60)  # fmt: skip
+        both = ("gpu-node-1 cannot reach gpu-node-2", "gpu-node-2 cannot reach gpu-node-1")
+
+        def both_named() -> dict[str, Any] | None:  # each end reports on its own poll
+            cond = condition(admin, w, "IMEXConnected")
+            ok = cond.get("status") == "False" and all(t in cond["message"] for t in both)
+            return cond if ok else None
+
+        broken = wait_for("IMEXConnected=False naming both ends", both_named, timeout=60)
         assert broken["reason"] == "PeersUnreachable"
-        assert "gpu-node-1 cannot reach gpu-node-2" in broken["message"]
-        assert "gpu-node-2 cannot reach gpu-node-1" in broken["message"]
 
         # kubectl finds the installed plugin on PATH: one screen with all of it.
         env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
