@@ -50,6 +50,10 @@ def test_reconcile_completes_while_event_writes_hang(
     )  # fmt: skip
     try:
         server.seed(res.COMPUTE_DOMAINS, compute_domain(numNodes=1))
+        # a template of someone else under the domain's name: a Warning Event on every pass
+        server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
+            "metadata": {"name": "cd1-channel", "namespace": "team"}, "spec": {"spec": {}},
+        })  # fmt: skip
         done = threading.Event()
 
         def run() -> None:
@@ -59,7 +63,8 @@ def test_reconcile_completes_while_event_writes_hang(
 
         threading.Thread(target=run, daemon=True).start()
         assert done.wait(30), "reconcile waited for an Event write"
-        assert server.objects(res.RESOURCE_CLAIM_TEMPLATES)  # the work was done
+        (cd,) = server.objects(res.COMPUTE_DOMAINS)
+        assert "ResourceClaimTemplateConflict" in str(cd.get("status"))  # the work was done
         assert sink.calls <= 1 and recorder.pending() >= 1  # events parked, not lost
     finally:
         sink.release.set()

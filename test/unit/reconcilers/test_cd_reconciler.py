@@ -97,8 +97,8 @@ def test_creation_renders_every_dependent_and_reports_waiting(
         "False", "WaitingForNodes", cd["metadata"]["generation"],
     )  # fmt: skip
     assert cd["status"]["nodeCount"] == 0
-    # one Normal event at creation (the workload RCT); the daemon's objects are logged only
-    assert [i[2] for i in events.items if i[1] == "Normal"] == ["ResourceClaimTemplateCreated"]
+    # no Normal Event at creation (as upstream): dependents are logged, status shows progress
+    assert [i[2] for i in events.items if i[1] == "Normal"] == []
 
 
 def test_rereconcile_is_idempotent_and_writes_nothing(
