@@ -96,7 +96,7 @@ EXPECTED: dict[str, list[Grant]] = {
          "everywhere"),
         ("resource.k8s.io", "resourceclaims", "list watch", "everywhere"),
         ("resource.k8s.io", "resourceslices", "list watch", "cluster"),
-        ("", "nodes", "list watch update", "cluster"),
+        ("", "nodes", "list watch patch", "cluster"),
         ("", "events", "create patch", "everywhere"),
         ("apps", "daemonsets", "get list watch create update delete", "driver"),
         ("", "pods", "list watch", "driver"),

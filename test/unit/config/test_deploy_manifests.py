@@ -117,7 +117,7 @@ EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
         },
         ("resource.k8s.io", "resourceclaims", ()): {"list", "watch"},
         ("resource.k8s.io", "resourceslices", ()): {"list", "watch"},
-        ("", "nodes", ()): {"list", "watch", "update"},
+        ("", "nodes", ()): {"list", "watch", "patch"},
         ("", "events", ()): {"create", "patch"},
     },
     ("Role", "compute-domain-controller"): {
