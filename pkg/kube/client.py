@@ -30,6 +30,7 @@ __all__ = [
     "INITIAL_EVENTS_END",
     "JSON",
     "PARTIAL_OBJECT_METADATA",
+    "PARTIAL_OBJECT_METADATA_LIST",
     "HttpWatchStream",
     "KubeClient",
     "PatchBody",
@@ -52,7 +53,9 @@ _PATCH_CONTENT_TYPES: dict[str, str] = {
 }
 # Accept header of client-go's metadata client (JSON flavour): objects come back as
 # meta.k8s.io/v1 PartialObjectMetadata(List), i.e. apiVersion, kind and metadata only.
+# Lists must ask for the List kind (kube-apiserver answers 406 to as=PartialObjectMetadata).
 PARTIAL_OBJECT_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+PARTIAL_OBJECT_METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 # Annotation on the BOOKMARK that ends the initial events of a streaming watch-list.
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 # Seconds added to a watch's server timeout to form the client read timeout.
@@ -277,7 +280,7 @@ class RestClient:
             query["continue"] = continue_token
         if resource_version is not None:
             query["resourceVersion"] = resource_version
-        accept = PARTIAL_OBJECT_METADATA if metadata_only else "application/json"
+        accept = PARTIAL_OBJECT_METADATA_LIST if metadata_only else "application/json"
         out: JSON = self._call("GET", resource.path(namespace), query=query, accept=accept)
         return out
 

@@ -292,7 +292,7 @@ class FakeApiServer:
                     raise GoneError(410, "Expired", "too old resource version (injected)")
                 raise error_from_status(injected, {"reason": "Injected", "message": "injected"})
             body = decode_body(raw, h.headers.get("Content-Type"))
-            metadata_only = _wants_metadata(h.headers.get("Accept"))
+            metadata_only = _wants_metadata(h.headers.get("Accept"), verb)
             if verb == "WATCH":
                 self._watch(h, route, query, generation, metadata_only=metadata_only)
                 return
@@ -410,10 +410,22 @@ class FakeApiServer:
         )  # fmt: skip
 
 
-def _wants_metadata(accept: str | None) -> bool:
-    """The first media type of ``accept`` asks for PartialObjectMetadata(List)."""
-    first = (accept or "").split(",")[0]
-    return "as=PartialObjectMetadata" in first.replace(" ", "")
+def _wants_metadata(accept: str | None, verb: str) -> bool:
+    """The first media type of ``accept`` asks for metadata only: ``as=PartialObjectMetadata``
+    for GET and WATCH, ``as=PartialObjectMetadataList`` for LIST. The wrong one of the two is a
+    406, as kube-apiserver answers it."""
+    first = (accept or "").split(",")[0].replace(" ", "")
+    params = dict(p.split("=", 1) for p in first.split(";")[1:] if "=" in p)
+    wanted = params.get("as")
+    if wanted is None:
+        return False
+    expected = "PartialObjectMetadataList" if verb == "LIST" else "PartialObjectMetadata"
+    if wanted != expected:
+        raise error_from_status(
+            406, {"reason": "NotAcceptable", "message": f"you requested {wanted}, but the "
+                  f"requested object is {'a list' if verb == 'LIST' else 'an object'}"},
+        )  # fmt: skip
+    return True
 
 
 def _as_metadata(out: JSON, verb: str) -> JSON:

@@ -156,3 +156,16 @@ def test_watch_list_broken_before_its_end_bookmark_starts_over(api: FakeApiServe
         assert len(streams) >= 3 and all(q.get("sendInitialEvents") == "true" for q in streams)
     finally:
         factory.shutdown()
+
+
+def test_metadata_list_with_the_object_media_type_is_406_as_on_the_api_server(
+    api: FakeApiServer,
+) -> None:
+    """kube-apiserver: "you requested PartialObjectMetadata, but the requested object is a
+    list" (found by test/e2e/test_watch_list.py); the fake must refuse it too."""
+    api.seed(r.NODES, node("n0"))
+    accept = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+    resp = urllib3.PoolManager().request(
+        "GET", f"{api.url}/api/v1/nodes", headers={"Accept": accept}, timeout=5
+    )
+    assert resp.status == 406
