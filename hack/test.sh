@@ -10,12 +10,12 @@ hack/check.sh
 echo "==> unit tests"
 "$PY" -m pytest test/unit -q -p no:cacheprovider
 if [[ "${SKIP_E2E:-}" != "1" ]]; then
-  echo "==> control plane binaries"
+  echo "==> control plane and node binaries; Debian packages of the real-node tier"
   hack/build-control-plane.sh
+  hack/node-deps.sh
   echo "==> e2e tests (simulated nodes)"
   "$PY" -m pytest test/e2e -q -p no:cacheprovider
   echo "==> e2e tests (real nodes: kubelet + containerd, the driver as pods)"
-  hack/node-deps.sh
   "$PY" -m pytest test/e2e_nodes -q -p no:cacheprovider
 fi
 echo "==> make test finished in $(( $(date +%s) - start ))s"
