@@ -49,6 +49,8 @@ def test_manager_reads_health_only_of_domain_nodes(
         assert sorted(n["metadata"]["name"] for n in manager.caches.nodes.list()) == [
             "member", "plain",
         ]  # fmt: skip
+        # idle means idle: no informer replays its cache periodically
+        assert all(i._resync_period == 0 for i in manager._informers.values())
         queries = [x for x in server.requests if x.path == "/api/v1/nodes"]
         assert {x.query.get("labelSelector") for x in queries} == {None, c.COMPUTE_DOMAIN_LABEL}
     finally:
