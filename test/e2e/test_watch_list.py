@@ -5,8 +5,11 @@ bookmark), and refuses a watch-list without resourceVersionMatch=NotOlderThan wi
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
-from localcluster import Cluster
+from localcluster import Cluster, fake_node
 
 from pkg.informers.clock import RealClock
 from pkg.informers.factory import SharedInformerFactory
@@ -14,7 +17,7 @@ from pkg.informers.listwatch import RestListerWatcher
 from pkg.kube import resources as r
 from pkg.kube.client import INITIAL_EVENTS_END, KubeClient, RestClient
 from pkg.kube.config import load_api_client
-from pkg.kube.errors import ApiError
+from pkg.kube.errors import AlreadyExistsError, ApiError, NotFoundError
 
 
 @pytest.fixture
@@ -22,12 +25,24 @@ def rest(cluster: Cluster) -> RestClient:
     return RestClient(load_api_client(str(cluster.kubeconfig("admin"))), user_agent="e2e")
 
 
-def test_metadata_only_list_and_watch_list_on_the_real_apiserver(rest: RestClient) -> None:
+@pytest.fixture
+def a_node(rest: RestClient) -> Iterator[str]:
+    name = "watch-list-probe"
+    with contextlib.suppress(AlreadyExistsError):
+        rest.create(r.NODES, fake_node(name))
+    yield name
+    with contextlib.suppress(NotFoundError):
+        rest.delete(r.NODES, name)
+
+
+def test_metadata_only_list_and_watch_list_on_the_real_apiserver(
+    rest: RestClient, a_node: str
+) -> None:
     page = rest.list(r.NODES, limit=5, metadata_only=True)
     assert page["kind"] == "PartialObjectMetadataList"
-    assert page["items"] and all(
-        set(i) <= {"apiVersion", "kind", "metadata"} for i in page["items"]
-    )
+    items = page["items"]
+    assert items and all(set(i) <= {"apiVersion", "kind", "metadata"} for i in items)
+    assert all(i["kind"] == "PartialObjectMetadata" for i in items)
     lw = RestListerWatcher(rest, r.NODES, metadata_only=True, watch_list_enabled=True)
     stream = lw._watch_list(timeout_seconds=30)
     names = set()
@@ -55,7 +70,7 @@ def test_watch_list_without_not_older_than_is_refused(rest: RestClient) -> None:
 
 
 def test_informer_syncs_by_watch_list_on_the_real_apiserver(
-    rest: RestClient, admin: KubeClient
+    rest: RestClient, admin: KubeClient, a_node: str
 ) -> None:
     factory = SharedInformerFactory(rest, clock=RealClock(), watch_list=True)
     inf = factory.informer_for(r.NODES, metadata_only=True)
@@ -63,6 +78,8 @@ def test_informer_syncs_by_watch_list_on_the_real_apiserver(
     try:
         assert inf.wait_for_sync(30)
         assert inf.reflector.watch_lists == 1 and inf.reflector.lists == 1
-        assert len(inf.indexer.list()) == len(admin.list(r.NODES)["items"])
+        assert len(inf.indexer.list()) == len(admin.list(r.NODES)["items"]) >= 1
+        cached = inf.indexer.get_by_key(a_node)
+        assert cached is not None and cached["kind"] == "PartialObjectMetadata"
     finally:
         factory.shutdown()
