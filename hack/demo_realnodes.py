@@ -16,12 +16,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
 from localcluster import Cluster, bin_dir
 from localcluster.hostnet import HOST_IP
 from localcluster.realnode import RealNodes, missing_prerequisites
 from nodeimages import PAUSE_IMAGE, build_all
-from realsupport import GPU_NODE_LABELS, REAL_NODES, REPO, Kubectl, deploy_driver, prepare_node
+from realsupport import (
+    GPU_NODE_LABELS,
+    REAL_NODES,
+    Kubectl,
+    deploy_driver,
+    prepare_node,
+    sample_workload,
+)
 from realsupport import wait_for as wait
 
 NS = "demo"
@@ -33,19 +39,6 @@ def unavailable() -> list[str]:
     if os.geteuid() != 0:
         return ["real nodes need root (namespaces, cgroups, containerd)"]
     return missing_prerequisites(bin_dir())
-
-
-def _samples() -> str:
-    docs = []
-    for f in ("computedomain.yaml", "job.yaml"):
-        for d in yaml.safe_load_all((REPO / "config" / "samples" / f).read_text()):
-            if not d:
-                continue
-            d["metadata"]["namespace"] = NS
-            if d["kind"] == "Job":
-                d["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", WORKER_CMD]
-            docs.append(d)
-    return yaml.safe_dump_all(docs)
 
 
 def run(
@@ -79,7 +72,7 @@ def run(
         show(kubectl("-n", driver_ns, "get", "pods", "-o", "wide"))
         step("the sample ComputeDomain and its 2-pod Job (busybox)")
         kubectl("create", "namespace", NS)
-        kubectl("apply", "-f", "-", stdin=_samples())
+        kubectl("apply", "-f", "-", stdin=sample_workload(NS, WORKER_CMD))
         deadline = time.monotonic() + timeout
         while True:
             out = kubectl("-n", NS, "get", "computedomains")

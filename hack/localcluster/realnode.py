@@ -57,7 +57,7 @@ def missing_prerequisites(bin_dir: Path) -> list[str]:
     return out
 
 
-def containerd_config(node_dir: Path, pause_image: str, index: int) -> str:
+def containerd_config(node_dir: Path, pause_image: str) -> str:
     """The containerd v2 (``version = 3``) config of one node."""
     return f"""version = 3
 root = "/var/lib/containerd"
@@ -213,7 +213,7 @@ class RealNode:
     def start_containerd(self, pause_image: str) -> None:
         """Start containerd and wait until its socket answers."""
         cfg = self.node_dir / "containerd.toml"
-        cfg.write_text(containerd_config(self.node_dir, pause_image, self.index))
+        cfg.write_text(containerd_config(self.node_dir, pause_image))
         cni = self.node_dir / "cni"
         cni.mkdir(exist_ok=True)
         (cni / "10-cde2e.conflist").write_text(json.dumps(cni_config(self.index), indent=1))

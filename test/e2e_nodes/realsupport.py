@@ -7,6 +7,7 @@ driver root (:func:`prepare_node`), and deploying ``config/overlays/e2e-real-nod
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from localcluster.realnode import RealNode
 from nodeimages import driver_image_refs
 
@@ -32,6 +34,7 @@ FAKE_GPUS = {
 }
 OVERLAY = REPO / "config" / "overlays" / "e2e-real-nodes"
 DRIVER_NAMESPACE = "nvidia-dra-driver"
+CD_LABEL = "resource.nvidia.com/computeDomain"
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 T = TypeVar("T")
 
@@ -117,3 +120,102 @@ def deploy_driver(kubectl: Kubectl, *, nodes: int = len(REAL_NODES)) -> str:
                 f"{pod['metadata']['name']} runs {status['image']}, not one of our images {ours}"
             )
     return ns
+
+
+def sample_workload(ns: str, command: str, *, mode: str = "Single") -> str:
+    """``config/samples`` (ComputeDomain + 2-pod Job) in ``ns`` as YAML, the Job's worker running
+    ``sh -c command`` and the domain's channel in ``mode`` (``Single`` or ``All``)."""
+    out: list[dict[str, Any]] = []
+    for f in ("computedomain.yaml", "job.yaml"):
+        for d in yaml.safe_load_all((REPO / "config" / "samples" / f).read_text()):
+            if not d:
+                continue
+            d["metadata"]["namespace"] = ns
+            if d["kind"] == "ComputeDomain":
+                d["spec"]["channel"]["allocationMode"] = mode
+            if d["kind"] == "Job":
+                d["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", command]
+            out.append(d)
+    return yaml.safe_dump_all(out)
+
+
+def domain(ns: str, name: str = "cd") -> dict[str, Any]:
+    """A ComputeDomain without ``numNodes`` whose claim template is ``<name>-rct``."""
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{name}-rct"}}},
+    }
+
+
+def channel_pod(ns: str, name: str, node: str, cmd: str, rct: str = "cd-rct") -> dict[str, Any]:
+    """A busybox pod pinned to ``node`` running ``sh -c cmd`` with a claim from ``rct``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "w",
+                    "image": "busybox:1.37",
+                    "command": ["sh", "-c", cmd],
+                    "resources": {"claims": [{"name": "ch"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "ch", "resourceClaimTemplateName": rct}],
+        },
+    }
+
+
+def apply(kubectl: Kubectl, *objs: dict[str, Any]) -> None:
+    """``kubectl apply`` the objects."""
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
+
+
+def phase(kubectl: Kubectl, ns: str, pod: str) -> str:
+    """The pod's ``status.phase``."""
+    return str(kubectl.json("-n", ns, "get", "pod", pod).get("status", {}).get("phase", ""))
+
+
+def daemon_pod(kubectl: Kubectl, driver: str, uid: str, node: str) -> dict[str, Any] | None:
+    """The IMEX daemon pod of domain ``uid`` on ``node``, if any."""
+    for p in kubectl.items("pods", "-n", driver, "-l", f"{CD_LABEL}={uid}"):
+        if p["spec"].get("nodeName") == node:
+            return p
+    return None
+
+
+def pod_ready(pod: dict[str, Any] | None) -> bool:
+    """True if the pod's Ready condition is True."""
+    conds = (pod or {}).get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def ready_daemon(kubectl: Kubectl, driver: str, uid: str, node: str) -> dict[str, Any] | None:
+    """The daemon pod of domain ``uid`` on ``node`` if it is Ready, else None."""
+    d = daemon_pod(kubectl, driver, uid, node)
+    return d if pod_ready(d) else None
+
+
+def container_pids(node: str, needle: str) -> list[int]:
+    """PIDs in ``node``'s pod cgroups whose command line contains ``needle``."""
+    root = Path("/sys/fs/cgroup/pids") / f"cde2e-{node}"
+    pids: list[int] = []
+    for d, _, _ in os.walk(root):
+        try:
+            procs = (Path(d) / "cgroup.procs").read_text().split()
+        except OSError:
+            continue
+        for p in procs:
+            try:
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if needle in cmd:
+                pids.append(int(p))
+    return pids

@@ -15,57 +15,20 @@ import contextlib
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
-import yaml
 from localcluster.realnode import RealNodes
-from realsupport import REAL_NODES, Kubectl, wait_for
-
-CD_LABEL = "resource.nvidia.com/computeDomain"
-
-
-def _domain(ns: str, name: str = "cd") -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "ComputeDomain",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{name}-rct"}}},
-    }
-
-
-def _pod(ns: str, name: str, node: str, cmd: str, rct: str = "cd-rct") -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "nodeName": None,
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "w",
-                    "image": "busybox:1.37",
-                    "command": ["sh", "-c", cmd],
-                    "resources": {"claims": [{"name": "ch"}]},
-                }
-            ],
-            "resourceClaims": [{"name": "ch", "resourceClaimTemplateName": rct}],
-        },
-    }
-
-
-def _apply(kubectl: Kubectl, *objs: dict[str, Any]) -> None:
-    for o in objs:
-        if o.get("spec", {}).get("nodeName", 1) is None:
-            del o["spec"]["nodeName"]
-    kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
-
-
-def _phase(kubectl: Kubectl, ns: str, pod: str) -> str:
-    return str(kubectl.json("-n", ns, "get", "pod", pod).get("status", {}).get("phase", ""))
+from realsupport import (
+    REAL_NODES,
+    Kubectl,
+    apply,
+    channel_pod,
+    container_pids,
+    domain,
+    phase,
+    ready_daemon,
+    wait_for,
+)
 
 
 def _cd_status(kubectl: Kubectl, ns: str, name: str = "cd") -> dict[str, Any]:
@@ -73,42 +36,11 @@ def _cd_status(kubectl: Kubectl, ns: str, name: str = "cd") -> dict[str, Any]:
     return st
 
 
-def _daemon_pod(kubectl: Kubectl, driver: str, uid: str, node: str) -> dict[str, Any] | None:
-    for p in kubectl.items("pods", "-n", driver, "-l", f"{CD_LABEL}={uid}"):
-        if p["spec"].get("nodeName") == node:
-            return p
-    return None
-
-
-def _ready(pod: dict[str, Any] | None) -> bool:
-    conds = (pod or {}).get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
-
-
-def _container_pids(nodes: RealNodes, node: str, needle: str) -> list[int]:
-    """PIDs in the node's pod cgroups whose command line contains ``needle``."""
-    root = Path("/sys/fs/cgroup/pids") / f"cde2e-{node}"
-    pids: list[int] = []
-    for d, _, _ in os.walk(root):
-        try:
-            procs = (Path(d) / "cgroup.procs").read_text().split()
-        except OSError:
-            continue
-        for p in procs:
-            try:
-                cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if needle in cmd:
-                pids.append(int(p))
-    return pids
-
-
 def test_plugin_pod_restarted_mid_formation(
     kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str
 ) -> None:
     node = REAL_NODES[0]
-    _apply(kubectl, _domain(ns), _pod(ns, "w", node, "ls /dev/nvidia-caps-imex-channels"))
+    apply(kubectl, domain(ns), channel_pod(ns, "w", node, "ls /dev/nvidia-caps-imex-channels"))
     wait_for(
         "the workload's claim to be allocated",
         lambda: any(
@@ -125,15 +57,10 @@ def test_plugin_pod_restarted_mid_formation(
     ]
     assert old, "no plugin pod on the node"
     kubectl("-n", driver, "delete", "pod", old[0], "--wait=false")
-    wait_for("the workload to succeed", lambda: _phase(kubectl, ns, "w") == "Succeeded", 180)
+    wait_for("the workload to succeed", lambda: phase(kubectl, ns, "w") == "Succeeded", 180)
     assert "channel0" in kubectl("-n", ns, "logs", "w")
     kubectl("-n", ns, "delete", "pod", "w", "--wait=true")
     kubectl("-n", ns, "delete", "computedomain/cd", "--wait=true", "--timeout=120s")
-
-
-def _ready_daemon(kubectl: Kubectl, driver: str, uid: str, node: str) -> dict[str, Any] | None:
-    d = _daemon_pod(kubectl, driver, uid, node)
-    return d if _ready(d) else None
 
 
 def test_daemon_killed_kubelet_restarts_it_and_workload_waits(
@@ -144,8 +71,10 @@ def test_daemon_killed_kubelet_restarts_it_and_workload_waits(
     # every daemon process in the node's pod cgroups). One channel per node and domain, so the
     # workload that triggered the daemon is the one that must wait: it may not start until
     # the real kubelet has restarted the daemon and IMEX is Ready.
-    _apply(
-        kubectl, _domain(ns), _pod(ns, "w", node, "ls /dev/nvidia-caps-imex-channels; sleep 3600")
+    apply(
+        kubectl,
+        domain(ns),
+        channel_pod(ns, "w", node, "ls /dev/nvidia-caps-imex-channels; sleep 3600"),
     )
     uid = wait_for(
         "the domain's uid",
@@ -154,28 +83,28 @@ def test_daemon_killed_kubelet_restarts_it_and_workload_waits(
     killed = 0
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for pid in _container_pids(nodes, node, "compute-domain-daemon"):
+        for pid in container_pids(node, "compute-domain-daemon"):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
-        assert _phase(kubectl, ns, "w") != "Running", "the workload started while IMEX was down"
+        assert phase(kubectl, ns, "w") != "Running", "the workload started while IMEX was down"
         time.sleep(0.1)
     assert killed, "no daemon process appeared on the node within 10 s"
-    wait_for("the workload to run", lambda: _phase(kubectl, ns, "w") == "Running", 180, 1)
+    wait_for("the workload to run", lambda: phase(kubectl, ns, "w") == "Running", 180, 1)
     # The plugin releases the workload on the daemon's own word (its clique entry: IMEX is up);
     # the pod's Ready condition follows with the next readiness probe.
     nodes_ready = [
         n["name"] for n in _cd_status(kubectl, ns).get("nodes", []) if n.get("status") == "Ready"
     ]
     assert node in nodes_ready, "the workload runs but the domain lists its node as not Ready"
-    daemon = wait_for("the daemon pod Ready", lambda: _ready_daemon(kubectl, driver, uid, node), 60)
+    daemon = wait_for("the daemon pod Ready", lambda: ready_daemon(kubectl, driver, uid, node), 60)
     restarts = daemon["status"]["containerStatuses"][0]["restartCount"]
     assert restarts >= 1, "the real kubelet did not restart the killed daemon"
 
     # Part 2: the daemon dies under a running workload: the domain leaves Ready (the dead
     # daemon does not count) and comes back once the kubelet has restarted it.
     wait_for("the domain Ready", lambda: _cd_status(kubectl, ns).get("status") == "Ready", 60)
-    for pid in _container_pids(nodes, node, "compute-domain-daemon"):
+    for pid in container_pids(node, "compute-domain-daemon"):
         os.kill(pid, signal.SIGKILL)
     wait_for(
         "the domain to leave Ready",
@@ -183,10 +112,10 @@ def test_daemon_killed_kubelet_restarts_it_and_workload_waits(
         timeout=30,
         every=0.2,
     )
-    d = wait_for("the daemon Ready again", lambda: _ready_daemon(kubectl, driver, uid, node), 120)
+    d = wait_for("the daemon Ready again", lambda: ready_daemon(kubectl, driver, uid, node), 120)
     assert d["status"]["containerStatuses"][0]["restartCount"] > restarts
     wait_for("the domain Ready again", lambda: _cd_status(kubectl, ns).get("status") == "Ready", 60)
-    assert _phase(kubectl, ns, "w") == "Running"
+    assert phase(kubectl, ns, "w") == "Running"
     kubectl("-n", ns, "delete", "pod", "w", "--wait=true")
     kubectl("-n", ns, "delete", "computedomain/cd", "--wait=true", "--timeout=120s")
 
@@ -195,17 +124,17 @@ def test_kubelet_stopped_node_not_ready_and_domain_follows(
     kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str
 ) -> None:
     a, b = REAL_NODES
-    cd = _domain(ns)
+    cd = domain(ns)
     cd["spec"]["numNodes"] = 2
-    _apply(
+    apply(
         kubectl,
         cd,
-        _pod(ns, "wa", a, "sleep 3600"),
-        _pod(ns, "wb", b, "sleep 3600"),
+        channel_pod(ns, "wa", a, "sleep 3600"),
+        channel_pod(ns, "wb", b, "sleep 3600"),
     )
     wait_for(
         "both workloads running",
-        lambda: all(_phase(kubectl, ns, p) == "Running" for p in ("wa", "wb")),
+        lambda: all(phase(kubectl, ns, p) == "Running" for p in ("wa", "wb")),
         180,
     )
     wait_for("the domain Ready", lambda: _cd_status(kubectl, ns).get("status") == "Ready", 60)

@@ -25,8 +25,17 @@ import time
 from typing import Any
 
 from localcluster.realnode import RealNodes
-from realsupport import REAL_NODES, Kubectl, wait_for
-from test_real_faults import _apply, _container_pids, _domain, _phase, _pod, _ready_daemon
+from realsupport import (
+    REAL_NODES,
+    Kubectl,
+    apply,
+    channel_pod,
+    container_pids,
+    domain,
+    phase,
+    ready_daemon,
+    wait_for,
+)
 
 CDI_VENDOR = "k8s.compute-domain.nvidia.com"
 
@@ -51,8 +60,8 @@ def test_channel_device_health_follows_the_imex_daemon(
     kubectl: Kubectl, nodes: RealNodes, driver: str, ns: str
 ) -> None:
     node = REAL_NODES[0]
-    _apply(kubectl, _domain(ns), _pod(ns, "w", node, "sleep 3600"))
-    wait_for("the workload to run", lambda: _phase(kubectl, ns, "w") == "Running", 180, 1)
+    apply(kubectl, domain(ns), channel_pod(ns, "w", node, "sleep 3600"))
+    wait_for("the workload to run", lambda: phase(kubectl, ns, "w") == "Running", 180, 1)
     uid = kubectl.json("-n", ns, "get", "computedomain/cd")["metadata"]["uid"]
     (claim,) = kubectl.items("resourceclaims", "-n", ns)
     claim_uid = claim["metadata"]["uid"]
@@ -64,10 +73,10 @@ def test_channel_device_health_follows_the_imex_daemon(
     )
     assert healthy["resourceID"] == f"{CDI_VENDOR}/claim={claim_uid}-channel-0"
     assert healthy.get("message") == f"IMEX daemon on node {node} is Ready"
-    daemon = wait_for("the daemon pod Ready", lambda: _ready_daemon(kubectl, driver, uid, node), 60)
+    daemon = wait_for("the daemon pod Ready", lambda: ready_daemon(kubectl, driver, uid, node), 60)
     restarts = daemon["status"]["containerStatuses"][0]["restartCount"]
 
-    pids = _container_pids(nodes, node, "compute-domain-daemon")
+    pids = container_pids(node, "compute-domain-daemon")
     assert pids, "no daemon process on the node"
     killed_at = time.monotonic()
     for pid in pids:
@@ -86,9 +95,9 @@ def test_channel_device_health_follows_the_imex_daemon(
         "message", ""
     )
     assert unhealthy["resourceID"] == healthy["resourceID"]
-    assert _phase(kubectl, ns, "w") == "Running"  # information only: nothing is restarted
+    assert phase(kubectl, ns, "w") == "Running"  # information only: nothing is restarted
 
-    d = wait_for("the daemon Ready again", lambda: _ready_daemon(kubectl, driver, uid, node), 120)
+    d = wait_for("the daemon Ready again", lambda: ready_daemon(kubectl, driver, uid, node), 120)
     assert d["status"]["containerStatuses"][0]["restartCount"] > restarts
     again = wait_for(
         "the channel Healthy again in the pod status",
@@ -97,6 +106,6 @@ def test_channel_device_health_follows_the_imex_daemon(
         every=0.5,
     )
     print(f"healthy again {time.monotonic() - killed_at:.1f}s after the kill: {again}")
-    assert _phase(kubectl, ns, "w") == "Running"
+    assert phase(kubectl, ns, "w") == "Running"
     kubectl("-n", ns, "delete", "pod", "w", "--wait=true")
     kubectl("-n", ns, "delete", "computedomain/cd", "--wait=true", "--timeout=120s")

@@ -11,28 +11,11 @@ from typing import Any
 
 import yaml
 from localcluster.realnode import RealNodes
-from realsupport import REAL_NODES, REPO, Kubectl, wait_for
+from realsupport import REAL_NODES, Kubectl, sample_workload, wait_for
 
-SAMPLES = REPO / "config" / "samples"
 # Long enough to see the domain Ready while the workload runs: once the Job's pods finish, their
 # claims are released and the domain shrinks back to no nodes.
 WORKLOAD_CMD = "ls -l /dev/nvidia-caps-imex-channels && sleep 10"
-
-
-def _samples(ns: str, *, mode: str = "Single") -> str:
-    docs = list(yaml.safe_load_all((SAMPLES / "computedomain.yaml").read_text()))
-    docs += list(yaml.safe_load_all((SAMPLES / "job.yaml").read_text()))
-    out: list[dict[str, Any]] = []
-    for d in docs:
-        if not d:
-            continue
-        d["metadata"]["namespace"] = ns
-        if d["kind"] == "ComputeDomain":
-            d["spec"]["channel"]["allocationMode"] = mode
-        if d["kind"] == "Job":
-            d["spec"]["template"]["spec"]["containers"][0]["command"] = ["sh", "-c", WORKLOAD_CMD]
-        out.append(d)
-    return yaml.safe_dump_all(out)
 
 
 def _cd(kubectl: Kubectl, ns: str) -> dict[str, Any] | None:
@@ -56,7 +39,7 @@ def _driver_objects(kubectl: Kubectl, driver_ns: str, cd_uid: str) -> list[str]:
 
 
 def _run_job(kubectl: Kubectl, ns: str, driver: str, *, mode: str) -> None:
-    kubectl("apply", "-f", "-", stdin=_samples(ns, mode=mode))
+    kubectl("apply", "-f", "-", stdin=sample_workload(ns, WORKLOAD_CMD, mode=mode))
 
     def ready() -> dict[str, Any] | None:
         cd = _cd(kubectl, ns)
