@@ -477,9 +477,17 @@ def decode_checkpoint(data: bytes) -> DecodedCheckpoint:
     """Parse and verify a checkpoint file.
 
     Raises `ValueError` if the file is not a checkpoint at all (not JSON, not an object, no
-    numeric checksum); otherwise returns the entries of the verified section (v2, else v1) and
-    one problem string per failed check -- no problems means the Go driver accepts the file too.
+    numeric checksum, nested too deeply to decode); otherwise returns the entries of the
+    verified section (v2, else v1) and one problem string per failed check -- no problems means
+    the Go driver accepts the file too. Never raises anything else, whatever ``data`` holds.
     """
+    try:
+        return _decode(data)
+    except RecursionError as err:
+        raise ValueError("not a checkpoint: JSON nested too deeply to decode") from err
+
+
+def _decode(data: bytes) -> DecodedCheckpoint:
     try:
         doc = gojson.loads(data)
     except (ValueError, UnicodeDecodeError) as err:

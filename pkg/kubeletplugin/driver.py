@@ -297,8 +297,7 @@ class KubeletPlugin:
             },
         ) as span:
             try:
-                if not (ref.uid and ref.name and ref.namespace):
-                    raise ValueError("claim must have namespace, name and uid")
+                ref.validate()
                 assert self.state is not None, "plugin not started"
                 devices = self.state.prepare(ref, deadline=deadline)
                 return PrepareOutcome(devices=devices)
@@ -336,8 +335,7 @@ class KubeletPlugin:
             "NodeUnprepareResource", attributes={"claim.uid": ref.uid}
         ):
             try:
-                if not ref.uid:
-                    raise ValueError("claim must have a uid")
+                ref.validate(uid_only=True)
                 assert self.state is not None, "plugin not started"
                 self.state.unprepare(ref, deadline=deadline)
                 return ""

@@ -198,7 +198,10 @@ def _time(value: Any, where: str) -> str | None:
         raise SchemaError(f"{where}: {value!r} is not an RFC 3339 time") from err
     if parsed.tzinfo is None:
         raise SchemaError(f"{where}: {value!r} has no time zone")
-    return parsed.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return parsed.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except OverflowError as err:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise SchemaError(f"{where}: {value!r} is out of range in UTC") from err
 
 
 def _is_empty(value: Any, t: GoType) -> bool:
