@@ -18,17 +18,16 @@ _REPO = str(Path(__file__).resolve().parents[2])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from pkg.base.clock import RealClock  # noqa: E402
 from pkg.daemon import logs  # noqa: E402
 from pkg.daemon.daemon import Daemon, run_check  # noqa: E402
 from pkg.daemon.metrics import DaemonMetrics  # noqa: E402
 from pkg.daemon.options import OptionsError, parse  # noqa: E402
 from pkg.imex.ctl import SubprocessCommandRunner  # noqa: E402
 from pkg.imex.supervisor import SubprocessRunner  # noqa: E402
-from pkg.informers import RealClock  # noqa: E402
 from pkg.kube.client import RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
 from pkg.kube.events import EventRecorder  # noqa: E402
-from pkg.runtime.clock import SystemClock  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -50,7 +49,7 @@ def main(argv: list[str]) -> int:
 
     client = RestClient(load_api_client(opts.kubeconfig), qps=5, burst=10)
     child_env = dict(os.environ)
-    clock = SystemClock()
+    clock = RealClock()
     daemon = Daemon(opts, client=client, clock=clock, runner=SubprocessRunner(),
                     commands=SubprocessCommandRunner(), metrics=DaemonMetrics(),
                     child_env=child_env, informer_clock=RealClock(),

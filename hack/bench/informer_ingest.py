@@ -31,7 +31,8 @@ from kubernetes import client as k8s
 from kubernetes.watch import watch as k8s_watch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from pkg.informers.clock import RealClock
+from pkg.base.clock import RealClock
+from pkg.base.types import JSON
 from pkg.informers.compact import compact as compact_fn
 from pkg.informers.informer import SharedInformer
 from pkg.informers.listwatch import ResourceListerWatcher
@@ -42,7 +43,6 @@ from pkg.kube.resources import PODS
 iter_resp_lines: Callable[[Any], Iterator[str]] = k8s_watch.iter_resp_lines
 
 PAGE = 500
-JSON = dict[str, Any]
 
 
 def make_pod(i: int, rv: int) -> JSON:

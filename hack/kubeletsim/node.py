@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pkg.base.clock import RealClock
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
 from pkg.kube.errors import ApiError
 from pkg.kube.events import EventRecorder
 from pkg.kube.resources import NODES
-from pkg.runtime.clock import SystemClock
 
 from .cdi import CdiResolver, GoCdiResolver
 from .claims import DraManager
@@ -119,7 +119,7 @@ class SimulatedNode:
                 node_name=spec.name,
                 node_ip=spec.ip,
                 client=self.client,
-                events=EventRecorder(self.client, "kubelet", SystemClock()),
+                events=EventRecorder(self.client, "kubelet", RealClock()),
                 dirs=self.dirs,
                 plugins=self.plugins,
                 dra=self.dra,

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from pkg.api import constants as c
-
-JSON = dict[str, Any]
+from pkg.base.types import JSON
 
 MAX_NUM_NODES = 5000
 """Largest accepted ``spec.numNodes``: a ComputeDomain has at most one IMEX daemon per node,

@@ -10,12 +10,9 @@ columns and ``status.conditions``.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pkg.api import constants as c
 from pkg.api.computedomain import MAX_NUM_NODES
-
-JSON = dict[str, Any]
+from pkg.base.types import JSON
 
 _STATUS_ENUM: JSON = {
     "type": "string",

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
 from pkg.kube.errors import ApiError, NotFoundError
-
-JSON = dict[str, Any]
 
 __all__ = ["DomainView", "collect", "main", "render_describe", "render_get"]
 

@@ -56,6 +56,8 @@ from typing import Any, Final
 
 from pkg import informers
 from pkg.api import constants as c
+from pkg.base.clock import Clock, RealClock
+from pkg.base.types import JSON
 from pkg.daemon.imexsync import ImexSync
 from pkg.daemon.membership import (
     CacheView,
@@ -78,11 +80,10 @@ from pkg.imex.ctl import CommandRunner, ImexCtl, peer_connections
 from pkg.imex.hosts import HostsFile
 from pkg.imex.supervisor import ProcessRunner, Supervisor
 from pkg.kube import resources as res
-from pkg.kube.client import JSON, KubeClient
+from pkg.kube.client import KubeClient
 from pkg.kube.errors import ApiError, ConnectionFailedError, NotFoundError
 from pkg.kube.events import WARNING, EventRecorder
 from pkg.kube.resources import Resource
-from pkg.runtime.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class Daemon:
         metrics: DaemonMetrics,
         child_env: dict[str, str],
         timing: Timing | None = None,
-        informer_clock: informers.Clock | None = None,
+        informer_clock: Clock | None = None,
         events: EventRecorder | None = None,
         locate: Callable[[str], str | None] | None = None,
     ) -> None:
@@ -216,7 +217,7 @@ class Daemon:
             else res.COMPUTE_DOMAINS
         )
         self.informers = informers.SharedInformerFactory(
-            client, clock=informer_clock or informers.RealClock(),
+            client, clock=informer_clock or RealClock(),
             resync_period=float(self._timing.resync_seconds), backoff=self._timing.watch_backoff,
         )  # fmt: skip
         self._informer = self.informers.informer_for(

@@ -43,8 +43,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 from pkg.kube import resources as res
-from pkg.kube.client import JSON, KubeClient
+from pkg.kube.client import KubeClient
 from pkg.kube.errors import (
     TRANSIENT_ERRORS,
     AlreadyExistsError,

@@ -24,10 +24,11 @@ import logging
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from pkg.base.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,6 @@ class ProcessRunner(Protocol):
         """Start ``argv``; raises OSError if it cannot be executed."""
 
 
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-
 class SupervisorObserver(Protocol):
     def started(self, *, pid: int, restarts: int) -> None: ...
 
@@ -73,11 +70,6 @@ class SubprocessRunner:
         return subprocess.Popen(
             list(argv), env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL
         )
-
-
-class MonotonicClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
 
 
 class NullObserver:

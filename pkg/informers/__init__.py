@@ -2,10 +2,9 @@
 
 Public surface: `SharedInformerFactory`, `SharedInformer`, `Lister`, `Indexer` (+ stock index
 functions and `DeletedFinalStateUnknown`), `Reflector`, `ListerWatcher`, the work queues and
-rate limiters (`pkg.informers.workqueue`) and the injectable `Clock` (`pkg.informers.clock`).
+rate limiters (`pkg.informers.workqueue`), all timed on an injected `pkg.base.Clock`.
 """
 
-from pkg.informers.clock import Clock, FakeClock, RealClock
 from pkg.informers.factory import SharedInformerFactory
 from pkg.informers.informer import SharedInformer
 from pkg.informers.listener import HandlerRegistration
@@ -42,10 +41,8 @@ __all__ = [
     "BY_UID",
     "BackoffPolicy",
     "BucketRateLimiter",
-    "Clock",
     "DelayingQueue",
     "DeletedFinalStateUnknown",
-    "FakeClock",
     "HandlerRegistration",
     "IndexFunc",
     "Indexer",
@@ -55,7 +52,6 @@ __all__ = [
     "MaxOfRateLimiter",
     "RateLimiter",
     "RateLimitingQueue",
-    "RealClock",
     "Reflector",
     "ResourceListerWatcher",
     "SharedInformer",

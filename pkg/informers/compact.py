@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from pkg.base.types import JSON
+
 __all__ = ["compact", "drop_managed_fields", "intern_strings"]
 
-JSON = dict[str, Any]
 _MAX_INTERNED_VALUE = 64  # long values (hashes, certs) are rarely repeated across objects
 _intern = sys.intern
 

@@ -14,7 +14,7 @@ from typing import Generic
 
 from prometheus_client import CollectorRegistry
 
-from pkg.informers.clock import Clock
+from pkg.base.clock import Clock
 from pkg.informers.queue import T, WorkQueue
 
 __all__ = ["DelayingQueue"]

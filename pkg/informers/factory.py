@@ -12,12 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from pkg.informers.clock import Clock
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.informers.informer import SharedInformer
 from pkg.informers.lister import Lister
 from pkg.informers.listwatch import ListerWatcher, ResourceListerWatcher, RestListerWatcher
 from pkg.informers.reflector import DEFAULT_BACKOFF, BackoffPolicy
-from pkg.kube.client import JSON, KubeClient, RestClient
+from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.resources import Resource
 
 __all__ = ["InformerKey", "SharedInformerFactory"]

@@ -18,9 +18,9 @@ import logging
 import random
 import threading
 from collections.abc import Callable
-from typing import Any
 
-from pkg.informers.clock import Clock
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.informers.listener import HandlerRegistration, Notification, OnAdd, OnDelete, OnUpdate
 from pkg.informers.listwatch import ListerWatcher
 from pkg.informers.reflector import DEFAULT_BACKOFF, BackoffPolicy, Reflector
@@ -30,7 +30,6 @@ __all__ = ["SharedInformer"]
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 MIN_RESYNC = 1.0
 
 
@@ -207,4 +206,4 @@ class SharedInformer:
                                 reg.next_resync = now + reg.resync_period
                     nxt = min((r.next_resync for r in due), default=None)
                 wait = None if nxt is None else max(nxt - now, 0.001)
-                self._clock.wait(self._resync_cond, wait)
+                self._clock.wait_condition(self._resync_cond, wait)

@@ -16,13 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pkg.base.types import JSON
 from pkg.informers.store import DeletedFinalStateUnknown
 
 __all__ = ["HandlerRegistration", "Notification", "OnAdd", "OnDelete", "OnUpdate"]
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 OnAdd = Callable[[JSON], None]
 OnUpdate = Callable[[JSON, JSON], None]
 OnDelete = Callable[[JSON | DeletedFinalStateUnknown], None]

@@ -8,14 +8,13 @@ predicate) without touching the API server. Invariant: results are the cached di
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+from pkg.base.types import JSON
 from pkg.informers.store import Indexer
 from pkg.kube.resources import Resource
 
 __all__ = ["Lister"]
 
-JSON = dict[str, Any]
 _Objects = list[JSON]
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from pkg.kube.client import JSON, KubeClient, RestClient, WatchStream
+from pkg.base.types import JSON
+from pkg.kube.client import KubeClient, RestClient, WatchStream
 from pkg.kube.resources import Resource
 
 __all__ = ["ListerWatcher", "ResourceListerWatcher", "RestListerWatcher"]

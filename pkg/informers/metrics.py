@@ -14,7 +14,7 @@ from collections.abc import Hashable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from pkg.informers.clock import Clock
+from pkg.base.clock import Clock
 
 __all__ = ["NoopQueueMetrics", "QueueMetrics", "QueueMetricsSink"]
 

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from pkg.informers.clock import Clock, RealClock
+from pkg.base.clock import Clock, RealClock
 from pkg.informers.metrics import QueueMetrics, QueueMetricsSink
 
 __all__ = ["WorkQueue"]
@@ -82,7 +82,7 @@ class WorkQueue(Generic[T]):
                 if self._queue or self._shutting_down:
                     break
                 timeout = None if deadline is None else deadline - self._clock.monotonic()
-                self._clock.wait(self._cond, timeout)
+                self._clock.wait_condition(self._cond, timeout)
             if not self._queue:
                 return None, True
             item = self._queue.popleft()
@@ -116,7 +116,7 @@ class WorkQueue(Generic[T]):
                 left = None if deadline is None else deadline - self._clock.monotonic()
                 if left is not None and left <= 0:
                     return False
-                self._clock.wait(self._cond, left)
+                self._clock.wait_condition(self._cond, left)
             return True
 
     def shutting_down(self) -> bool:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Hashable
 from typing import Protocol
 
-from pkg.informers.clock import Clock, RealClock
+from pkg.base.clock import Clock, RealClock
 
 __all__ = [
     "BucketRateLimiter",

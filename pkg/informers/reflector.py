@@ -26,9 +26,10 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from pkg.informers.clock import Clock
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.informers.listwatch import ListerWatcher
-from pkg.kube.client import INITIAL_EVENTS_END, JSON, WatchStream
+from pkg.kube.client import INITIAL_EVENTS_END, WatchStream
 from pkg.kube.errors import ApiError, ConnectionFailedError, GoneError
 
 __all__ = ["DEFAULT_BACKOFF", "BackoffPolicy", "Reflector", "ReflectorSink"]
@@ -159,7 +160,7 @@ class Reflector:
         with self._cond:
             deadline = self._clock.monotonic() + seconds
             while not self._stopped and self._clock.monotonic() < deadline:
-                self._clock.wait(self._cond, deadline - self._clock.monotonic())
+                self._clock.wait_condition(self._cond, deadline - self._clock.monotonic())
 
     def _list(self, *, consistent: bool) -> None:
         items: list[JSON] = []

@@ -13,7 +13,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+
+from pkg.base.types import JSON
 
 __all__ = [
     "BY_NODE_NAME",
@@ -29,7 +30,6 @@ __all__ = [
     "meta_namespace_key",
 ]
 
-JSON = dict[str, Any]
 IndexFunc = Callable[[JSON], list[str]]
 # Aliases so annotations inside `Indexer` (which has a `list` method) stay unambiguous.
 _Objects = list[JSON]

@@ -12,7 +12,7 @@ from typing import Generic
 
 from prometheus_client import CollectorRegistry
 
-from pkg.informers.clock import Clock
+from pkg.base.clock import Clock
 from pkg.informers.delaying import DelayingQueue
 from pkg.informers.queue import T, WorkQueue
 from pkg.informers.ratelimiter import (

@@ -22,6 +22,7 @@ from urllib.parse import urlencode
 import urllib3
 from kubernetes import client as k8s_client
 
+from pkg.base.types import JSON
 from pkg.kube.errors import ConnectionFailedError, error_from_status
 from pkg.kube.resources import Resource
 from pkg.kube.watch import HttpWatchStream, WatchEvent, WatchStream
@@ -40,7 +41,6 @@ __all__ = [
     "WatchStream",
 ]
 
-JSON = dict[str, Any]
 # A JSON-patch body is a list of operations; every other patch type is an object.
 PatchBody = JSON | list[JSON]
 PatchType = Literal["merge", "json", "strategic", "apply"]

@@ -38,11 +38,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from cachetools import LRUCache
 
-from pkg.kube.client import JSON, KubeClient
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
+from pkg.kube.client import KubeClient
 from pkg.kube.errors import TRANSIENT_ERRORS, NotFoundError
 from pkg.kube.resources import EVENTS
 
@@ -57,12 +58,6 @@ log = logging.getLogger(__name__)
 
 AGGREGATED_PREFIX = "(combined from similar events): "
 _MAX_TRIES_DEFAULT = (1.0, 2.0, 4.0, 8.0)
-
-
-class WallClock(Protocol):
-    """Anything with ``now()`` in epoch seconds."""
-
-    def now(self) -> float: ...
 
 
 def _timestamp(epoch: float) -> str:
@@ -110,7 +105,7 @@ class EventCorrelator:
 
     def __init__(
         self,
-        clock: WallClock,
+        clock: Clock,
         *,
         max_events: int = 10,
         max_interval: float = 600.0,
@@ -198,7 +193,7 @@ class AsyncEventRecorder:
         self,
         client: KubeClient,
         component: str,
-        clock: WallClock,
+        clock: Clock,
         *,
         queue_size: int = 1000,
         correlator: EventCorrelator | None = None,
@@ -227,7 +222,7 @@ class AsyncEventRecorder:
         self.written = 0  # creates + patches that succeeded
 
     def _interruptible_sleep(self, seconds: float) -> None:
-        self._stopped.wait(seconds)
+        self._clock.wait(self._stopped, seconds)
 
     # -- producer side (any thread, never blocks) -----------------------------------------------
 

@@ -16,26 +16,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from cachetools import LRUCache
 
-from pkg.kube.client import JSON, KubeClient
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
+from pkg.kube.client import KubeClient
 from pkg.kube.errors import TRANSIENT_ERRORS, NotFoundError
 from pkg.kube.resources import EVENTS
 
-__all__ = ["EventRecorder", "WallClock"]
+__all__ = ["EventRecorder"]
 
 log = logging.getLogger(__name__)
 
 NORMAL = "Normal"
 WARNING = "Warning"
-
-
-class WallClock(Protocol):
-    """Anything with `now()` in epoch seconds (`pkg.informers.clock.Clock` satisfies it)."""
-
-    def now(self) -> float: ...
 
 
 def _timestamp(epoch: float) -> str:
@@ -49,16 +44,16 @@ class EventRecorder:
         self,
         client: KubeClient,
         component: str,
-        clock: WallClock,
+        clock: Clock,
         *,
         cache_size: int = 4096,
         retry_delays: tuple[float, ...] = (0.1, 0.4),
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         """``retry_delays``: pauses before each retry of a transiently failed write;
-        ``sleep``: how to pause (injected by tests)."""
+        ``sleep``: how to pause (default: ``clock.sleep``)."""
         self._retry_delays = retry_delays
-        self._sleep = sleep
+        self._sleep = sleep or clock.sleep
         self._client = client
         self._component = component
         self._clock = clock

@@ -19,11 +19,10 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 
+from pkg.base.types import JSON
 from pkg.kube.errors import ApiError, ConnectionFailedError, error_from_status
 
 __all__ = ["HttpWatchStream", "WatchEvent", "WatchStream"]
-
-JSON = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

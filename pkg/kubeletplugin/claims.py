@@ -40,7 +40,7 @@ from pkg.api.opaque import (
     OpaqueConfigError,
     decode_opaque_config,
 )
-from pkg.kube.client import JSON
+from pkg.base.types import JSON
 from pkg.kubeletplugin.errors import PermanentError
 
 SOURCE_CLASS = "FromClass"

@@ -11,7 +11,7 @@ Owns three things:
   informers' event handlers only notify one condition variable; a waiter re-checks its predicate
   against the listers under that condition, so a Ready transition releases it within one event -
   there is no sleep-polling - and the wait is bounded by the caller's deadline (on the injected
-  `pkg.informers.clock.Clock`). No event is lost: an informer updates its cache before it
+  `pkg.base.Clock`). No event is lost: an informer updates its cache before it
   queues the notification, and the handler must take the condition the waiter holds while
   checking. `daemon_readiness` answers the same question with a reason and a third answer
   ("cannot tell") for device health; listeners added with `add_listener` are called after
@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.informers import (
     BY_UID,
-    Clock,
     DeletedFinalStateUnknown,
     HandlerRegistration,
     Lister,
@@ -45,7 +46,7 @@ from pkg.informers import (
     SharedInformerFactory,
     index_by_uid,
 )
-from pkg.kube.client import JSON, KubeClient
+from pkg.kube.client import KubeClient
 from pkg.kube.errors import TRANSIENT_ERRORS, ConflictError, InvalidError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES, COMPUTE_DOMAINS, NODES
 from pkg.kubeletplugin.errors import RetryableError
@@ -159,7 +160,7 @@ class DomainTracker:
                 remaining = deadline - self._clock.monotonic()
                 if result or remaining <= 0:
                     return result
-                self._clock.wait(self._cond, remaining)
+                self._clock.wait_condition(self._cond, remaining)
 
     def _domain(self, uid: str) -> JSON | None:
         found = self._domain_lister.by_index(BY_UID, uid)
@@ -253,11 +254,7 @@ class DomainTracker:
                 outages += 1
                 log.warning("%s on node %s failed: %s; retrying in %.1fs", what, self._node, err,
                             delay)  # fmt: skip
-                pause = threading.Condition()
-                deadline = self._clock.monotonic() + delay
-                with pause:
-                    while self._clock.monotonic() < deadline:
-                        self._clock.wait(pause, deadline - self._clock.monotonic())
+                self._clock.sleep(delay)
 
     def add_node_label(self, cd_uid: str) -> None:
         """Label this node for the domain; `RetryableError` if another domain holds it or the

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import grpc
 
-from pkg.informers import Clock
+from pkg.base.clock import Clock
 from pkg.kubeletplugin.checkpoint import ClaimEntry, ClaimState
 from pkg.kubeletplugin.computedomains import DaemonReadiness
 from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2 as v1_pb2
@@ -182,7 +182,7 @@ class DeviceHealthMonitor:
                         and self._generation == seen
                         and self._clock.monotonic() < next_send
                     ):
-                        self._clock.wait(self._cond, next_send - self._clock.monotonic())
+                        self._clock.wait_condition(self._cond, next_send - self._clock.monotonic())
                     if sub.cancelled:
                         return
                     seen = self._generation

@@ -6,7 +6,7 @@ domain informers -> crash/boot recovery -> DRA socket (with device health) -> re
 socket -> health -> metrics -> slices;
 stop = device health streams end, then the reverse, then the informer factory. One
 `pkg.informers.SharedInformerFactory` serves every watch of the process (ComputeDomains,
-driver-namespace cliques, this node's slices), and the injected `pkg.informers.clock.Clock`
+driver-namespace cliques, this node's slices), and the injected `pkg.base.Clock`
 drives request deadlines, checkpoint timestamps, device-health resends and the informers'
 backoff. Claims of one request run in parallel (different claims never share a lock except the
 short node-lock sections in `state`), duplicates are answered once, and every
@@ -27,7 +27,8 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry, start_http_server
 
 from pkg.api.constants import DRIVER_NAME, IMEX_CHANNEL_COUNT
-from pkg.informers import BackoffPolicy, Clock, RealClock, SharedInformerFactory
+from pkg.base.clock import Clock, RealClock
+from pkg.informers import BackoffPolicy, SharedInformerFactory
 from pkg.kube.client import KubeClient
 from pkg.kubeletplugin import procdevices
 from pkg.kubeletplugin.cdi import CdiWriter

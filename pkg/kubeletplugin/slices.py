@@ -24,13 +24,14 @@ import threading
 from typing import Final
 
 from pkg.api.constants import CHANNEL_DEVICE_NAME, DAEMON_DEVICE_NAME, DRIVER_NAME
+from pkg.base.types import JSON
 from pkg.informers import (
     DeletedFinalStateUnknown,
     HandlerRegistration,
     Lister,
     SharedInformerFactory,
 )
-from pkg.kube.client import JSON, KubeClient
+from pkg.kube.client import KubeClient
 from pkg.kube.errors import (
     TRANSIENT_ERRORS,
     AlreadyExistsError,

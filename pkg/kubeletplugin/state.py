@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pkg.api.opaque import ChannelConfig, DaemonConfig
-from pkg.kube.client import JSON, KubeClient
+from pkg.base.types import JSON
+from pkg.kube.client import KubeClient
 from pkg.kube.errors import ApiError, NotFoundError
 from pkg.kube.resources import RESOURCE_CLAIMS
 from pkg.kubeletplugin.cdi import CdiDevice, CdiWriter, ContainerEdits, qualified_name

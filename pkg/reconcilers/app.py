@@ -24,13 +24,12 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from pkg.informers import RealClock
+from pkg.base.clock import Clock, RealClock
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
 from pkg.reconcilers.flags import Options
 from pkg.reconcilers.manager import ControllerManager
-from pkg.runtime.clock import Clock, SystemClock
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from pkg.runtime.tracing import setup_tracing
@@ -74,7 +73,7 @@ def run(
     ``--events-qps``/``--events-burst`` limit when ``client_factory`` is the default, else
     ``client_factory``) from a background sender, so no reconcile waits for one.
     """
-    clock = clock or SystemClock()
+    clock = clock or RealClock()
     if registry is None:
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 
 __all__ = [
     "BY_DOMAIN",
@@ -34,7 +35,6 @@ __all__ = [
     "index_by_uid",
 ]
 
-JSON = dict[str, Any]
 IndexFunc = Callable[[JSON], list[str]]
 
 BY_UID = "uid"

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from pkg.api import constants as c
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ApiError, ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS, DAEMONSETS, RESOURCE_CLAIM_TEMPLATES
@@ -27,13 +28,10 @@ from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.dependents import Dependents, remove_domain_label
 from pkg.reconcilers.events import EventSink
-from pkg.runtime.clock import Clock
 
 __all__ = ["OrphanCleaner"]
 
 log = logging.getLogger(__name__)
-
-JSON = dict[str, Any]
 
 
 def _owner(obj: JSON) -> str:

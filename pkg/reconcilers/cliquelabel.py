@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import BY_NODE, Caches
 from pkg.reconcilers.controller import Result
@@ -30,7 +30,6 @@ __all__ = ["MANAGED_ANNOTATION", "CliqueLabelReconciler", "slice_clique_ids"]
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 
 MANAGED_ANNOTATION = "resource.nvidia.com/gpu.clique-managed"
 _ATTRIBUTE_KEYS = ("cliqueID", f"{c.DRIVER_NAME}/cliqueID")

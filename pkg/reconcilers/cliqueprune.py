@@ -39,10 +39,11 @@ import copy
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 from pkg.api import constants as c
 from pkg.api.computedomain import NodeEntry
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES
@@ -51,13 +52,11 @@ from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.events import NORMAL, WARNING, EventSink
 from pkg.reconcilers.status import daemon_not_running, node_loss_in, node_problem
-from pkg.runtime.clock import Clock
 
 __all__ = ["CliquePruneReconciler"]
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 EntryId = tuple[str, str, int]  # nodeName, ipAddress, index
 _WRITE_ATTEMPTS = 5
 

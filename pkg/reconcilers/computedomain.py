@@ -30,7 +30,6 @@ import copy
 import logging
 import threading
 import time
-from typing import Any
 
 from pkg.api import constants as c
 from pkg.api.computedomain import (
@@ -39,6 +38,8 @@ from pkg.api.computedomain import (
     parse_compute_domain,
     set_condition,
 )
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS
@@ -58,13 +59,11 @@ from pkg.reconcilers.status import (
     render_status,
     status_events,
 )
-from pkg.runtime.clock import Clock
 
 __all__ = ["ComputeDomainReconciler", "format_time"]
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 _STATUS_WRITE_ATTEMPTS = 3
 _PROBLEM_RECHECK = {"DriverNamespaceUnavailable": 60.0}
 

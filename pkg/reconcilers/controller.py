@@ -21,11 +21,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from pkg.base.types import JSON
 
 __all__ = [
     "Controller",
@@ -37,8 +39,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-JSON = dict[str, Any]
 
 
 @dataclass(frozen=True)

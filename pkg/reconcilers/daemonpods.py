@@ -12,13 +12,12 @@ whatever its last termination said (a fixed driver root is picked up at the rest
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 
 __all__ = ["driver_root_incomplete", "driver_root_message"]
 
-JSON = dict[str, Any]
 _PREFIX = f"{c.REASON_DRIVER_ROOT_INCOMPLETE}:"
 
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any
 
 from pkg.api import constants as c
 from pkg.api.computedomain import ComputeDomain
+from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import AlreadyExistsError, ApiError, ForbiddenError, NotFoundError
 from pkg.kube.resources import DAEMONSETS, RESOURCE_CLAIM_TEMPLATES, Resource
@@ -42,8 +42,6 @@ from pkg.reconcilers.status import Problem, node_problem
 __all__ = ["Dependents", "RetryLaterError", "remove_domain_label"]
 
 log = logging.getLogger(__name__)
-
-JSON = dict[str, Any]
 
 
 class RetryLaterError(Exception):

@@ -10,13 +10,14 @@ process, within a bounded memory.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import Protocol
 
 from cachetools import LRUCache
 
+from pkg.base.types import JSON
+
 __all__ = ["NORMAL", "WARNING", "EventSink", "OnceEvents"]
 
-JSON = dict[str, Any]
 
 NORMAL = "Normal"
 WARNING = "Warning"

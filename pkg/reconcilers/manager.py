@@ -32,8 +32,9 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.informers import DeletedFinalStateUnknown, RateLimitingQueue, SharedInformerFactory
-from pkg.informers.clock import Clock as InformerClock
 from pkg.informers.informer import SharedInformer
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
@@ -49,13 +50,11 @@ from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.nodecache import NodeView, as_node_metadata
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
 from pkg.reconcilers.slim import slim_node, slim_object
-from pkg.runtime.clock import Clock
 
 __all__ = ["ControllerManager"]
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 Mapper = Callable[[JSON], Iterable[str]]
 # No periodic resync: every handler is level-triggered from watch events, and a resync would
 # re-run every reconcile every period on an idle cluster (client-go's default is 0 too).
@@ -83,7 +82,7 @@ class ControllerManager:
         registry: CollectorRegistry,
         tracer: trace.Tracer,
         clock: Clock,
-        informer_clock: InformerClock,
+        informer_clock: Clock,
         events: EventSink,
         cd_workers: int = 8,
     ) -> None:

@@ -19,16 +19,14 @@ metadata only.
 from __future__ import annotations
 
 import builtins
-from typing import Any
 
+from pkg.base.types import JSON
 from pkg.informers.compact import drop_managed_fields
 from pkg.kube.client import KubeClient
 from pkg.kube.resources import NODES
 from pkg.reconcilers.cache import ObjectCache
 
 __all__ = ["NodeView", "as_node_metadata", "patch_node_metadata"]
-
-JSON = dict[str, Any]
 
 
 def as_node_metadata(obj: JSON) -> JSON:

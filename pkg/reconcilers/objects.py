@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 from pkg.api import constants as c
 from pkg.api.computedomain import ComputeDomain
+from pkg.base.types import JSON
 from pkg.reconcilers.config import ControllerConfig
 
 __all__ = [
@@ -41,7 +41,6 @@ __all__ = [
     "spec_hash",
 ]
 
-JSON = dict[str, Any]
 
 SPEC_HASH_ANNOTATION = "resource.nvidia.com/spec-hash"
 _RCT_API_VERSION = "resource.k8s.io/v1"

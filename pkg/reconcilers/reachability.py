@@ -21,15 +21,14 @@ cluster.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 from pkg.reconcilers.cache import ObjectCache, index_by_slice_node
 from pkg.reconcilers.status import Problem
 
 __all__ = ["NUM_NODES_UNREACHABLE", "candidate_nodes", "num_nodes_problem"]
 
-JSON = dict[str, Any]
 
 NUM_NODES_UNREACHABLE = "NumNodesUnreachable"
 

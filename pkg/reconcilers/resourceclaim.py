@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, BY_UID, Caches, channel_domain_id
 from pkg.reconcilers.controller import Result
@@ -38,8 +38,6 @@ from pkg.reconcilers.nodecache import patch_node_metadata
 __all__ = ["ResourceClaimReconciler"]
 
 log = logging.getLogger(__name__)
-
-JSON = dict[str, Any]
 
 
 def _ref(obj: JSON) -> str:

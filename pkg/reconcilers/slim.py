@@ -10,13 +10,10 @@ from the cache (the main-resource PUT of a Node ignores status), so dropping ``i
 
 from __future__ import annotations
 
-from typing import Any
-
+from pkg.base.types import JSON
 from pkg.informers.compact import drop_managed_fields
 
 __all__ = ["slim_node", "slim_object"]
-
-JSON = dict[str, Any]
 
 
 def slim_object(obj: JSON) -> JSON:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from pkg.api import constants as c
 from pkg.api.computedomain import (
@@ -62,6 +61,7 @@ from pkg.api.computedomain import (
     set_condition,
     status_nodes,
 )
+from pkg.base.types import JSON
 from pkg.reconcilers.daemonpods import driver_root_incomplete, driver_root_message
 from pkg.reconcilers.metrics import parse_timestamp
 
@@ -82,7 +82,6 @@ __all__ = [
     "status_events",
 ]
 
-JSON = dict[str, Any]
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"

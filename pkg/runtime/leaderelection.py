@@ -28,8 +28,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
+from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.kube.errors import (
     TRANSIENT_ERRORS,
     AlreadyExistsError,
@@ -38,13 +40,11 @@ from pkg.kube.errors import (
     NotFoundError,
 )
 from pkg.kube.resources import LEASES, Resource
-from pkg.runtime.clock import Clock
 
 __all__ = ["LeaderElectionConfig", "LeaderElector", "LeaseClient", "format_micro_time"]
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 JITTER_FACTOR = 1.2
 _FAILURES: tuple[type[Exception], ...] = (ApiError, *TRANSIENT_ERRORS)
 

@@ -32,13 +32,13 @@ from kubeletsim.podworker import NodeContext
 from kubeletsim.registration import PluginWatcher
 from kubeletsim.runtime import DAEMON_IMAGE_PATH, LocalCommands
 
+from pkg.base.clock import RealClock
 from pkg.kube.events import EventRecorder
 from pkg.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
 from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2 as dra
 from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2_grpc as dra_grpc
 from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
 from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
-from pkg.runtime.clock import SystemClock
 from pkg.testing.fakeapiserver import FakeApiServer
 from pkg.testing.fakedriverroot import FakeDriverRoot
 
@@ -168,7 +168,7 @@ def node(api: FakeApiServer, short_tmp: Path) -> Iterator[tuple[Kubelet, StubPlu
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     ctx = NodeContext(
         node_name=spec.name, node_ip=spec.ip, client=client, dirs=dirs, plugins=watcher,
-        events=EventRecorder(client, "kubelet", SystemClock()),
+        events=EventRecorder(client, "kubelet", RealClock()),
         dra=DraManager(dirs.kubelet / "dra_manager_state.json"), cdi=cdi,
         commands=LocalCommands(programs={"sleeper": sleeper,
                                          "probe-ok": [sys.executable, "-c", ""]},

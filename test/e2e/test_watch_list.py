@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from localcluster import Cluster, fake_node
 
-from pkg.informers.clock import RealClock
+from pkg.base.clock import RealClock
 from pkg.informers.factory import SharedInformerFactory
 from pkg.informers.listwatch import RestListerWatcher
 from pkg.kube import resources as r

@@ -22,7 +22,6 @@ from pkg.testing.fakeapi.store import ObjectStore
 
 __all__ = ["handle_write"]
 
-JSON = dict[str, Any]
 
 _PATCH_TYPES = {
     "application/merge-patch+json": "merge",

@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from kubernetes import client as k8s_client
 
+from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.kube.errors import ApiError, BadRequestError, GoneError, NotFoundError, error_from_status
@@ -39,7 +40,6 @@ from pkg.testing.fakeapi.watch import (
 
 __all__ = ["FakeApiServer", "LoggedRequest"]
 
-JSON = dict[str, Any]
 
 _STATUS_RESOURCES = (
     res.PODS, res.NODES, res.NAMESPACES, res.DAEMONSETS, res.RESOURCE_CLAIMS,

@@ -19,8 +19,8 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from pkg.base.types import JSON
 from pkg.kube.errors import (
     AlreadyExistsError,
     ConflictError,
@@ -32,7 +32,6 @@ from pkg.kube.resources import Resource
 
 __all__ = ["Event", "ObjectStore"]
 
-JSON = dict[str, Any]
 Key = tuple[str, str]  # (namespace or "", name)
 
 

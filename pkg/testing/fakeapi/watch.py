@@ -14,15 +14,14 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
+from pkg.base.types import JSON
 from pkg.kube.errors import ApiError
 from pkg.kube.resources import Resource
 from pkg.testing.fakeapi.store import Event, ObjectStore
 
 __all__ = ["WatchRequest", "serve_watch"]
-
-JSON = dict[str, Any]
 
 
 class ChunkWriter(Protocol):

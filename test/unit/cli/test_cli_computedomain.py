@@ -7,14 +7,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from pkg.api import constants as c
 from pkg.cli.computedomain import age, run
 from pkg.kube import resources as res
 from pkg.testing.fakeapiserver import FakeApiServer
 
-JSON = dict[str, Any]
 NS, DRIVER_NS = "team", "nvidia-dra-driver"
 NOW = 1_700_000_600.0
 

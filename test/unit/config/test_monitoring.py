@@ -11,8 +11,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from pkg.base.clock import RealClock
 from pkg.daemon.metrics import DaemonMetrics
-from pkg.informers.clock import RealClock
 from pkg.informers.metrics import QueueMetrics
 from pkg.kubeletplugin.metrics import PluginMetrics
 from pkg.reconcilers.metrics import DomainMetrics

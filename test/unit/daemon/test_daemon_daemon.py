@@ -6,22 +6,22 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pkg import informers
 from pkg.api import constants as c
 from pkg.daemon.daemon import Daemon, Timing, run_check
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import CDI_MISSING, Options, parse
 from pkg.imex.ctl import CommandResult
 from pkg.kube import resources as res
+from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -30,19 +30,9 @@ CLIQUE = "cl.1"
 UID = "uid-d"
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def now(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        self.t += timeout
-        return event.is_set()
+def fake_clock() -> FakeClock:
+    """The daemon's loop clock: every wait returns at once, advancing virtual time."""
+    return FakeClock(start=100.0, monotonic_start=100.0, advance_on_wait=True)
 
 
 class FakeProcess:
@@ -115,18 +105,11 @@ def make(api: FakeApiServer, opts: Options) -> tuple[Daemon, FakeRunner, FakeCtl
     runner = FakeRunner()
     ctl = FakeCtl(runner)
     metrics = DaemonMetrics()
-    daemon = Daemon(opts, client=api.client(), clock=FakeClock(), runner=runner, commands=ctl,
+    daemon = Daemon(opts, client=api.client(), clock=fake_clock(), runner=runner, commands=ctl,
                     metrics=metrics, child_env={"PATH": "/bin"}, timing=Timing(),
-                    informer_clock=informers.FakeClock(),
+                    informer_clock=FakeClock(),
                     locate=lambda program: f"/usr/bin/{program}")  # fmt: skip
     return daemon, runner, ctl, metrics
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, "condition not met in time"
-        time.sleep(0.005)
 
 
 @contextmanager
@@ -152,8 +135,8 @@ def observe(daemon: Daemon, written: dict[str, Any]) -> None:
             and snap[1]["metadata"]["resourceVersion"] == rv
         )
 
-    wait_until(seen)
-    wait_until(daemon._kick.is_set)
+    eventually(seen)
+    eventually(daemon._kick.is_set)
 
 
 def own_entry(api: FakeApiServer) -> dict[str, object]:
@@ -181,7 +164,7 @@ def test_step_joins_starts_imex_and_tracks_readiness(api: FakeApiServer, tmp_pat
     daemon.step()
     assert own_entry(api)["status"] == c.STATUS_NOT_READY
     assert len(runner.procs) == 1
-    daemon.supervisor._clock.t += 1.0  # type: ignore[attr-defined]
+    daemon.supervisor._clock.step(1.0)  # type: ignore[attr-defined]
     daemon.step()
     daemon.step()
     assert len(runner.procs) == 2 and own_entry(api)["status"] == c.STATUS_READY
@@ -328,17 +311,6 @@ def test_restarted_daemon_takes_back_ready_before_it_starts_imex(
     assert [m for m, _ in api.request_log if m == "PUT"] == ["PUT", "PUT"]  # NotReady, Ready
 
 
-class RecordingClock(FakeClock):
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        self.waits.append(timeout)
-        time.sleep(0.001)
-        return super().wait(event, timeout)
-
-
 def test_full_clique_is_reported_once_and_retried_slowly(
     api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -350,18 +322,15 @@ def test_full_clique_is_reported_once_and_retried_slowly(
                      "index": i, "status": "Ready"} for i in range(2)],
     }, namespace=NS)  # fmt: skip
     daemon, runner, _, _ = make(api, options(tmp_path, MAX_NODES_PER_IMEX_DOMAIN="2"))
-    clock = RecordingClock()
+    clock = fake_clock()
     daemon._clock = clock
     stop = threading.Event()
+    clock.on_wait = lambda _w: stop.set() if len(clock.waits) >= 5 else None
     ran = threading.Thread(target=daemon.run, args=(stop,))
     with caplog.at_level("DEBUG", logger="pkg.daemon.daemon"):
         ran.start()
-        try:
-            wait_until(lambda: len(clock.waits) >= 5)
-        finally:
-            stop.set()
-            daemon.wake()
-            ran.join(20)
+        ran.join(20)
+    assert not ran.is_alive()
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "MAX_NODES_PER_IMEX_DOMAIN=2" in errors[0]
     assert "cannot join ComputeDomainClique" in errors[0]

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from pkg import informers
 from pkg.api import constants as c
 from pkg.daemon.daemon import (
     EXIT_DRIVER_ROOT_INCOMPLETE,
@@ -27,6 +26,7 @@ from pkg.daemon.options import Options, parse
 from pkg.imex.ctl import CommandResult
 from pkg.kube import resources as res
 from pkg.kube.events import EventRecorder
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 from pkg.testing.fakedriverroot import FakeDriverRoot
 
@@ -41,17 +41,6 @@ class NeverStarted:
 class NoCtl:
     def run(self, argv: object, *, timeout: float) -> CommandResult:
         raise AssertionError("nvidia-imex-ctl must not be run")
-
-
-class Clock:
-    def now(self) -> float:
-        return 1000.0
-
-    def monotonic(self) -> float:
-        return 1000.0
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        return event.is_set()
 
 
 def options(tmp: Path) -> Options:
@@ -74,11 +63,12 @@ def api() -> Iterator[FakeApiServer]:
 
 def daemon_on(api: FakeApiServer, tmp: Path, root: FakeDriverRoot) -> Daemon:
     client = api.client()
-    return Daemon(options(tmp), client=client, clock=Clock(), runner=NeverStarted(),  # type: ignore[arg-type]
+    return Daemon(options(tmp), client=client, clock=FakeClock(advance_on_wait=True),
+                  runner=NeverStarted(),  # type: ignore[arg-type]
                   commands=NoCtl(), metrics=DaemonMetrics(),
                   child_env={"PATH": str(root.root / "usr" / "bin")}, timing=Timing(),
-                  informer_clock=informers.FakeClock(),
-                  events=EventRecorder(client, "compute-domain-daemon", Clock()))  # fmt: skip
+                  informer_clock=FakeClock(),
+                  events=EventRecorder(client, "compute-domain-daemon", FakeClock()))  # fmt: skip
 
 
 def test_missing_binary_gives_event_termination_message_and_exit(

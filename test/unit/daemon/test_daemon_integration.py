@@ -14,8 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 from pkg.api import constants as c
 from pkg.imex.sim import wire
 from pkg.kube import resources as res
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 from pkg.testing.fakedriverroot import FakeDriverRoot
 
@@ -53,13 +53,7 @@ def free_port(ips: list[str]) -> int:
     raise RuntimeError("no free port")
 
 
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = 45.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for: {what}")
+PATIENCE = 45.0  # real processes (IMEX simulators) on a loaded machine
 
 
 class Cluster:
@@ -157,10 +151,14 @@ def test_domains_form_reform_and_stay_apart(cluster: Cluster) -> None:
             for n in group
         )
 
-    wait_for(lambda: formed(a) and formed(b), "both domains formed")
+    eventually(lambda: formed(a) and formed(b), PATIENCE, what="both domains formed")
     entries = cluster.clique(UID_A)
     assert sorted(e["index"] for e in entries) == [0, 1, 2]
-    wait_for(lambda: {e["status"] for e in cluster.clique(UID_A)} == {c.STATUS_READY}, "A ready")
+    eventually(
+        lambda: {e["status"] for e in cluster.clique(UID_A)} == {c.STATUS_READY},
+        PATIENCE,
+        what="A ready",
+    )
     index_a2 = next(e["index"] for e in cluster.clique(UID_A) if e["nodeName"] == "a2")
     pods = {p["metadata"]["name"]: p for p in cluster.api.objects(res.PODS)}
 
@@ -169,21 +167,27 @@ def test_domains_form_reform_and_stay_apart(cluster: Cluster) -> None:
         return {e["nodeName"]: (e.get("connectedPeers"), tuple(e.get("unreachablePeers", ["-"])))
                 for e in cluster.clique(uid)}  # fmt: skip
 
-    wait_for(lambda: set(peers(UID_A).values()) == {(2, ())}, "A reports all peers connected")
+    eventually(
+        lambda: set(peers(UID_A).values()) == {(2, ())},
+        PATIENCE,
+        what="A reports all peers connected",
+    )
     # The link a0 <-> a1 fails (the simulator's drop file): both ends name the other.
     drop = cluster.tmp / "a0" / "imexd" / "drop-peers"
     drop.write_text(a["a1"] + "\n")
     want = {"a0": (1, ("a1",)), "a1": (1, ("a0",)), "a2": (2, ())}
-    wait_for(lambda: peers(UID_A) == want, "a0 and a1 report each other unreachable")
+    eventually(
+        lambda: peers(UID_A) == want, PATIENCE, what="a0 and a1 report each other unreachable"
+    )
     drop.unlink()
-    wait_for(lambda: set(peers(UID_A).values()) == {(2, ())}, "the link is back")
+    eventually(lambda: set(peers(UID_A).values()) == {(2, ())}, PATIENCE, what="the link is back")
     assert pods["daemon-a0-41"]["metadata"]["labels"][c.CLIQUE_ID_LABEL] == CLIQUE
 
     # Kill a2's daemon hard (its IMEX follows), bring the node back on a new pod IP.
     cluster.stop("a2", signal.SIGKILL)
     cluster.start("a2", "127.0.0.46", uid=UID_A)
     a["a2"] = "127.0.0.46"
-    wait_for(lambda: formed(a), "domain A re-formed around the new IP")
+    eventually(lambda: formed(a), PATIENCE, what="domain A re-formed around the new IP")
     entries = cluster.clique(UID_A)
     assert len(entries) == 3
     assert next(e for e in entries if e["nodeName"] == "a2")["index"] == index_a2
@@ -196,5 +200,7 @@ def test_domains_form_reform_and_stay_apart(cluster: Cluster) -> None:
 
     # Graceful shutdown removes the entry; the others drop the peer.
     assert cluster.stop("a1") == 0
-    wait_for(lambda: "a1" not in {e["nodeName"] for e in cluster.clique(UID_A)}, "a1 left")
-    wait_for(lambda: cluster.connected("a0") == ["127.0.0.46"], "a0 dropped a1")
+    eventually(
+        lambda: "a1" not in {e["nodeName"] for e in cluster.clique(UID_A)}, PATIENCE, what="a1 left"
+    )
+    eventually(lambda: cluster.connected("a0") == ["127.0.0.46"], PATIENCE, what="a0 dropped a1")

@@ -13,6 +13,7 @@ import pytest
 
 from pkg import informers
 from pkg.api import constants as c
+from pkg.base.clock import RealClock
 from pkg.daemon.membership import (
     CacheView,
     CliqueStore,
@@ -278,7 +279,7 @@ class Cached:
 
     def __init__(self, client: RestClient, me: Identity, **kwargs: Any) -> None:
         store = CliqueStore(client, me)
-        self.factory = informers.SharedInformerFactory(client, clock=informers.RealClock())
+        self.factory = informers.SharedInformerFactory(client, clock=RealClock())
         inf = self.factory.informer_for(
             res.COMPUTE_DOMAIN_CLIQUES, NS, field_selector=f"metadata.name={store.name}"
         )

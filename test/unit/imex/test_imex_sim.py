@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from pkg.imex import nodesconfig as nc
 from pkg.imex.config import ImexConfig
 from pkg.imex.ctl import peer_connections
 from pkg.imex.hosts import HostsFile
+from pkg.testing.eventually import eventually
 from pkg.testing.fakedriverroot import FakeDriverRoot
 
 REPO = Path(__file__).resolve().parents[3]
@@ -41,15 +42,6 @@ def free_port(ips: list[str]) -> int:
         if ok and port < 65000:
             return port
     raise RuntimeError("no free port")
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 class SimNode:
@@ -168,12 +160,12 @@ def test_domain_forms_refuses_strangers_and_reloads(tmp_path: Path, nodes: list[
     b0.hosts.update(nc.dns_mapping(uid_b, {0: ips[2], 1: ips[0]}, max_nodes=4))
     for n in nodes:
         n.start()
-    wait_for(lambda: a0.ctl("-q").stdout == "READY\n")
-    wait_for(lambda: a0.status().get("connected") == [ips[1]])
-    wait_for(lambda: a1.status().get("connected") == [ips[0]])
+    eventually(lambda: a0.ctl("-q").stdout == "READY\n")
+    eventually(lambda: a0.status().get("connected") == [ips[1]])
+    eventually(lambda: a1.status().get("connected") == [ips[0]])
     states = [n["state"] for n in a0.status()["probes"]]
     assert states == ["self", "connected", "empty", "empty"]
-    wait_for(lambda: b0.status()["probes"][1]["state"] == "refused")
+    eventually(lambda: b0.status()["probes"][1]["state"] == "refused")
     assert "domain mismatch" in b0.status()["probes"][1]["error"]
     assert b0.status()["connected"] == []
 
@@ -183,9 +175,9 @@ def test_domain_forms_refuses_strangers_and_reloads(tmp_path: Path, nodes: list[
     assert a0.status()["probes"][1]["address"] == ips[1]
     assert a0.proc is not None
     a0.proc.send_signal(signal.SIGUSR1)
-    wait_for(lambda: a0.status()["probes"][1]["address"] == "127.0.0.29")
+    eventually(lambda: a0.status()["probes"][1]["address"] == "127.0.0.29")
     assert a0.status()["reloads"] == 1
-    wait_for(lambda: a0.status()["probes"][1]["state"] == "unreachable")
+    eventually(lambda: a0.status()["probes"][1]["state"] == "unreachable")
 
 
 def test_unresolvable_name_is_reported_not_fatal(tmp_path: Path, nodes: list[SimNode]) -> None:
@@ -193,7 +185,7 @@ def test_unresolvable_name_is_reported_not_fatal(tmp_path: Path, nodes: list[Sim
     node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain="d", entries=["ghost", ip])
     nodes.append(node)
     node.start()
-    wait_for(lambda: node.status().get("probes", [{}])[0].get("state") == "unresolvable")
+    eventually(lambda: node.status().get("probes", [{}])[0].get("state") == "unresolvable")
     assert node.ctl("-q").stdout == "READY\n"
     assert node.proc is not None and node.proc.poll() is None
 
@@ -214,18 +206,18 @@ def test_node_status_has_real_shape_and_a_dropped_peer_disconnects_both_ends(
         except ValueError:
             return {}
 
-    wait_for(lambda: view(a, ips[0]) == {ips[1]: "CONNECTED"})
-    wait_for(lambda: view(b, ips[1]) == {ips[0]: "CONNECTED"})
+    eventually(lambda: view(a, ips[0]) == {ips[1]: "CONNECTED"})
+    eventually(lambda: view(b, ips[1]) == {ips[0]: "CONNECTED"})
     status = a.status()
     assert status["status"] == "UP"
     assert status["nodes"]["0"]["host"] == ips[0] and status["nodes"]["0"]["status"] == "READY"
     assert status["nodes"]["0"]["connections"]["1"]["host"] == ips[1]
 
     (a.dir / "drop-peers").write_text(f"# link to b is down\n{ips[1]}\n")
-    wait_for(lambda: view(a, ips[0]) == {ips[1]: "DISCONNECTED"})
-    wait_for(lambda: view(b, ips[1]) == {ips[0]: "DISCONNECTED"})  # b is refused by a
+    eventually(lambda: view(a, ips[0]) == {ips[1]: "DISCONNECTED"})
+    eventually(lambda: view(b, ips[1]) == {ips[0]: "DISCONNECTED"})  # b is refused by a
     assert a.status()["status"] == "DOWN" or a.status()["status"] == "DEGRADED"
 
     (a.dir / "drop-peers").unlink()
-    wait_for(lambda: view(a, ips[0]) == {ips[1]: "CONNECTED"})
-    wait_for(lambda: view(b, ips[1]) == {ips[0]: "CONNECTED"})
+    eventually(lambda: view(a, ips[0]) == {ips[1]: "CONNECTED"})
+    eventually(lambda: view(b, ips[1]) == {ips[0]: "CONNECTED"})

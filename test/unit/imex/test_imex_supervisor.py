@@ -13,14 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from pkg.imex.supervisor import BackoffPolicy, Supervisor, describe_exit
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def monotonic(self) -> float:
-        return self.t
+from pkg.testing.clock import FakeClock
 
 
 @dataclass
@@ -80,7 +73,7 @@ class RecordingObserver:
 
 @pytest.fixture
 def parts() -> tuple[Supervisor, FakeRunner, FakeClock, RecordingObserver]:
-    runner, clock, obs = FakeRunner(), FakeClock(), RecordingObserver()
+    runner, clock, obs = FakeRunner(), FakeClock(monotonic_start=1000.0), RecordingObserver()
     sup = Supervisor(
         ["nvidia-imex", "-c", "/imexd/imexd.cfg"],
         runner=runner,
@@ -111,12 +104,12 @@ def test_crash_restarts_with_capped_exponential_backoff(parts: Parts) -> None:
     for _ in range(6):
         runner.procs[-1].code = 3
         sup.tick()  # reaps the crash, schedules the restart
-        start = clock.t
+        start = clock.monotonic()
         n = len(runner.procs)
         while len(runner.procs) == n:
-            clock.t += 0.25
+            clock.step(0.25)
             sup.tick()
-        delays.append(clock.t - start)
+        delays.append(clock.monotonic() - start)
     assert delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
     assert sup.restarts == 6
     assert ("crashed", 3) in obs.events
@@ -129,13 +122,13 @@ def test_backoff_resets_after_stable_run(parts: Parts) -> None:
     for _ in range(3):
         runner.procs[-1].code = 1
         sup.tick()
-        clock.t += 10
+        clock.step(10)
         sup.tick()
-    clock.t += 61
+    clock.step(61)
     sup.tick()
     runner.procs[-1].code = 1
     sup.tick()
-    clock.t += 1.0
+    clock.step(1.0)
     sup.tick()
     assert len(runner.procs) == 5  # restarted after the initial 1 s delay again
 
@@ -147,7 +140,7 @@ def test_ensure_started_respects_pending_backoff(parts: Parts) -> None:
     sup.tick()
     assert not sup.ensure_started()
     assert not sup.reload()
-    clock.t += 1
+    clock.step(1)
     sup.tick()
     assert sup.running()
 
@@ -157,7 +150,7 @@ def test_reload_sends_sigusr1_after_grace(parts: Parts) -> None:
     sup.ensure_started()
     assert sup.reload()  # too young: deferred, not sent
     assert runner.procs[0].signals == []
-    clock.t += 1.0
+    clock.step(1.0)
     sup.tick()
     assert runner.procs[0].signals == [signal.SIGUSR1]
     assert sup.reload()
@@ -185,7 +178,7 @@ def test_stop_escalates_to_sigkill(parts: Parts) -> None:
     runner.procs[0].ignores_term = True
     assert sup.stop() == -signal.SIGKILL
     assert runner.procs[0].signals == [signal.SIGTERM, signal.SIGKILL]
-    clock.t += 100
+    clock.step(100)
     sup.tick()
     assert not sup.ensure_started()
     sup.restart()
@@ -197,12 +190,12 @@ def test_missing_binary_is_retried_with_backoff(parts: Parts) -> None:
     runner.fail_next = 2
     assert sup.ensure_started()
     assert not runner.procs and ("crashed", 127) in obs.events
-    clock.t += 1
+    clock.step(1)
     sup.tick()  # second failure, next delay 2 s
-    clock.t += 1.5
+    clock.step(1.5)
     sup.tick()
     assert not runner.procs
-    clock.t += 0.5
+    clock.step(0.5)
     sup.tick()
     assert len(runner.procs) == 1
 

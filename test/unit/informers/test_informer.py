@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
-from pkg.informers.clock import FakeClock
+from pkg.base.types import JSON
 from pkg.informers.compact import compact
 from pkg.informers.factory import SharedInformerFactory
 from pkg.informers.lister import Lister
@@ -26,15 +24,9 @@ from pkg.informers.store import (
     meta_namespace_key,
 )
 from pkg.kube import resources as r
-from pkg.kube.client import JSON
+from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
-
-
-def eventually(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.002)
 
 
 def pod(name: str, node: str = "n1", **labels: str) -> JSON:

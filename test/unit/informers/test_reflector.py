@@ -4,28 +4,22 @@ cache == server state. Backoff runs on a FakeClock, so no test really waits for 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from pkg.informers.clock import FakeClock
+from pkg.base.types import JSON
 from pkg.informers.informer import SharedInformer
 from pkg.informers.listwatch import ResourceListerWatcher
 from pkg.informers.reflector import BackoffPolicy
 from pkg.informers.store import DeletedFinalStateUnknown
 from pkg.kube import resources as r
-from pkg.kube.client import JSON
+from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 NO_JITTER = BackoffPolicy(initial=1.0, cap=8.0, jitter=0.0)
-
-
-def eventually(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < end, "condition not reached"
-        time.sleep(0.002)
 
 
 def pod(name: str, **labels: str) -> JSON:

@@ -5,28 +5,22 @@ The same requests are sent to a real kube-apiserver in ``test/e2e/test_watch_lis
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 import urllib3
 
-from pkg.informers.clock import FakeClock
+from pkg.base.types import JSON
 from pkg.informers.factory import SharedInformerFactory
 from pkg.informers.informer import SharedInformer
 from pkg.informers.listwatch import RestListerWatcher
 from pkg.informers.reflector import BackoffPolicy
 from pkg.kube import resources as r
-from pkg.kube.client import INITIAL_EVENTS_END, JSON
+from pkg.kube.client import INITIAL_EVENTS_END
 from pkg.reconcilers.slim import slim_node
+from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
-
-
-def eventually(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not met"
-        time.sleep(0.01)
 
 
 def node(name: str, **labels: str) -> JSON:

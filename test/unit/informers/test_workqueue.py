@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
-from pkg.informers.clock import FakeClock
 from pkg.informers.workqueue import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
@@ -21,6 +20,7 @@ from pkg.informers.workqueue import (
     WorkQueue,
     default_controller_rate_limiter,
 )
+from pkg.testing.clock import FakeClock
 
 KEYS = st.sampled_from([f"k{i}" for i in range(6)])
 

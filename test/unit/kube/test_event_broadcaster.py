@@ -9,12 +9,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from pkg.informers.clock import FakeClock
+from pkg.base.types import JSON
 from pkg.kube.errors import ConnectionFailedError, NotFoundError
 from pkg.kube.eventbroadcaster import AGGREGATED_PREFIX, AsyncEventRecorder, EventCorrelator
 from pkg.kube.resources import EVENTS, Resource
-
-JSON = dict[str, Any]
+from pkg.testing.clock import FakeClock
 
 
 def obj(name: str = "cd1", uid: str = "u1") -> JSON:

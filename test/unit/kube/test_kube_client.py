@@ -22,6 +22,7 @@ from pkg.kube.errors import (
     error_from_status,
 )
 from pkg.kube.events import EventRecorder
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
@@ -112,23 +113,18 @@ def test_throttle_and_close() -> None:
         c.close()
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def now(self) -> float:
-        self.t += 1
-        return self.t
-
-
 def test_event_recorder_dedups_and_never_raises() -> None:
     with FakeApiServer() as api:
         c = api.client()
         obj = c.create(r.COMPUTE_DOMAINS, {"metadata": {"name": "cd", "namespace": "ns"}})
-        rec = EventRecorder(c, "controller", _Clock())
+        clock = FakeClock()
+        rec = EventRecorder(c, "controller", clock)
         rec.event(obj, "Normal", "Created", "made it")
+        clock.step(1)
         rec.event(obj, "Normal", "Created", "made it")
+        clock.step(1)
         rec.event(obj, "Warning", "Failed", "oops")
+        clock.step(1)
         events = api.objects(r.EVENTS)
         assert sorted((e["reason"], e["count"]) for e in events) == [("Created", 2), ("Failed", 1)]
         created = next(e for e in events if e["reason"] == "Created")
@@ -136,6 +132,7 @@ def test_event_recorder_dedups_and_never_raises() -> None:
         assert created["source"] == {"component": "controller"}
         api.inject_error("POST", r.EVENTS, 403)
         rec.event(obj, "Normal", "Other", "swallowed")  # logged, not raised
+        clock.step(1)
         for e in events:  # expired events are recreated
             c.delete(r.EVENTS, e["metadata"]["name"], namespace="ns")
         rec.event(obj, "Normal", "Created", "made it")
@@ -147,11 +144,13 @@ def test_event_recorder_retries_an_outage_with_backoff_then_gives_up() -> None:
         c = api.client()
         obj = c.create(r.COMPUTE_DOMAINS, {"metadata": {"name": "cd", "namespace": "ns"}})
         pauses: list[float] = []
-        rec = EventRecorder(c, "controller", _Clock(), retry_delays=(0.1, 0.4),
+        clock = FakeClock()
+        rec = EventRecorder(c, "controller", clock, retry_delays=(0.1, 0.4),
                             sleep=pauses.append)  # fmt: skip
         api.inject_error("POST", r.EVENTS, 0, count=1)  # connection dropped
         api.inject_error("POST", r.EVENTS, 503, count=1)
         rec.event(obj, "Warning", "Lost", "delivered on the third try")
+        clock.step(1)
         assert pauses == [0.1, 0.4]
         assert [e["reason"] for e in api.objects(r.EVENTS)] == ["Lost"]
         pauses.clear()

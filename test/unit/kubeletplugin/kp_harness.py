@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import grpc
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.discovery.base import GpuInfo
@@ -34,18 +34,6 @@ PROC_DEVICES = (
     "Character devices:\n  1 mem\n195 nvidia\n235 nvidia-caps-imex-channels\n"
     "236 nvidia-caps\n\nBlock devices:\n  8 sd\n"
 )
-JSON = dict[str, Any]
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """Poll a condition that an asynchronous component (watch thread) makes true."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 @contextmanager

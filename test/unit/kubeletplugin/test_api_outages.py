@@ -7,51 +7,25 @@ crash or a permanent error.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
 from pkg.api import constants as c
-from pkg.informers import RealClock, SharedInformerFactory
+from pkg.base.clock import RealClock
+from pkg.base.types import JSON
+from pkg.informers import SharedInformerFactory
 from pkg.kube import resources as res
 from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.kubeletplugin.errors import RetryableError
 from pkg.kubeletplugin.slices import SlicePublisher
+from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 NODE = "node-a"
 DRIVER_NS = "nvidia-dra-driver"
-JSON = dict[str, Any]
-
-
-class AdvancingClock(RealClock):
-    """`pkg.informers.clock.Clock` whose waits advance time instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.mono = 0.0
-        self.waits: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def wait(self, cond: threading.Condition, timeout: float | None) -> None:
-        assert timeout is not None
-        self.waits.append(round(timeout, 3))
-        self.mono += timeout
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
-    """Poll a condition another thread (the publisher) makes true."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture
@@ -83,9 +57,9 @@ def test_slice_publisher_starts_while_the_api_server_is_down(api: FakeApiServer)
         time.sleep(0.3)  # let it try against the dead server for a while
         assert slices(api) == []
         api.set_available(True)
-        [obj] = wait_until(lambda: slices(api))
+        [obj] = eventually(lambda: slices(api))
         assert obj["metadata"]["ownerReferences"][0]["name"] == NODE
-        wait_until(lambda: pub.failures == 0)
+        eventually(lambda: pub.failures == 0)
     finally:
         pub.stop()
         factory.shutdown()
@@ -96,17 +70,17 @@ def test_slice_publisher_survives_a_dropped_write(api: FakeApiServer) -> None:
     api.inject_error("POST", res.RESOURCE_SLICES, 0, count=2)  # POSTs are never auto-retried
     try:
         pub.start()
-        wait_until(lambda: slices(api))
-        wait_until(lambda: pub.failures == 0)  # reset once the pass that created it returns
+        eventually(lambda: slices(api))
+        eventually(lambda: pub.failures == 0)  # reset once the pass that created it returns
         # The publisher thread is still alive: it repairs a deleted slice.
         api.client().delete(res.RESOURCE_SLICES, pub.name)
-        wait_until(lambda: slices(api))
+        eventually(lambda: slices(api))
     finally:
         pub.stop()
         factory.shutdown()
 
 
-def tracker(api: FakeApiServer, clock: AdvancingClock) -> DomainTracker:
+def tracker(api: FakeApiServer, clock: FakeClock) -> DomainTracker:
     client = api.client()
     return DomainTracker(
         client=client, informers=SharedInformerFactory(client, clock=clock), node_name=NODE,
@@ -120,22 +94,22 @@ def node_label(api: FakeApiServer) -> str | None:
 
 
 def test_label_writer_retries_a_dropped_patch_with_backoff(api: FakeApiServer) -> None:
-    clock = AdvancingClock()
+    clock = FakeClock(advance_on_wait=True)
     api.inject_error("PATCH", res.NODES, 0, count=2)
     tracker(api, clock).add_node_label("uid-1")
     assert node_label(api) == "uid-1"
-    assert clock.waits == [0.1, 0.2]
+    assert [round(w, 3) for w in clock.waits] == [0.1, 0.2]
     api.inject_error("PATCH", res.NODES, 0, count=1)
     tracker(api, clock).remove_node_label("uid-1")
     assert node_label(api) is None
 
 
 def test_label_writer_turns_a_long_outage_into_a_retryable_error(api: FakeApiServer) -> None:
-    clock = AdvancingClock()
+    clock = FakeClock(advance_on_wait=True)
     api.set_available(False)
     with pytest.raises(RetryableError, match="API server unavailable while labeling"):
         tracker(api, clock).add_node_label("uid-1")
-    assert clock.waits == [0.1, 0.2, 0.4, 0.8]
+    assert [round(w, 3) for w in clock.waits] == [0.1, 0.2, 0.4, 0.8]
     with pytest.raises(RetryableError, match="API server unavailable"):
         tracker(api, clock).remove_node_label("uid-1")
     api.set_available(True)

@@ -19,7 +19,6 @@ from kp_harness import (
     seed_claim,
     seed_domain,
     set_daemon_ready,
-    wait_until,
 )
 
 from pkg.api import constants as c
@@ -27,6 +26,7 @@ from pkg.kube import resources as res
 from pkg.kubeletplugin.discovery.base import FabricInfo, GpuInfo
 from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2 as hpb
 from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2_grpc as hgrpc
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
@@ -255,7 +255,7 @@ def test_daemon_claim_gets_domain_env_and_mount(api: FakeApiServer, root: Path) 
 
 def test_slice_published_and_recreated_after_deletion(api: FakeApiServer, root: Path) -> None:
     with running_plugin(api, root) as (plugin, _kubelet):
-        first = wait_until(lambda: api.objects(res.RESOURCE_SLICES))[0]
+        first = eventually(lambda: api.objects(res.RESOURCE_SLICES))[0]
         spec = first["spec"]
         assert spec["nodeName"] == NODE and spec["driver"] == c.DRIVER_NAME
         assert spec["pool"]["name"] == NODE and spec["pool"]["resourceSliceCount"] == 1
@@ -268,7 +268,7 @@ def test_slice_published_and_recreated_after_deletion(api: FakeApiServer, root: 
         }
         assert attrs["daemon-0"]["type"] == {"string": "daemon"}
         api.client().delete(res.RESOURCE_SLICES, plugin.slices.name)
-        again = wait_until(
+        again = eventually(
             lambda: [
                 s
                 for s in api.objects(res.RESOURCE_SLICES)

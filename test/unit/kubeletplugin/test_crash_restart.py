@@ -20,11 +20,11 @@ from kp_harness import (
     make_config,
     seed_claim,
     seed_domain,
-    wait_until,
 )
 
 from pkg.api import constants as c
 from pkg.kube import resources as res
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 HERE = Path(__file__).resolve().parent
@@ -91,7 +91,7 @@ def test_sigkill_between_checkpoint_steps(api: FakeApiServer, root: Path, crash_
 
     plugin = start_real_plugin(api, root)
     try:
-        wait_until(lambda: answers(kubelet), 20)  # stale socket files exist until it rebinds
+        eventually(lambda: answers(kubelet), 20)  # stale socket files exist until it rebinds
         result = kubelet.prepare(claim).claims[uid]
         assert result.error == ""
         assert list(result.devices[0].cdi_device_ids) == [f"{c.CDI_VENDOR}/claim={uid}-channel-0"]
@@ -135,7 +135,7 @@ def test_stale_started_entry_of_deleted_claim_is_unprepared_at_start(
             doc = json.loads((config.plugin_dir / "checkpoint.json").read_text())
             return uid not in doc["v2"].get("preparedClaims", {})
 
-        wait_until(cleaned, 20)
+        eventually(cleaned, 20)
         node = api.client().get(res.NODES, NODE)
         assert c.COMPUTE_DOMAIN_LABEL not in (node["metadata"].get("labels") or {})
     finally:

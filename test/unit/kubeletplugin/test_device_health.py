@@ -30,7 +30,6 @@ from kp_harness import (
 )
 
 from pkg.api import constants as c
-from pkg.informers import FakeClock
 from pkg.kube import resources as res
 from pkg.kubeletplugin import devicehealth as dh
 from pkg.kubeletplugin.checkpoint import ClaimEntry, ClaimState, DeviceGroup, PreparedDevice
@@ -40,6 +39,7 @@ from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2 as h1
 from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2_grpc as h1_grpc
 from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1alpha1_pb2 as h1a1
 from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1alpha1_pb2_grpc as h1a1_grpc
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 TIMEOUT = 5.0  # real-time bound on a message that an event must cause at once

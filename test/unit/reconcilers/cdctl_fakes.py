@@ -13,13 +13,13 @@ from collections.abc import Callable
 from typing import Any
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 from pkg.informers.store import Indexer
 from pkg.kube import resources as res
 from pkg.kube.resources import Resource
 from pkg.reconcilers.cache import INDEXES, Caches
 from pkg.testing.fakeapiserver import FakeApiServer
 
-JSON = dict[str, Any]
 DRIVER_NS = "nvidia-dra-driver"
 
 
@@ -96,29 +96,6 @@ class RecordedEvents:
 
     def reasons(self) -> list[str]:
         return [i[2] for i in self.items]
-
-
-class StepClock:
-    """`pkg.runtime.clock.Clock` that never sleeps: waits advance time."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.wall = start
-        self.mono = 0.0
-
-    def now(self) -> float:
-        return self.wall
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        if not event.is_set():
-            self.advance(timeout)
-        return event.is_set()
 
 
 # -- builders ---------------------------------------------------------------------------------

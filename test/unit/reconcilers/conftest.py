@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, live_caches  # type: ignore[import-not-found, unused-ignore]
+from cdctl_fakes import DRIVER_NS, RecordedEvents, live_caches  # type: ignore[import-not-found, unused-ignore]
 from prometheus_client import CollectorRegistry
 
 from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.config import ControllerConfig
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
@@ -37,8 +38,8 @@ def events() -> RecordedEvents:
 
 
 @pytest.fixture
-def clock() -> StepClock:
-    return StepClock()
+def clock() -> FakeClock:
+    return FakeClock(advance_on_wait=True)
 
 
 @pytest.fixture

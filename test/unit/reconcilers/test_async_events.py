@@ -7,17 +7,19 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from cdctl_fakes import StepClock, compute_domain  # type: ignore[import-not-found, unused-ignore]
+from cdctl_fakes import compute_domain  # type: ignore[import-not-found, unused-ignore]
 from prometheus_client import CollectorRegistry
 
+from pkg.base.types import JSON
 from pkg.kube import resources as res
-from pkg.kube.client import JSON, RestClient
+from pkg.kube.client import RestClient
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
 from pkg.kube.resources import Resource
 from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.metrics import DomainMetrics
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
@@ -39,7 +41,7 @@ class HangingEvents:
 
 def test_reconcile_completes_while_event_writes_hang(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    clock: StepClock,
+    clock: FakeClock,
 ) -> None:  # fmt: skip
     sink = HangingEvents()
     recorder = AsyncEventRecorder(sink, "compute-domain-controller", clock)  # type: ignore[arg-type]

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from typing import Any
 
 import pytest
-from cdctl_fakes import DRIVER_NS, RecordedEvents, StepClock, compute_domain, daemon_pod, node  # type: ignore[import-not-found, unused-ignore]
+from cdctl_fakes import DRIVER_NS, RecordedEvents, compute_domain, daemon_pod, node  # type: ignore[import-not-found, unused-ignore]
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
@@ -18,15 +17,14 @@ from pkg.reconcilers.cleanup import OrphanCleaner
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.metrics import DomainMetrics
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
-
-JSON = dict[str, Any]
 
 
 @pytest.fixture
 def reconciler(
     client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: StepClock, registry: CollectorRegistry,
+    clock: FakeClock, registry: CollectorRegistry,
 ) -> ComputeDomainReconciler:  # fmt: skip
     return ComputeDomainReconciler(
         client=client, caches=caches, config=config, events=events,
@@ -121,7 +119,7 @@ def test_deleted_domain_without_our_finalizer_is_ignored(
 @pytest.fixture
 def cleaner(
     client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: StepClock,
+    clock: FakeClock,
 ) -> OrphanCleaner:  # fmt: skip
     return OrphanCleaner(client=client, caches=caches, config=config, events=events, clock=clock)
 
@@ -166,7 +164,7 @@ def test_orphan_sweep_confirms_with_the_api_before_deleting(
 
 def test_orphan_sweep_runs_periodically_when_a_backstop_interval_is_set(
     server: FakeApiServer, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: StepClock,
+    clock: FakeClock,
 ) -> None:  # fmt: skip
     cleaner = OrphanCleaner(client=server.client(), caches=caches, events=events, clock=clock,
                             config=replace(config, cleanup_interval=600.0))  # fmt: skip
@@ -186,7 +184,7 @@ def test_orphan_sweep_runs_periodically_when_a_backstop_interval_is_set(
 
 
 def test_orphan_sweep_survives_an_api_server_outage(
-    server: FakeApiServer, cleaner: OrphanCleaner, clock: StepClock
+    server: FakeApiServer, cleaner: OrphanCleaner, clock: FakeClock
 ) -> None:
     """A sweep that meets a dead API server fails (logged); the loop waits its interval and
     the next sweep does the work."""
@@ -213,7 +211,7 @@ def test_orphan_sweep_survives_an_api_server_outage(
 
 
 def test_idle_cleaner_does_no_periodic_work_and_sweeps_when_poked(
-    server: FakeApiServer, cleaner: OrphanCleaner, clock: StepClock
+    server: FakeApiServer, cleaner: OrphanCleaner, clock: FakeClock
 ) -> None:
     """Default (no backstop interval): one sweep at start, then only when poked."""
     stop = threading.Event()

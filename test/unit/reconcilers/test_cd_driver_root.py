@@ -7,11 +7,8 @@ status, which is all the controller sees.
 
 from __future__ import annotations
 
-from typing import Any
-
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     RecordedEvents,
-    StepClock,
     clique,
     compute_domain,
     daemon_entry,
@@ -21,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
+from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
@@ -28,9 +26,9 @@ from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.status import aggregate, render_status
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
-JSON = dict[str, Any]
 DETAIL = (
     "nvidia-imex not found in the container on node b: the IMEX binaries come only from the "
     "kubelet plugin's driver root (nvidiaDriverRoot) through CDI"
@@ -67,7 +65,7 @@ def test_a_daemon_that_never_joined_is_a_not_ready_member_with_the_reason() -> N
 
 def test_condition_and_event_name_the_node_and_the_missing_binary(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: StepClock, registry: CollectorRegistry,
+    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
 ) -> None:  # fmt: skip
     reconciler = ComputeDomainReconciler(
         client=client, caches=caches, config=config, events=events,

@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     RecordedEvents,
-    StepClock,
     clique,
     compute_domain,
     daemon_entry,
@@ -18,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
+from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
@@ -31,9 +31,8 @@ from pkg.reconcilers.status import (
     connectivity_condition,
     render_status,
 )
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
-
-JSON = dict[str, Any]
 
 
 def entry(name: str, index: int, *, cl: str = "cl.1", status: str = "Ready",
@@ -114,7 +113,7 @@ def test_conditions_appear_go_unknown_and_leave_ready_alone() -> None:
 @pytest.fixture
 def reconciler(
     client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: StepClock, registry: CollectorRegistry,
+    clock: FakeClock, registry: CollectorRegistry,
 ) -> ComputeDomainReconciler:  # fmt: skip
     return ComputeDomainReconciler(
         client=client, caches=caches, config=config, events=events,

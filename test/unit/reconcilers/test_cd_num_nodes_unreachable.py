@@ -6,11 +6,8 @@ plugin runs there) and existing, plus nodes already hosting a member (pkg.reconc
 
 from __future__ import annotations
 
-from typing import Any
-
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     RecordedEvents,
-    StepClock,
     clique,
     compute_domain,
     daemon_entry,
@@ -20,6 +17,7 @@ from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
 )
 from prometheus_client import CollectorRegistry
 
+from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
@@ -31,9 +29,8 @@ from pkg.reconcilers.reachability import (
     candidate_nodes,
     num_nodes_problem,
 )
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
-
-JSON = dict[str, Any]
 
 
 class Nodes:
@@ -67,7 +64,7 @@ def test_problem_only_when_num_nodes_exceeds_candidates_and_members() -> None:
 
 def test_condition_and_event_then_recovery_when_nodes_join(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: StepClock, registry: CollectorRegistry,
+    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
 ) -> None:  # fmt: skip
     reconciler = ComputeDomainReconciler(
         client=client, caches=caches, config=config, events=events,

@@ -9,6 +9,7 @@ import pytest
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
+from pkg.base.types import JSON
 from pkg.reconcilers.config import ControllerConfig, parse_extra_env
 from pkg.reconcilers.objects import (
     SPEC_HASH_ANNOTATION,
@@ -17,7 +18,6 @@ from pkg.reconcilers.objects import (
     render_workload_rct,
 )
 
-JSON = dict[str, Any]
 CONFIG = ControllerConfig(
     namespace="drv", image_name="img:1", log_verbosity_cd_daemon=3, feature_gates="A=true",
     image_pull_secret_names=("s1", "s2"), node_loss_grace_period=45,

@@ -10,7 +10,6 @@ import pytest
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     DRIVER_NS,
     RecordedEvents,
-    StepClock,
     clique,
     compute_domain,
     daemon_entry,
@@ -21,6 +20,7 @@ from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
+from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.kube.errors import ConflictError
@@ -29,9 +29,8 @@ from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import TerminalError
 from pkg.reconcilers.metrics import DomainMetrics
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
-
-JSON = dict[str, Any]
 
 
 @pytest.fixture
@@ -40,7 +39,7 @@ def reconciler(
     caches: Caches,
     config: ControllerConfig,
     events: RecordedEvents,
-    clock: StepClock,
+    clock: FakeClock,
     registry: CollectorRegistry,
 ) -> ComputeDomainReconciler:
     return ComputeDomainReconciler(
@@ -135,7 +134,7 @@ def test_adopts_existing_dependents_of_the_same_domain(
 
 def test_changed_config_updates_the_daemonset(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: StepClock, reconciler: ComputeDomainReconciler,
+    events: RecordedEvents, clock: FakeClock, reconciler: ComputeDomainReconciler,
 ) -> None:  # fmt: skip
     created_domain(server, reconciler)
     newer = ComputeDomainReconciler(
@@ -153,7 +152,7 @@ def test_status_aggregates_cliques_and_non_fabric_pods(
     reconciler: ComputeDomainReconciler,
     events: RecordedEvents,
     registry: CollectorRegistry,
-    clock: StepClock,
+    clock: FakeClock,
 ) -> None:
     uid = created_domain(server, reconciler, numNodes=3)
     for n in ("a", "b", "c"):
@@ -166,7 +165,7 @@ def test_status_aggregates_cliques_and_non_fabric_pods(
         daemon_entry("a", index=0), daemon_entry("b", index=1, status="NotReady"),
         daemon_entry("gone", index=2),  # stale: no daemon pod of this domain there
     ]))  # fmt: skip
-    clock.advance(42)
+    clock.step(42)
     reconciler.reconcile("team/cd1")
     status = get_cd(server)["status"]
     assert [(n["name"], n["status"], n["index"]) for n in status["nodes"]] == [
@@ -340,7 +339,7 @@ def test_upstream_daemonset_is_adopted_without_restarting_daemons(
 def test_gauge_counts_domains_already_ready_at_startup(
     server: FakeApiServer, reconciler: ComputeDomainReconciler, registry: CollectorRegistry,
     client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: StepClock,
+    clock: FakeClock,
 ) -> None:  # fmt: skip
     uid = created_domain(server, reconciler)
     server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
@@ -364,7 +363,7 @@ def test_gauge_counts_domains_already_ready_at_startup(
 
 def test_lost_node_leaves_the_status_after_the_grace_and_the_reconcile_waits_for_it(
     server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents,
-    clock: StepClock,
+    clock: FakeClock,
 ) -> None:  # fmt: skip
     uid = created_domain(server, reconciler)
     for n in ("a", "b"):
@@ -380,7 +379,7 @@ def test_lost_node_leaves_the_status_after_the_grace_and_the_reconcile_waits_for
     assert [(n["name"], n["status"]) for n in get_cd(server)["status"]["nodes"]] == [
         ("a", "Ready"), ("b", "NotReady"),
     ]  # fmt: skip
-    clock.advance(40.0)
+    clock.step(40.0)
     assert reconciler.reconcile("team/cd1").requeue_after == 0
     cd = get_cd(server)
     assert [n["name"] for n in cd["status"]["nodes"]] == ["a"]
@@ -410,7 +409,7 @@ def test_crashed_daemon_makes_its_node_not_ready_in_the_status(
 
 def test_full_clique_gives_capacity_exceeded_with_events_on_domain_and_pods(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: StepClock, registry: CollectorRegistry,
+    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
 ) -> None:  # fmt: skip
     reconciler = ComputeDomainReconciler(
         client=client, caches=caches, config=replace(config, max_nodes_per_imex_domain=2),

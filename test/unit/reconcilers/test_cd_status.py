@@ -9,6 +9,7 @@ from cdctl_fakes import clique, daemon_entry, daemon_pod, node  # type: ignore[i
 from prometheus_client import CollectorRegistry
 
 from pkg.api.computedomain import global_status, parse_compute_domain, set_condition
+from pkg.base.types import JSON
 from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
 from pkg.reconcilers.status import (
     Problem,
@@ -18,8 +19,6 @@ from pkg.reconcilers.status import (
     render_status,
     status_events,
 )
-
-JSON = dict[str, Any]
 
 
 def cd(num_nodes: int = 0) -> Any:

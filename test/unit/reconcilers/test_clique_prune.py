@@ -11,14 +11,15 @@ import pytest
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     DRIVER_NS,
     RecordedEvents,
-    StepClock,
     clique,
     daemon_entry,
     daemon_pod,
     node,
 )
 
-from pkg.informers import RealClock, SharedInformerFactory
+from pkg.base.clock import RealClock
+from pkg.base.types import JSON
+from pkg.informers import SharedInformerFactory
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.kube.errors import ConflictError
@@ -26,16 +27,16 @@ from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.cliqueprune import CliquePruneReconciler
 from pkg.reconcilers.config import ControllerConfig
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
-JSON = dict[str, Any]
 UID = "cd-uid-1"
 OTHER_UID = "cd-uid-2"
 KEY = f"{DRIVER_NS}/{UID}.cl.1"
 
 
 def make(
-    client: Any, caches: Caches, config: ControllerConfig, events: RecordedEvents, clock: StepClock
+    client: Any, caches: Caches, config: ControllerConfig, events: RecordedEvents, clock: FakeClock
 ) -> CliquePruneReconciler:
     return CliquePruneReconciler(
         client=client, caches=caches, config=config, events=events, clock=clock
@@ -48,7 +49,7 @@ def prune(
     caches: Caches,
     config: ControllerConfig,
     events: RecordedEvents,
-    clock: StepClock,
+    clock: FakeClock,
 ) -> CliquePruneReconciler:
     return make(client, caches, config, events, clock)
 
@@ -68,7 +69,7 @@ def puts(server: FakeApiServer) -> list[str]:
 
 
 def test_entry_of_a_vanished_daemon_is_pruned_after_the_grace_period(
-    server: FakeApiServer, prune: CliquePruneReconciler, clock: StepClock, events: RecordedEvents
+    server: FakeApiServer, prune: CliquePruneReconciler, clock: FakeClock, events: RecordedEvents
 ) -> None:
     seed_clique(server, "a", "b")
     server.seed(res.PODS, daemon_pod(UID, "a"))
@@ -76,10 +77,10 @@ def test_entry_of_a_vanished_daemon_is_pruned_after_the_grace_period(
     result = prune.reconcile(KEY)
     assert result.requeue_after == pytest.approx(30.0)  # re-check when the grace ends
     assert nodes_in_clique(server) == ["a", "b"]
-    clock.advance(29.0)
+    clock.step(29.0)
     assert prune.reconcile(KEY).requeue_after == pytest.approx(1.0)
     assert nodes_in_clique(server) == ["a", "b"]
-    clock.advance(1.0)
+    clock.step(1.0)
     assert prune.reconcile(KEY).requeue_after == 0
     assert nodes_in_clique(server) == ["a"]
     [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
@@ -93,24 +94,24 @@ def test_entry_of_a_vanished_daemon_is_pruned_after_the_grace_period(
 
 
 def test_entry_with_a_daemon_pod_is_never_removed_even_if_not_ready(
-    server: FakeApiServer, prune: CliquePruneReconciler, clock: StepClock
+    server: FakeApiServer, prune: CliquePruneReconciler, clock: FakeClock
 ) -> None:
     seed_clique(server, "a")
     server.seed(res.PODS, daemon_pod(UID, "a", ready=False))
     for _ in range(5):
         assert prune.reconcile(KEY).requeue_after == 0
-        clock.advance(3600.0)
+        clock.step(3600.0)
     failed = daemon_pod(UID, "a")
     failed["status"]["phase"] = "Failed"
     server.seed(res.PODS, failed)
-    clock.advance(3600.0)
+    clock.step(3600.0)
     assert prune.reconcile(KEY).requeue_after == 0
     assert nodes_in_clique(server) == ["a"]
     assert puts(server) == []
 
 
 def test_a_daemon_pod_of_another_domain_does_not_keep_the_entry(
-    server: FakeApiServer, prune: CliquePruneReconciler, clock: StepClock
+    server: FakeApiServer, prune: CliquePruneReconciler, clock: FakeClock
 ) -> None:
     """Unlike upstream, which keeps the entry while any domain's daemon runs on the node."""
     seed_clique(server, "a")
@@ -118,13 +119,13 @@ def test_a_daemon_pod_of_another_domain_does_not_keep_the_entry(
     other["metadata"]["name"] = "other-daemon-a"
     server.seed(res.PODS, other)
     prune.reconcile(KEY)
-    clock.advance(30.0)
+    clock.step(30.0)
     prune.reconcile(KEY)
     assert nodes_in_clique(server) == []
 
 
 def test_daemon_restarted_by_its_daemonset_keeps_its_entry(
-    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: StepClock
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: FakeClock
 ) -> None:
     seed_clique(server, "a", "b")
     server.seed(res.PODS, daemon_pod(UID, "a"))
@@ -132,21 +133,21 @@ def test_daemon_restarted_by_its_daemonset_keeps_its_entry(
     assert prune.reconcile(KEY).requeue_after == 0
     client.delete(res.PODS, "daemon-b", namespace=DRIVER_NS)  # pod deleted ...
     assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
-    clock.advance(20.0)
+    clock.step(20.0)
     server.seed(res.PODS, daemon_pod(UID, "b"))  # ... and recreated by the DaemonSet
     assert prune.reconcile(KEY).requeue_after == 0
     # A second restart later starts a fresh grace period, not the old one.
-    clock.advance(15.0)
+    clock.step(15.0)
     client.delete(res.PODS, "daemon-b", namespace=DRIVER_NS)
     assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
-    clock.advance(29.0)
+    clock.step(29.0)
     prune.reconcile(KEY)
     assert nodes_in_clique(server) == ["a", "b"]
     assert puts(server) == []
 
 
 def test_terminating_pod_counts_only_after_its_own_termination_grace(
-    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: StepClock
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: FakeClock
 ) -> None:
     """A pod stuck terminating (lost node) stops protecting its entry, but only late."""
     seed_clique(server, "a")
@@ -159,10 +160,10 @@ def test_terminating_pod_counts_only_after_its_own_termination_grace(
     server.seed(res.PODS, stuck)
     assert server.objects(res.PODS)[0]["metadata"]["deletionTimestamp"]
     assert prune.reconcile(KEY).requeue_after == pytest.approx(60.0)
-    clock.advance(59.0)
+    clock.step(59.0)
     prune.reconcile(KEY)
     assert nodes_in_clique(server) == ["a"]
-    clock.advance(1.0)
+    clock.step(1.0)
     prune.reconcile(KEY)
     assert nodes_in_clique(server) == []
 
@@ -191,7 +192,7 @@ def test_conflict_rereads_and_removes_only_the_entries_judged_stale(
     caches: Caches,
     config: ControllerConfig,
     events: RecordedEvents,
-    clock: StepClock,
+    clock: FakeClock,
 ) -> None:
     seed_clique(server, "a", "b", "c")
     server.seed(res.PODS, daemon_pod(UID, "a"))
@@ -206,7 +207,7 @@ def test_conflict_rereads_and_removes_only_the_entries_judged_stale(
     racing = RacingClient(client, daemon_writes)
     prune = make(racing, caches, config, events, clock)
     prune.reconcile(KEY)
-    clock.advance(30.0)
+    clock.step(30.0)
     prune.reconcile(KEY)
     assert racing.raced
     # b's new registration and d survive; only c's entry, unchanged since judged, is gone.
@@ -224,11 +225,11 @@ def test_conflict_rereads_and_removes_only_the_entries_judged_stale(
 
 
 def test_persistent_conflicts_raise_for_a_rate_limited_retry(
-    server: FakeApiServer, prune: CliquePruneReconciler, clock: StepClock
+    server: FakeApiServer, prune: CliquePruneReconciler, clock: FakeClock
 ) -> None:
     seed_clique(server, "a")
     prune.reconcile(KEY)
-    clock.advance(30.0)
+    clock.step(30.0)
     server.inject_error("PUT", res.COMPUTE_DOMAIN_CLIQUES, 409, count=10)
     with pytest.raises(ConflictError):
         prune.reconcile(KEY)
@@ -236,7 +237,7 @@ def test_persistent_conflicts_raise_for_a_rate_limited_retry(
 
 
 def test_deleted_clique_forgets_its_timers(
-    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: StepClock
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: FakeClock
 ) -> None:
     seed_clique(server, "a")
     prune.reconcile(KEY)
@@ -244,7 +245,7 @@ def test_deleted_clique_forgets_its_timers(
     assert prune.reconcile(KEY).requeue_after == 0
     assert prune._absent_since == {}
     # Recreated later: the grace period starts over.
-    clock.advance(100.0)
+    clock.step(100.0)
     seed_clique(server, "a")
     assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
 
@@ -291,7 +292,7 @@ def test_ready_entry_of_a_dead_daemon_container_turns_not_ready_at_once(
 
 
 def test_entry_of_a_lost_node_is_removed_after_the_node_loss_grace(
-    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: StepClock,
+    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: FakeClock,
     events: RecordedEvents,
 ) -> None:  # fmt: skip
     """The daemon pod stays bound to a dead node (it tolerates every taint); the entry does
@@ -306,7 +307,7 @@ def test_entry_of_a_lost_node_is_removed_after_the_node_loss_grace(
     assert prune.keys_for_node(node("b")) == [KEY]
     assert prune.reconcile(KEY).requeue_after == pytest.approx(40.0)
     assert nodes_in_clique(server) == ["a", "b"]
-    clock.advance(40.0)
+    clock.step(40.0)
     assert prune.reconcile(KEY).requeue_after == 0
     assert nodes_in_clique(server) == ["a"]
     assert events.items[-1][2] == "NodeLost" and "b (10.1.0.2, index 1)" in events.items[-1][3]
@@ -317,7 +318,7 @@ def test_entry_of_a_lost_node_is_removed_after_the_node_loss_grace(
     client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
     assert prune.reconcile(KEY).requeue_after == pytest.approx(30.0)
     assert nodes_in_clique(server) == ["a", "b"]
-    clock.advance(30.0)
+    clock.step(30.0)
     prune.reconcile(KEY)
     assert nodes_in_clique(server) == ["a"]
     # The node comes back (Ready, untainted): its daemon's entry is left alone again.

@@ -20,6 +20,7 @@ from pkg.api import constants as c
 from pkg.kube import resources as res
 from pkg.reconcilers.app import run
 from pkg.reconcilers.flags import Options, parse_duration, parse_options
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -116,15 +117,6 @@ def get(url: str) -> int:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return exc.code
-
-
-def eventually(pred: object, timeout: float = 15.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():  # type: ignore[operator]
-            return
-        time.sleep(0.05)  # polling other threads' progress, not a backoff
-    raise AssertionError("condition not reached in time")
 
 
 class Instance:

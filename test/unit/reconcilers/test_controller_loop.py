@@ -10,8 +10,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from pkg.informers import FakeClock, RateLimitingQueue
+from pkg.informers import RateLimitingQueue
 from pkg.reconcilers.controller import Controller, ReconcileMetrics, Result, TerminalError
+from pkg.testing.clock import FakeClock
 
 
 class Scripted:

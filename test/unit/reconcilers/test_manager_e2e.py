@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -23,22 +23,13 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
-from pkg.informers import RealClock
+from pkg.base.clock import RealClock
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.manager import ControllerManager
-from pkg.runtime.clock import SystemClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
-
-
-def eventually(pred: Callable[[], object], timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)  # polling other threads' progress, not a backoff
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.fixture
@@ -48,7 +39,7 @@ def manager(
 ) -> Iterator[ControllerManager]:  # fmt: skip
     mgr = ControllerManager(
         client=client, config=replace(config, cleanup_interval=3600), registry=registry,
-        tracer=trace.NoOpTracer(), clock=SystemClock(), informer_clock=RealClock(),
+        tracer=trace.NoOpTracer(), clock=RealClock(), informer_clock=RealClock(),
         events=events,
     )  # fmt: skip
     yield mgr
@@ -108,7 +99,7 @@ def test_stale_clique_entry_is_pruned_on_pod_delete_after_the_grace_period(
 ) -> None:
     mgr = ControllerManager(
         client=client, config=replace(config, cleanup_interval=3600, clique_entry_grace_period=0.5),
-        registry=registry, tracer=trace.NoOpTracer(), clock=SystemClock(),
+        registry=registry, tracer=trace.NoOpTracer(), clock=RealClock(),
         informer_clock=RealClock(), events=events,
     )  # fmt: skip
     uid = "u-prune"

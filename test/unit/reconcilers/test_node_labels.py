@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from cdctl_fakes import RecordedEvents, channel_claim, compute_domain, node, resource_slice  # type: ignore[import-not-found, unused-ignore]
 
@@ -15,8 +13,6 @@ from pkg.reconcilers.cliquelabel import MANAGED_ANNOTATION, CliqueLabelReconcile
 from pkg.reconcilers.events import OnceEvents
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
 from pkg.testing.fakeapiserver import FakeApiServer
-
-JSON = dict[str, Any]
 
 
 def labels(server: FakeApiServer, name: str) -> dict[str, str]:

@@ -11,14 +11,13 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
-from pkg.informers.clock import RealClock
+from pkg.base.clock import RealClock
 from pkg.kube import resources as res
 from pkg.kube.errors import ConflictError
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.manager import ControllerManager
 from pkg.reconcilers.nodecache import patch_node_metadata
 from pkg.reconcilers.status import node_problem
-from pkg.runtime.clock import SystemClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
@@ -34,7 +33,7 @@ def test_manager_reads_health_only_of_domain_nodes(
     server.seed(res.NODES, node("member", ready="False", labels={c.COMPUTE_DOMAIN_LABEL: "u"}))
     manager = ControllerManager(
         client=server.client(), config=config, registry=CollectorRegistry(),
-        tracer=trace.get_tracer("t"), clock=SystemClock(), informer_clock=RealClock(),
+        tracer=trace.get_tracer("t"), clock=RealClock(), informer_clock=RealClock(),
         events=NoEvents(),
     )  # fmt: skip
     assert manager.start(sync_timeout=20)

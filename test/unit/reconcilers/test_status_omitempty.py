@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     RecordedEvents,
-    StepClock,
     clique,
     compute_domain,
     daemon_entry,
@@ -25,6 +24,7 @@ from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import TerminalError
 from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.status import collect_members, render_status
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
@@ -34,7 +34,7 @@ def reconciler(
     caches: Caches,
     config: ControllerConfig,
     events: RecordedEvents,
-    clock: StepClock,
+    clock: FakeClock,
     registry: CollectorRegistry,
 ) -> ComputeDomainReconciler:
     return ComputeDomainReconciler(

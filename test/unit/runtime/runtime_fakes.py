@@ -1,44 +1,12 @@
-"""Fakes for pkg.runtime tests: a manual clock and an in-memory Lease store with RV conflicts."""
+"""Fakes for pkg.runtime tests: an in-memory Lease store with resourceVersion conflicts."""
 
 from __future__ import annotations
 
 import copy
-import threading
-from collections.abc import Callable
-from typing import Any
 
+from pkg.base.types import JSON
 from pkg.kube.errors import AlreadyExistsError, ConflictError, NotFoundError, ServerError
 from pkg.kube.resources import Resource
-
-JSON = dict[str, Any]
-
-
-class ManualClock:
-    """`pkg.runtime.clock.Clock` whose waits advance time instantly instead of sleeping."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.wall = start
-        self.mono = 0.0
-        self.waits: list[float] = []
-        self.on_wait: Callable[[threading.Event], None] = lambda _stop: None
-
-    def now(self) -> float:
-        return self.wall
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def advance(self, seconds: float) -> None:
-        self.wall += seconds
-        self.mono += seconds
-
-    def wait(self, event: threading.Event, timeout: float) -> bool:
-        self.on_wait(event)
-        if event.is_set():
-            return True
-        self.waits.append(timeout)
-        self.advance(timeout)
-        return event.is_set()
 
 
 class LeaseStore:

@@ -6,14 +6,15 @@ import re
 import threading
 
 import pytest
-from runtime_fakes import LeaseStore, ManualClock  # type: ignore[import-not-found, unused-ignore]
+from runtime_fakes import LeaseStore  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector, format_micro_time
+from pkg.testing.clock import FakeClock
 
 MICRO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
 
-def elector(store: LeaseStore, clock: ManualClock, identity: str) -> LeaderElector:
+def elector(store: LeaseStore, clock: FakeClock, identity: str) -> LeaderElector:
     cfg = LeaderElectionConfig(namespace="drv", name="cd-controller", identity=identity)
     return LeaderElector(store, cfg, clock=clock)
 
@@ -41,7 +42,7 @@ def test_config_validation_mirrors_client_go() -> None:
 
 
 def test_first_candidate_creates_lease_with_micro_times() -> None:
-    store, clock = LeaseStore(), ManualClock()
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
     a = elector(store, clock, "a")
     assert a.try_acquire_or_renew()
     spec = store.objects[("drv", "cd-controller")]["spec"]
@@ -52,16 +53,16 @@ def test_first_candidate_creates_lease_with_micro_times() -> None:
 
 
 def test_second_candidate_waits_for_expiry_on_its_own_clock_then_takes_over() -> None:
-    store, clock = LeaseStore(), ManualClock()
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
     a, b = elector(store, clock, "a"), elector(store, clock, "b")
     assert a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew()  # b first sees the record at t=0
-    clock.advance(10)
+    clock.step(10)
     assert a.try_acquire_or_renew()  # renewal at t=10
     assert not b.try_acquire_or_renew()  # b sees the change at t=10: valid until t=25
-    clock.advance(14)
+    clock.step(14)
     assert not b.try_acquire_or_renew()
-    clock.advance(2)
+    clock.step(2)
     assert b.try_acquire_or_renew()
     spec = store.objects[("drv", "cd-controller")]["spec"]
     assert (spec["holderIdentity"], spec["leaseTransitions"]) == ("b", 1)
@@ -70,11 +71,11 @@ def test_second_candidate_waits_for_expiry_on_its_own_clock_then_takes_over() ->
 
 
 def test_conflicting_takeovers_have_exactly_one_winner() -> None:
-    store, clock = LeaseStore(), ManualClock()
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
     a, b, c = (elector(store, clock, x) for x in "abc")
     assert a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew() and not c.try_acquire_or_renew()
-    clock.advance(16)
+    clock.step(16)
     assert b.try_acquire_or_renew()
     store.stale_get = store.writes[-2]  # what c read before b's write
     assert not c.try_acquire_or_renew()  # c's update carries the old resourceVersion: 409
@@ -83,7 +84,7 @@ def test_conflicting_takeovers_have_exactly_one_winner() -> None:
 
 
 def test_run_releases_the_lease_on_stop_so_the_successor_takes_over_at_once() -> None:
-    store, clock = LeaseStore(), ManualClock()
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
     a, b = elector(store, clock, "a"), elector(store, clock, "b")
     stop = threading.Event()
     calls: list[str] = []
@@ -108,7 +109,7 @@ def test_run_releases_the_lease_on_stop_so_the_successor_takes_over_at_once() ->
 
 
 def test_leader_that_cannot_renew_within_deadline_steps_down() -> None:
-    store, clock = LeaseStore(), ManualClock()
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
     a = elector(store, clock, "a")
     stop = threading.Event()
     events: list[str] = []
@@ -126,7 +127,7 @@ def test_leader_that_cannot_renew_within_deadline_steps_down() -> None:
 
 
 def test_leader_steps_down_immediately_when_someone_else_holds_the_lease() -> None:
-    store, clock = LeaseStore(), ManualClock()
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
     a = elector(store, clock, "a")
     stop = threading.Event()
 
@@ -138,7 +139,7 @@ def test_leader_steps_down_immediately_when_someone_else_holds_the_lease() -> No
 
 
 def test_acquire_returns_false_when_stopped_while_waiting() -> None:
-    store, clock = LeaseStore(), ManualClock()
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
     assert elector(store, clock, "a").try_acquire_or_renew()
     b = elector(store, clock, "b")
     stop = threading.Event()

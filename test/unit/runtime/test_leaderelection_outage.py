@@ -11,11 +11,11 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from runtime_fakes import ManualClock  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 NS, NAME = "drv", "cd-controller"
@@ -27,7 +27,7 @@ def server() -> Iterator[FakeApiServer]:
         yield srv
 
 
-def elector(client: RestClient, clock: ManualClock, identity: str = "a") -> LeaderElector:
+def elector(client: RestClient, clock: FakeClock, identity: str = "a") -> LeaderElector:
     cfg = LeaderElectionConfig(namespace=NS, name=NAME, identity=identity)
     return LeaderElector(client, cfg, clock=clock)
 
@@ -38,7 +38,7 @@ def lease_spec(server: FakeApiServer) -> dict[str, object]:
 
 
 def test_a_dropped_connection_is_a_failed_attempt(server: FakeApiServer) -> None:
-    a = elector(server.client(), ManualClock())
+    a = elector(server.client(), FakeClock(advance_on_wait=True))
     server.set_available(False)
     assert a.try_acquire_or_renew() is False  # not ConnectionFailedError
     server.set_available(True)
@@ -48,7 +48,7 @@ def test_a_dropped_connection_is_a_failed_attempt(server: FakeApiServer) -> None
 
 def test_a_client_side_timeout_is_a_failed_attempt(server: FakeApiServer) -> None:
     client = server.client(request_timeout=(1.0, 0.2))
-    a = elector(client, ManualClock())
+    a = elector(client, FakeClock(advance_on_wait=True))
     assert a.try_acquire_or_renew()
     # urllib3 retries a timed-out GET three times: stall all four tries.
     server.inject_stall("GET", res.LEASES, 0.5, count=4)
@@ -57,7 +57,7 @@ def test_a_client_side_timeout_is_a_failed_attempt(server: FakeApiServer) -> Non
 
 
 def test_write_failures_during_an_outage_are_failed_attempts(server: FakeApiServer) -> None:
-    a = elector(server.client(), ManualClock())
+    a = elector(server.client(), FakeClock(advance_on_wait=True))
     assert a.try_acquire_or_renew()
     server.inject_error("PUT", res.LEASES, 0, count=4)  # the renew's PUT is dropped
     assert a.try_acquire_or_renew() is False
@@ -67,7 +67,7 @@ def test_write_failures_during_an_outage_are_failed_attempts(server: FakeApiServ
 def test_leader_keeps_the_lease_through_an_outage_shorter_than_the_renew_deadline(
     server: FakeApiServer,
 ) -> None:
-    clock = ManualClock()
+    clock = FakeClock(advance_on_wait=True)
     a = elector(server.client(), clock)
     stop = threading.Event()
     calls: list[str] = []
@@ -94,7 +94,7 @@ def test_leader_keeps_the_lease_through_an_outage_shorter_than_the_renew_deadlin
 def test_leader_that_loses_the_lease_in_an_outage_steps_down_and_campaigns_again(
     server: FakeApiServer,
 ) -> None:
-    clock = ManualClock()
+    clock = FakeClock(advance_on_wait=True)
     a = elector(server.client(), clock)
     stop = threading.Event()
     calls: list[str] = []

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from pkg.base.types import JSON
 from pkg.kube import resources as r
-from pkg.kube.client import JSON, RestClient
+from pkg.kube.client import RestClient
 from pkg.kube.errors import (
     AlreadyExistsError,
     ConflictError,
