@@ -40,6 +40,10 @@ from pkg.kubeletplugin.procdevices import ProcDevicesError
 log = logging.getLogger("compute-domain-kubelet-plugin")
 
 
+_TRUE = ("1", "t", "true", "yes", "on")
+_FALSE = ("0", "f", "false", "no", "off", "")
+
+
 def _env(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
@@ -58,13 +62,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     plugins = _env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins")
     p.add_argument("--kubelet-plugins-directory-path", default=plugins)
     p.add_argument("--healthcheck-port", type=int, default=int(_env("HEALTHCHECK_PORT", "-1")))
-    p.add_argument("--http-endpoint", default=_env("HTTP_ENDPOINT"), help="metrics host:port")
+    p.add_argument("--http-endpoint", default=_env("HTTP_ENDPOINT"),
+                   help="host:port for /metrics, /healthz, /readyz")  # fmt: skip
+    p.add_argument("--debug-endpoints", action=argparse.BooleanOptionalAction, default=None,
+                   help="also serve /debug/informers (every cache's keys and resourceVersions) "
+                   "on --http-endpoint")  # fmt: skip
     p.add_argument("--feature-gates", default=_env("FEATURE_GATES"))
     p.add_argument("--kubeconfig", default=_env("KUBECONFIG") or None)
     p.add_argument("--device-discovery", choices=["nvml", "fake"],
                    default=_env("DEVICE_DISCOVERY", "nvml"))  # fmt: skip
     p.add_argument("-v", "--v", type=int, default=int(_env("LOG_VERBOSITY", "0")))
     args = p.parse_args(argv)
+    if args.debug_endpoints is None:
+        value = _env("DEBUG_ENDPOINTS").strip().lower()
+        if value not in _TRUE + _FALSE:
+            p.error(f'environment DEBUG_ENDPOINTS: invalid boolean "{value}"')
+        args.debug_endpoints = value in _TRUE
     if not args.node_name:
         p.error("--node-name (or NODE_NAME) is required")
     return args
@@ -110,6 +123,7 @@ def main(argv: list[str]) -> int:
         healthcheck_port=args.healthcheck_port,
         metrics_port=int(metrics_port) if metrics_port else -1,
         metrics_host=metrics_host,
+        debug_endpoints=args.debug_endpoints,
     )
     try:
         gates = FeatureGates.parse(args.feature_gates).validate()

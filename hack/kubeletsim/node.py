@@ -69,6 +69,8 @@ class FleetConfig:
     plugin_env: dict[str, str] = field(default_factory=dict)
     gfd_clique_label: bool = False  # set nvidia.com/gpu.clique like GPU feature discovery
     lease_period: float = 10.0
+    # The plugins also serve /debug/informers on their HTTP endpoint (DEBUG_ENDPOINTS).
+    debug_endpoints: bool = False
 
     @staticmethod
     def go_cdi(binary: Path) -> CdiResolver:
@@ -112,6 +114,7 @@ class SimulatedNode:
         self.plugins = PluginWatcher(self.dirs.registry)
         self.dra = DraManager(self.dirs.kubelet / "dra_manager_state.json")
         self.healthcheck_port = _free_port()
+        self.http_port = _free_port()  # /metrics, probes (and /debug/... if enabled)
         self._plugin: subprocess.Popen[bytes] | None = None
         self.plugin_log = config.log_dir / f"plugin-{spec.name}.log"
         self.kubelet = Kubelet(
@@ -198,9 +201,17 @@ class SimulatedNode:
             "DEVICE_DISCOVERY": "fake",
             "FAKE_GPU_CONFIG": str(self.dirs.gpu_config),
             "HEALTHCHECK_PORT": str(self.healthcheck_port),
+            "HTTP_ENDPOINT": self.http_endpoint,
         }
+        if self.config.debug_endpoints:
+            env["DEBUG_ENDPOINTS"] = "true"
         env.update(self.config.plugin_env)
         return env
+
+    @property
+    def http_endpoint(self) -> str:
+        """``host:port`` of the plugin's HTTP server (the same across plugin restarts)."""
+        return f"127.0.0.1:{self.http_port}"
 
     def start_plugin(self) -> None:
         if self.plugin_alive():

@@ -101,6 +101,11 @@ class SharedInformerFactory:
         informer = self.informer_for(resource, namespace, label_selector, field_selector)
         return Lister(informer.indexer, resource)
 
+    def informers(self) -> list[tuple[InformerKey, SharedInformer]]:
+        """Every informer created so far with the slice it watches, in creation order."""
+        with self._lock:
+            return list(self._informers.items())
+
     def start(self) -> None:
         with self._lock:
             todo = [(k, i) for k, i in self._informers.items() if k not in self._started]

@@ -3,7 +3,7 @@
 Owns start/stop order and the per-request claim fan-out:
 start = plugin dir -> base CDI spec (driver root scan) -> checkpoint open (corrupt policy) ->
 domain informers -> crash/boot recovery -> DRA socket (with device health) -> registration
-socket -> health -> metrics -> slices;
+socket -> health -> HTTP (metrics, probes, opt-in debug documents) -> slices;
 stop = device health streams end, then the reverse, then the informer factory. One
 `pkg.informers.SharedInformerFactory` serves every watch of the process (ComputeDomains,
 driver-namespace cliques, this node's slices), and the injected `pkg.base.Clock`
@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Final
 
 from opentelemetry import trace
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from pkg.api.constants import DRIVER_NAME, IMEX_CHANNEL_COUNT
 from pkg.base.clock import Clock, RealClock
 from pkg.informers import BackoffPolicy, SharedInformerFactory
+from pkg.informers.snapshot import factory_snapshot
 from pkg.kube.client import KubeClient
 from pkg.kubeletplugin import procdevices
 from pkg.kubeletplugin.cdi import CdiWriter
@@ -50,6 +51,7 @@ from pkg.kubeletplugin.registration import RegistrationServicer
 from pkg.kubeletplugin.server import PluginServers, PrepareOutcome
 from pkg.kubeletplugin.slices import SlicePublisher
 from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup
+from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("pkg.kubeletplugin")
@@ -77,6 +79,8 @@ class PluginConfig:
     healthcheck_port: int = -1
     metrics_port: int = -1
     metrics_host: str = ""
+    # Also serve /debug/informers (cache keys and resourceVersions) on the metrics endpoint.
+    debug_endpoints: bool = False
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     retry_delay: float = 1.0
     # How long a Prepare waits for a just-created ComputeDomain to reach the watch cache.
@@ -150,6 +154,7 @@ class KubeletPlugin:
             registration_socket=config.registration_socket, device_health=self.device_health,
         )  # fmt: skip
         self.health: HealthServer | None = None
+        self.http: ObservabilityServer | None = None
         self.slices = SlicePublisher(
             client=client, informers=self.informers, node_name=config.node_name,
             clique_id=devices.clique_id, retry_delay=config.retry_delay,
@@ -231,11 +236,28 @@ class KubeletPlugin:
             self.health = HealthServer(servicer=servicer, port=cfg.healthcheck_port)
             self.health.start()
         if cfg.metrics_port >= 0:
-            start_http_server(
-                cfg.metrics_port, addr=cfg.metrics_host or "0.0.0.0", registry=self.metrics.registry
-            )
+            self.http = self._http_server()
+            self.http.start()
         self.slices.start()
         threading.Thread(target=self._gc_loop, name="stale-gc", daemon=True).start()
+
+    def _http_server(self) -> ObservabilityServer:
+        """``/metrics``; ``/healthz`` (the process answers); ``/readyz`` (every cache synced);
+        with ``debug_endpoints`` also ``/debug/informers`` (``pkg.informers.snapshot``)."""
+        cfg = self.config
+        liveness, readiness = HealthChecks(), HealthChecks()
+        liveness.add("ping", lambda: True)
+        readiness.add("informers", lambda: self.informers.wait_for_cache_sync(0.0))
+
+        def informers_document() -> dict[str, object]:
+            return {"component": "compute-domain-kubelet-plugin", "node": cfg.node_name,
+                    "informers": factory_snapshot(self.informers)}  # fmt: skip
+
+        debug = {"/debug/informers": informers_document} if cfg.debug_endpoints else {}
+        return ObservabilityServer(
+            f"{cfg.metrics_host}:{cfg.metrics_port}", registry=self.metrics.registry,
+            liveness=liveness, readiness=readiness, debug=debug,
+        )  # fmt: skip
 
     def stop(self) -> None:
         self._stop.set()
@@ -243,6 +265,8 @@ class KubeletPlugin:
         self.servers.stop()
         if self.health is not None:
             self.health.stop()
+        if self.http is not None:
+            self.http.stop()
         self.slices.stop()
         self.domains.stop()
         self.informers.shutdown()

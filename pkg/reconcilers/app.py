@@ -10,6 +10,8 @@ Owns the process lifecycle around :class:`ControllerManager`. Invariants:
   when it ends, so no in-memory state ever outlives a term; a lost term (the lease could not
   be renewed, e.g. the API server was away longer than the renew deadline) is followed by a
   new campaign in the same process, where upstream exits and waits for a pod restart;
+* with ``--debug-endpoints`` the same endpoint serves ``/debug/informers``: the current term's
+  caches (``pkg.informers.snapshot``), an empty list while not leading; without it, 404;
 * ``stop`` set (SIGTERM) → workers stop, the lease is released, :func:`run` returns 0; caches
   that never sync → :func:`run` returns 1 so the pod restarts.
 """
@@ -25,6 +27,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from pkg.base.clock import Clock, RealClock
+from pkg.base.types import JSON
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
@@ -100,11 +103,20 @@ def run(
         return not failed.is_set()
 
     readiness.add("controller", is_ready)
+
+    def informers_document() -> JSON:
+        manager = state["manager"]
+        return {
+            "component": COMPONENT, "leading": manager is not None,
+            "informers": manager.informer_snapshot() if manager is not None else [],
+        }  # fmt: skip
+
+    debug = {"/debug/informers": informers_document} if options.debug_endpoints else {}
     server = None
     if options.http_endpoint:
         server = ObservabilityServer(
             options.http_endpoint, registry=registry, metrics_path=options.metrics_path,
-            liveness=liveness, readiness=readiness,
+            liveness=liveness, readiness=readiness, debug=debug,
         )  # fmt: skip
         server.start()
     if ready is not None:

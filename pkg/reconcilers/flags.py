@@ -68,6 +68,7 @@ class Options:
     events_burst: int
     http_endpoint: str
     metrics_path: str
+    debug_endpoints: bool
     leader_election: bool
     lease_namespace: str
     lease_name: str
@@ -100,6 +101,8 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
     ("http-endpoint", "HTTP_ENDPOINT", str, "", "host:port for /metrics, /healthz, /readyz"),
     ("metrics-path", "METRICS_PATH", str, "/metrics", "metrics path"),
     ("pprof-path", "PPROF_PATH", str, "", "accepted for compatibility; ignored"),
+    ("debug-endpoints", "DEBUG_ENDPOINTS", _bool, False,
+     "also serve /debug/informers (every cache's keys and resourceVersions) on --http-endpoint"),
     ("additional-namespaces", "ADDITIONAL_NAMESPACES", str, "", "not supported; must be empty"),
     ("leader-election-enabled", "LEADER_ELECTION_ENABLED", _bool, False, "run leader election"),
     ("leader-election-lease-lock-namespace", "LEADER_ELECTION_LEASE_LOCK_NAMESPACE", str, "",
@@ -190,6 +193,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         events_burst=int(values["events_burst"]),
         http_endpoint=str(values["http_endpoint"]),
         metrics_path=str(values["metrics_path"]),
+        debug_endpoints=bool(values["debug_endpoints"]),
         leader_election=bool(values["leader_election_enabled"]),
         lease_namespace=str(values["leader_election_lease_lock_namespace"] or values["namespace"]),
         lease_name=str(values["leader_election_lease_lock_name"]),

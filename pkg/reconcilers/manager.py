@@ -36,6 +36,7 @@ from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.informers import DeletedFinalStateUnknown, RateLimitingQueue, SharedInformerFactory
 from pkg.informers.informer import SharedInformer
+from pkg.informers.snapshot import factory_snapshot
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import BY_NODE, BY_UID, INDEXES, Caches, allocated_node
@@ -234,6 +235,10 @@ class ControllerManager:
 
     def synced(self) -> bool:
         return all(i.has_synced() for i in self._informers.values())
+
+    def informer_snapshot(self) -> list[JSON]:
+        """Every cache's slice, sync state and ``{key: resourceVersion}`` (``/debug/informers``)."""
+        return factory_snapshot(self._factory)
 
     @property
     def stopping(self) -> bool:

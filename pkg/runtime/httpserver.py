@@ -1,17 +1,20 @@
 """The process's observability endpoint: ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP.
 
-Owns one threaded HTTP server and the named health checks behind the two probe paths.
-Invariants: a probe answers 200 ``ok`` only when every registered check passes, otherwise 503
-listing the failing check names (as controller-runtime's healthz handler does); a check that
-raises counts as failing and never takes the server down; ``stop()`` is idempotent and closes
-the listening socket so a restarted process can bind the same port at once.
+Owns one threaded HTTP server, the named health checks behind the two probe paths and the
+optional debug documents (``/debug/...``, JSON; served only when the process registers them,
+which it does only when its debug endpoints are enabled: off by default). Invariants: a probe
+answers 200 ``ok`` only when every registered check passes, otherwise 503 listing the failing
+check names (as controller-runtime's healthz handler does); a check or debug document that
+raises answers 503/500 and never takes the server down; ``stop()`` is idempotent and closes the
+listening socket so a restarted process can bind the same port at once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry
@@ -22,6 +25,7 @@ __all__ = ["HealthChecks", "ObservabilityServer", "parse_endpoint"]
 log = logging.getLogger(__name__)
 
 Check = Callable[[], bool]
+DebugDocument = Callable[[], object]  # returns something json.dumps can render
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -70,8 +74,14 @@ class ObservabilityServer:
         metrics_path: str = "/metrics",
         liveness: HealthChecks,
         readiness: HealthChecks,
+        debug: Mapping[str, DebugDocument] | None = None,
     ) -> None:
+        """``debug``: path (``/debug/...``) -> document served as JSON; none by default."""
         self._address = parse_endpoint(endpoint)
+        self._debug = dict(debug or {})
+        bad = [p for p in self._debug if not p.startswith("/debug/")]
+        if bad:
+            raise ValueError(f"debug paths must start with /debug/: {bad}")
         self._registry = registry
         self._metrics_path = metrics_path
         self._liveness = liveness
@@ -97,6 +107,8 @@ class ObservabilityServer:
                     self._probe(outer._liveness)
                 elif path == "/readyz":
                     self._probe(outer._readiness)
+                elif path in outer._debug:
+                    self._document(outer._debug[path])
                 else:
                     self._send(404, b"not found\n", "text/plain")
 
@@ -107,6 +119,15 @@ class ObservabilityServer:
                     self._send(503, body, "text/plain")
                 else:
                     self._send(200, b"ok", "text/plain")
+
+            def _document(self, render: DebugDocument) -> None:
+                try:
+                    body = json.dumps(render(), sort_keys=True).encode()
+                except Exception as exc:
+                    log.warning("debug document failed path=%s", self.path, exc_info=True)
+                    self._send(500, f"{type(exc).__name__}: {exc}\n".encode(), "text/plain")
+                    return
+                self._send(200, body, "application/json")
 
             def _send(self, code: int, body: bytes, content_type: str) -> None:
                 self.send_response(code)

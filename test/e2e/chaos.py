@@ -13,10 +13,13 @@ target (``TARGETS``) is SIGKILLed:
   these two never at domain deletion (the pods' deletion already removed the daemons);
 * ``apiserver``: the kube-apiserver, down 1-3 s, then started again (``restart_apiserver``).
 
-Every other binary must keep its PID (``faults.exited``). A step that does not finish in time
+Every other binary must keep its PID (``faults.exited``). Once the goal of the phase the fault hit
+is reached, the informer caches of the controller and of every plugin must equal a fresh LIST
+(``cachecheck``, within ``cachecheck.TIMEOUT``). A step that does not finish in time
 is recorded as a problem (stuck pods, a domain never Ready, leaks) and the lifecycle is cleaned
 up by force so the next one starts clean; nothing raises. :func:`report` renders the figures
-(lifecycles, faults by target and phase, stuck pods, leaks, crashes, recovery p50/p99).
+(lifecycles, faults by target and phase, stuck pods, leaks, crashes, caches equal to a LIST,
+recovery p50/p99).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cachecheck import check_processes
 from e2e_support import Driver, channels_seen, free_port, leak_report, pod_ready, teardown_namespace
 from faults import DaemonProc, daemon_procs, driver_pids, exited, imex_pids, kill_group, kill_pid
 from kubeletsim import NodeFleet
@@ -58,6 +62,9 @@ class Lifecycle:
     stuck_pods: list[str] = field(default_factory=list)
     leaks: dict[str, object] = field(default_factory=dict)
     crashes: list[str] = field(default_factory=list)
+    caches_checked: bool = False  # the caches were compared with a LIST after the fault
+    cache_diffs: dict[str, list[str]] = field(default_factory=dict)  # process -> differences
+    cache_seconds: float = 0.0  # how long the check took (until every cache was equal)
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -96,6 +103,13 @@ def _restart_controller(env: Env) -> None:
         kubeconfig=env.cluster.kubeconfig("compute-domain-controller"),
         log_file=env.cluster.log_path("controller"), http_port=free_port(),
     )  # fmt: skip
+
+
+def cache_endpoints(env: Env) -> dict[str, str]:
+    """``controller`` and ``plugin/<node>`` -> the ``host:port`` serving ``/debug/informers``."""
+    out = {"controller": env.driver.controller_http}
+    out.update({f"plugin/{node.name}": node.http_endpoint for node in env.fleet})
+    return out
 
 
 def inject(
@@ -178,9 +192,19 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
         st = cd_status(admin, w)
         return st.get("status") == c.STATUS_READY and st.get("readyNodes") == 2
 
-    def recovered() -> None:
+    def recovered(phase: str) -> None:
+        """The goal of ``phase`` was reached (or timed out): after the fault's phase, record
+        the recovery time and compare every cache with a fresh LIST."""
+        if lc.phase != phase:
+            return
         if lc.fault and lc.recovery is None:
             lc.recovery = time.monotonic() - t0
+        lc.caches_checked = True
+        started = time.monotonic()
+        lc.cache_diffs = check_processes(admin, cache_endpoints(env))
+        lc.cache_seconds = time.monotonic() - started
+        if lc.cache_diffs:
+            lc.problems.append(f"caches differ from a fresh LIST: {lc.cache_diffs}")
 
     w = create_cd(admin, ns, f"chaos-{index}", num_nodes=2)
     start_pods(admin, w, 2, nodes)
@@ -191,14 +215,14 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
     if not _poll(lambda: running() and ready()):
         lc.stuck_pods += [p for p in w.pods if not pod_ready(admin, ns, p)]
         lc.problems.append(f"not Running+Ready: CD status {cd_status(admin, w)}")
-    recovered()
+    recovered("before-ready")
     fault("after-ready")
     if lc.phase == "after-ready":
         time.sleep(1.0)  # let the fault show before judging recovery
         if not _poll(lambda: running() and ready()):
             lc.stuck_pods += [p for p in w.pods if not pod_ready(admin, ns, p)]
             lc.problems.append(f"not Ready again after the fault: {cd_status(admin, w)}")
-        recovered()
+        recovered("after-ready")
     for p in w.pods:
         with contextlib.suppress(NotFoundError):
             admin.delete(PODS, p, namespace=ns)
@@ -207,7 +231,7 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
                  and not daemon_pods(admin, dns, w.cd_uid)):  # fmt: skip
         lc.stuck_pods += [p for p in w.pods if not _gone(admin, PODS, p, ns)]
         lc.problems.append("pods or daemons not gone after deletion")
-    recovered()
+    recovered("pod-deletion")
     with contextlib.suppress(NotFoundError):
         admin.delete(COMPUTE_DOMAINS, w.cd_name, namespace=ns)
     fault("cd-deletion")
@@ -216,7 +240,7 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
         with contextlib.suppress(Exception):
             lc.leaks = leak_report(admin, env.fleet, dns, [ns])
         lc.problems.append(f"leaked: {lc.leaks}")
-    recovered()
+    recovered("cd-deletion")
     if not env.driver.controller_alive():
         lc.crashes.append("controller not running")
         _restart_controller(env)
@@ -243,6 +267,11 @@ def report(results: list[Lifecycle], *, seed: int, command: str, wall: float) ->
     """The figures of a chaos run as Markdown (what ``docs/reliability.md`` holds)."""
     by = Counter((r.target, r.phase) for r in results)
     missed = sum(1 for r in results if not r.fault)
+    checked = [r for r in results if r.caches_checked]
+    equal = sum(1 for r in checked if not r.cache_diffs)
+    waits = [r.cache_seconds for r in checked]
+    took = (f"the check took p50 {_pct(waits, 0.5):.1f} s, max {max(waits):.1f} s" if waits
+            else "none checked")  # fmt: skip
     lines = [
         f"- command: `{command}`", f"- seed: {seed}",
         f"- lifecycles: {len(results)} (wall time {wall / 60:.1f} min)",
@@ -252,6 +281,8 @@ def report(results: list[Lifecycle], *, seed: int, command: str, wall: float) ->
         f"- stuck pods: {sum(len(r.stuck_pods) for r in results)}",
         f"- leaks: {sum(1 for r in results if r.leaks)}",
         f"- crashes (unexpected exits): {sum(len(r.crashes) for r in results)}",
+        f"- caches equal to a fresh LIST after each fault: {equal}/{len(checked)} (controller and "
+        f"every kubelet plugin, each informer's keys and resourceVersions; {took})",
         "", "Faults by target and phase:", "",
         "| target | " + " | ".join(PHASES) + " | total |",
         "|---|" + "---|" * (len(PHASES) + 1),

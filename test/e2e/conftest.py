@@ -7,6 +7,8 @@
   ServiceAccount's kubeconfig.
 * ``fleet``: simulated GPU nodes (``kubeletsim``): ``gpu-node-1..4`` in NVLink clique 0,
   ``gpu-node-5`` in clique 1, ``gpu-node-6`` without NVLink.
+  The controller and the plugins run with ``DEBUG_ENDPOINTS=true`` (``cachecheck`` reads their
+  ``/debug/informers``).
 * ``ns``: a namespace per test; after the test every ComputeDomain and pod in it is deleted and
   the leak check (``e2e_support.leak_report``) must come back empty.
 
@@ -90,7 +92,7 @@ def driver(cluster: Cluster) -> Iterator[Driver]:
 
 @pytest.fixture(scope="session")
 def fleet(cluster: Cluster, driver: Driver) -> Iterator[NodeFleet]:
-    f = NodeFleet(config_from_cluster(cluster, cluster.workdir / "n"))
+    f = NodeFleet(config_from_cluster(cluster, cluster.workdir / "n", debug_endpoints=True))
     SESSION["fleet"] = f
     f.add(layout(CLIQUES))
     yield f

@@ -3,8 +3,9 @@
 Owns: deploying the driver from ``config/`` (``kubectl kustomize config/default``, applied with
 the real kubectl except the controller Deployment and the plugin DaemonSet, which run as local
 processes: the controller here, the plugins inside each simulated node), the controller process
-(env taken from its Deployment manifest), small API helpers over raw JSON, and the leak report
-every scenario ends with. Everything takes its dependencies as arguments.
+(env taken from its Deployment manifest, plus a local ``HTTP_ENDPOINT`` and ``DEBUG_ENDPOINTS``),
+small API helpers over raw JSON, and the leak report every scenario ends with. Everything takes
+its dependencies as arguments.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class Driver:
     docs: list[dict[str, Any]]
     controller: subprocess.Popen[bytes] | None = None
     controller_log: Path | None = None
+    controller_http: str = ""  # host:port of the running controller's HTTP endpoint
 
     @classmethod
     def deploy(cls, admin_kubeconfig: Path) -> Driver:
@@ -126,6 +128,7 @@ class Driver:
                 env[item["name"]] = fields.get(src["fieldRef"]["fieldPath"], "")
         env.update({
             "HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+            "DEBUG_ENDPOINTS": "true",  # /debug/informers, for cachecheck
             "KUBECONFIG": str(kubeconfig),
             "PYTHONPATH": str(REPO),
             "PYTHONUNBUFFERED": "1",
@@ -148,6 +151,7 @@ class Driver:
         args = [a.replace("$(LOG_VERBOSITY)", env.get("LOG_VERBOSITY", "1"))
                 for a in self.controller_args()]  # fmt: skip
         self.controller_log = log_file
+        self.controller_http = env["HTTP_ENDPOINT"]
         with log_file.open("ab") as log:
             log.write(f"=== {time.strftime('%H:%M:%S')} starting controller\n".encode())
             log.flush()

@@ -528,3 +528,15 @@ def test_every_env_var_is_read_by_the_code(workload: str) -> None:
                 if name in ENV_NOT_READ_BY_CODE:
                     continue
                 assert f'"{name}"' in sources, f"{rel}: {workload} sets {name}, nothing reads it"
+
+
+@pytest.mark.parametrize("rel", DEPLOYABLE)
+def test_debug_endpoints_are_off_in_shipped_manifests(rel: str) -> None:
+    """``/debug/informers`` lists every cached object's name: an opt-in, never shipped on."""
+    for obj in render(rel):
+        if obj["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for ctr in containers(obj):
+            assert "DEBUG_ENDPOINTS" not in env_of(ctr), f"{rel}: {obj['metadata']['name']}"
+            args = [*ctr.get("command", []), *ctr.get("args", [])]
+            assert not [a for a in args if "debug-endpoints" in str(a)], f"{rel}: {args}"

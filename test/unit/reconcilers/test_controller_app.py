@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cdctl_fakes import DRIVER_NS, compute_domain  # type: ignore[import-not-found, unused-ignore]
@@ -271,9 +273,61 @@ def test_without_leader_election_runs_directly_and_stops_cleanly(server: FakeApi
     eventually(lambda: ports and get(f"http://127.0.0.1:{ports[0]}/readyz") == 200)
     eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
     assert server.objects(res.LEASES) == []
+    assert get(f"http://127.0.0.1:{ports[0]}/debug/informers") == 404  # off by default
     stop.set()
     thread.join(10)
     assert rc == [0]
+
+
+def test_debug_endpoint_serves_every_cache_as_keys_and_resource_versions(
+    server: FakeApiServer,
+) -> None:
+    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    opts = parse_options(["--image-name=img", f"--namespace={DRIVER_NS}",
+                          "--http-endpoint=127.0.0.1:0"], {"DEBUG_ENDPOINTS": "true"})  # fmt: skip
+    assert opts.debug_endpoints and not parse_options(["--image-name=img"], {}).debug_endpoints
+    stop = threading.Event()
+    ports: list[int] = []
+    thread = threading.Thread(
+        target=lambda: run(opts, stop=stop, env={}, ready=ports.append,
+                           client_factory=lambda _o: server.client()),
+    )  # fmt: skip
+    thread.start()
+
+    def document() -> dict[str, Any]:
+        url = f"http://127.0.0.1:{ports[0]}/debug/informers"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            out: dict[str, Any] = json.loads(resp.read())
+            return out
+
+    def by_resource() -> dict[tuple[str, str | None], dict[str, Any]]:
+        return {(i["resource"], i["labelSelector"]): i for i in document()["informers"]}
+
+    def rvs(resource: res.Resource) -> dict[str, str]:
+        return {f"{o['metadata']['namespace']}/{o['metadata']['name']}":
+                o["metadata"]["resourceVersion"] for o in server.objects(resource)}  # fmt: skip
+
+    try:
+        eventually(lambda: ports and get(f"http://127.0.0.1:{ports[0]}/readyz") == 200)
+        eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+        doc = document()
+        assert doc["component"] == "compute-domain-controller" and doc["leading"]
+        assert len(doc["informers"]) == 9 and all(i["synced"] for i in doc["informers"])
+        label = c.COMPUTE_DOMAIN_LABEL
+        assert set(by_resource()) == {
+            ("computedomains", None), ("daemonsets", label), ("pods", label),
+            ("computedomaincliques", label), ("resourceclaimtemplates", label), ("nodes", None),
+            ("resourceclaims", None), ("resourceslices", None), ("nodes", label),
+        }  # fmt: skip
+        assert by_resource()[("nodes", None)]["metadataOnly"] is True
+        assert by_resource()[("daemonsets", label)]["namespace"] == DRIVER_NS
+        eventually(lambda: by_resource()[("computedomains", None)]["objects"]
+                   == rvs(res.COMPUTE_DOMAINS))  # fmt: skip
+        eventually(lambda: by_resource()[("daemonsets", label)]["objects"]
+                   == rvs(res.DAEMONSETS) != {})  # fmt: skip
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 def test_go_driver_gates_are_accepted_and_passed_to_the_daemons() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import urllib.error
 import urllib.request
@@ -62,6 +63,47 @@ def test_server_serves_metrics_and_probes() -> None:
     finally:
         server.stop()
         server.stop()
+
+
+def test_debug_documents_only_when_registered() -> None:
+    def probes() -> tuple[HealthChecks, HealthChecks]:
+        live, ready = HealthChecks(), HealthChecks()
+        live.add("ping", lambda: True)
+        return live, ready
+
+    registry = CollectorRegistry()
+    plain = ObservabilityServer("127.0.0.1:0", registry=registry, liveness=probes()[0],
+                                readiness=probes()[1])  # fmt: skip
+    state = {"n": 1}
+
+    def broken() -> object:
+        raise RuntimeError("cache gone")
+
+    live, ready = probes()
+    debug = ObservabilityServer(
+        "127.0.0.1:0", registry=registry, liveness=live, readiness=ready,
+        debug={"/debug/informers": lambda: {"informers": [{"objects": {"ns/a": str(state["n"])}}]},
+               "/debug/broken": broken},
+    )  # fmt: skip
+    plain.start()
+    debug.start()
+    try:
+        assert fetch(f"http://127.0.0.1:{plain.port}/debug/informers")[0] == 404  # off by default
+        url = f"http://127.0.0.1:{debug.port}/debug/informers"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            assert resp.headers["Content-Type"] == "application/json"
+            assert json.loads(resp.read()) == {"informers": [{"objects": {"ns/a": "1"}}]}
+        state["n"] = 2  # rendered per request
+        assert json.loads(fetch(url + "?x=1")[1])["informers"][0]["objects"] == {"ns/a": "2"}
+        code, body = fetch(f"http://127.0.0.1:{debug.port}/debug/broken")
+        assert (code, body) == (500, "RuntimeError: cache gone\n")
+        assert fetch(f"http://127.0.0.1:{debug.port}/healthz") == (200, "ok")  # still serving
+    finally:
+        plain.stop()
+        debug.stop()
+    with pytest.raises(ValueError, match="/debug/"):
+        ObservabilityServer("127.0.0.1:0", registry=registry, liveness=live, readiness=ready,
+                            debug={"/metrics2": dict})  # fmt: skip
 
 
 def test_key_value_lines_carry_extra_fields_and_quote() -> None:
