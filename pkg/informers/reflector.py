@@ -12,7 +12,9 @@ Owns the list/watch loop and its failure policy (client-go `tools/cache/reflecto
 * any other failure -> jittered, capped exponential backoff, then resume from the last RV
   (a failed LIST is retried as a LIST); the backoff resets after `backoff_reset` healthy seconds;
   while the server is unreachable (no answer at all) no wait exceeds `unreachable_cap` (2 s), so
-  a restarted API server is seen again within seconds of its return.
+  a restarted API server is seen again within seconds of its return, and such failures do not
+  count toward the answered exponential: the first answered failure after an outage (a
+  restarting server answers 403 until its authorizer has synced) waits `initial` again.
 Invariants: events reach the sink in stream order on the reflector's own thread (never
 dropped); the RV only advances to values the sink has already absorbed; `stop()` returns
 promptly, interrupting a blocked watch read and any backoff wait.
@@ -56,7 +58,8 @@ class BackoffPolicy:
     reset_after: float = 120.0
     # While nobody answers (connection refused/reset: the API server is down or restarting),
     # retries are cheap for the server and the client should be back within a few seconds of
-    # its return, so the wait never exceeds this (an answered failure still grows to ``cap``).
+    # its return, so the wait never exceeds this (answered failures grow to ``cap``, starting
+    # over from ``initial`` after an outage).
     unreachable_cap: float = 2.0
 
 
@@ -87,6 +90,7 @@ class Reflector:
         self._stream: WatchStream | None = None
         self._last_rv = ""
         self._delay = 0.0
+        self._outage_delay = 0.0  # the exponential of failures nobody answered
         self._last_failure = float("-inf")
         self.lists = 0  # LIST rounds completed (observability for tests and metrics)
         self.watch_lists = 0  # of which streaming watch-lists
@@ -145,16 +149,28 @@ class Reflector:
 
     def _next_backoff(self, *, unreachable: bool = False) -> float:
         """The next wait: capped exponential with jitter; at most ``unreachable_cap`` when
-        the failure got no answer at all (see :class:`BackoffPolicy`)."""
+        the failure got no answer at all, which also makes the next answered failure start
+        over from ``initial`` (see :class:`BackoffPolicy`)."""
         p = self._policy
         now = self._clock.monotonic()
+        if unreachable:
+            # Nothing is known about the server's load while nobody answers: this exponential
+            # is separate, and an escalated answered backoff would leave a restarted server
+            # (answering 403 while its authorizer syncs) unwatched for many seconds.
+            fresh = now - self._last_failure > p.reset_after or self._outage_delay == 0.0
+            grown = min(self._outage_delay * p.factor, p.unreachable_cap)
+            self._outage_delay = p.initial if fresh else grown
+            self._delay = 0.0
+            self._last_failure = now
+            jittered = self._outage_delay * (1.0 + p.jitter * self._rng.random())
+            return min(jittered, p.unreachable_cap)
+        self._outage_delay = 0.0
         if now - self._last_failure > p.reset_after or self._delay == 0.0:
             self._delay = p.initial
         else:
             self._delay = min(self._delay * p.factor, p.cap)
         self._last_failure = now
-        delay = min(self._delay * (1.0 + p.jitter * self._rng.random()), p.cap * (1 + p.jitter))
-        return min(delay, p.unreachable_cap) if unreachable else delay
+        return min(self._delay * (1.0 + p.jitter * self._rng.random()), p.cap * (1 + p.jitter))
 
     def _sleep(self, seconds: float) -> None:
         with self._cond:
