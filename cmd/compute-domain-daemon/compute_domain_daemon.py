@@ -1,7 +1,8 @@
 """Entry point of ``compute-domain-daemon`` (``run`` | ``check``); see pkg.daemon.options.
 
 Thin by design: parse flags and env, configure logging, build the real dependencies (API
-client, clocks, process runner) and hand over to :class:`pkg.daemon.daemon.Daemon`. Runnable as
+client, clocks, process runner, tracing from the standard ``OTEL_*`` env) and hand over to
+:class:`pkg.daemon.daemon.Daemon`. Runnable as
 ``python cmd/compute-domain-daemon/compute_domain_daemon.py run`` from any directory.
 """
 
@@ -28,6 +29,7 @@ from pkg.imex.supervisor import SubprocessRunner  # noqa: E402
 from pkg.kube.client import RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
 from pkg.kube.events import EventRecorder  # noqa: E402
+from pkg.runtime.tracing import setup_tracing  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -49,11 +51,13 @@ def main(argv: list[str]) -> int:
 
     client = RestClient(load_api_client(opts.kubeconfig), qps=5, burst=10)
     child_env = dict(os.environ)
+    tracing = setup_tracing("compute-domain-daemon", env=os.environ)
     clock = RealClock()
     daemon = Daemon(opts, client=client, clock=clock, runner=SubprocessRunner(),
                     commands=SubprocessCommandRunner(), metrics=DaemonMetrics(),
                     child_env=child_env, informer_clock=RealClock(),
-                    events=EventRecorder(client, "compute-domain-daemon", clock))  # fmt: skip
+                    events=EventRecorder(client, "compute-domain-daemon", clock),
+                    tracer=tracing.tracer)  # fmt: skip
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -63,7 +67,10 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    return daemon.run(stop)
+    try:
+        return daemon.run(stop)
+    finally:
+        tracing.shutdown()
 
 
 if __name__ == "__main__":

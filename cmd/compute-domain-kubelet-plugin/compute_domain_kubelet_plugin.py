@@ -3,7 +3,8 @@
 Parses upstream's flags/env into a `PluginConfig`, discovers devices (NVML or fake GPUs), builds
 `pkg.kubeletplugin.driver.KubeletPlugin` and runs it until SIGTERM/SIGINT, then unlinks its
 sockets and exits 0. Start-up failures (bad device state, missing /proc/devices entry) exit 1
-with the reason on stderr.
+with the reason on stderr. Tracing follows the standard ``OTEL_*`` env (`pkg.runtime.tracing`);
+pending spans are flushed on exit.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery, load_pynvml
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
 from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError
 from pkg.kubeletplugin.procdevices import ProcDevicesError
+from pkg.runtime.tracing import setup_tracing
 
 log = logging.getLogger("compute-domain-kubelet-plugin")
 
@@ -138,11 +140,13 @@ def main(argv: list[str]) -> int:
         log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "(in-cluster)", err)
         return 1
     client = RestClient(api_client, user_agent="compute-domain-kubelet-plugin")
-    plugin = KubeletPlugin(config=config, client=client, devices=devices)
+    tracing = setup_tracing("compute-domain-kubelet-plugin", env=os.environ)
+    plugin = KubeletPlugin(config=config, client=client, devices=devices, tracer=tracing.tracer)
     try:
         plugin.start()
     except (ProcDevicesError, OSError) as err:
         log.error("cannot start: %s", err)
+        tracing.shutdown()
         return 1
     log.info("started on node %s (clique %r, %d GPUs)", config.node_name, devices.clique_id,
              len(devices.gpus))  # fmt: skip
@@ -152,6 +156,7 @@ def main(argv: list[str]) -> int:
     stop.wait()
     log.info("shutting down")
     plugin.stop()
+    tracing.shutdown()
     return 0
 
 

@@ -28,6 +28,10 @@ CLIQUE_ID_LABEL: Final = "resource.nvidia.com/computeDomain.cliqueID"
 TARGET_LABEL: Final = "resource.nvidia.com/computeDomainTarget"
 TARGET_DAEMON: Final = "Daemon"
 TARGET_WORKLOAD: Final = "Workload"
+# W3C traceparent of the domain's formation trace (root span: creation -> first Ready), written by
+# the controller with its finalizer when tracing is on; plugins hand it on to the daemons in the
+# CDI env TRACEPARENT. Our addition: the Go driver neither writes nor reads it.
+TRACEPARENT_ANNOTATION: Final = "resource.nvidia.com/traceparent"
 # Node label users put in podAffinity topologyKey (GFD's name, so existing manifests work).
 GPU_CLIQUE_NODE_LABEL: Final = "nvidia.com/gpu.clique"
 

@@ -41,6 +41,9 @@ be executed. If not, it records a Warning Event ``DriverRootIncomplete`` on its 
 status, where the controller turns it into the ComputeDomain's condition) and exits with
 :data:`EXIT_DRIVER_ROOT_INCOMPLETE` -- a visible CrashLoopBackOff instead of a silent retry loop;
 a fixed driver root is picked up at the next restart.
+
+Tracing: with a ``TRACEPARENT`` from the plugin and tracing on, the run from start to the first
+Ready publishes this daemon's spans of the domain's formation trace (:mod:`pkg.daemon.formation`).
 """
 
 from __future__ import annotations
@@ -54,10 +57,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from opentelemetry import trace
+
 from pkg import informers
 from pkg.api import constants as c
 from pkg.base.clock import Clock, RealClock
 from pkg.base.types import JSON
+from pkg.daemon.formation import DaemonFormation
 from pkg.daemon.imexsync import ImexSync
 from pkg.daemon.membership import (
     CacheView,
@@ -179,11 +185,13 @@ class Daemon:
         informer_clock: Clock | None = None,
         events: EventRecorder | None = None,
         locate: Callable[[str], str | None] | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         """``clock`` (`pkg.runtime.clock`) paces the loop and IMEX supervision;
         ``informer_clock`` (`pkg.informers.clock`, real by default) the membership informer;
         ``events`` records Events on the daemon's pod (none when absent); ``locate`` finds an
-        executable (default: `path_lookup` over ``child_env``)."""
+        executable (default: `path_lookup` over ``child_env``); ``tracer`` records this
+        daemon's part of the domain's formation trace (:mod:`pkg.daemon.formation`)."""
         self.opts = opts
         self._events = events
         self._locate = locate or path_lookup(child_env)
@@ -243,6 +251,11 @@ class Daemon:
         self._last_error = ""
         self._next_peer_check = 0.0
         self._peer_suspects: set[str] = set()
+        self.formation = DaemonFormation(
+            tracer or trace.NoOpTracer(), opts.traceparent, now=clock.now,
+            attributes={"k8s.node.name": opts.node_name, "k8s.pod.name": opts.pod_name,
+                        "imex.clique.id": opts.clique_id},
+        )  # fmt: skip
 
     def wake(self) -> None:
         """Run the loop now (new object, or shutdown requested)."""
@@ -295,7 +308,9 @@ class Daemon:
         own = self.membership.own_entry(entries)
         if self._first_pass:
             # Joins, or takes back a Ready left by this pod's previous container.
+            started = self._clock.now()
             entries = self.membership.set_status(c.STATUS_NOT_READY)
+            self.formation.joined(started, self._clock.now())
             own = self.membership.own_entry(entries)
             obj = self.membership.last_object
             self._first_pass = False
@@ -304,13 +319,18 @@ class Daemon:
             own = self.membership.own_entry(entries)
             obj = self.membership.last_object
         num_nodes = int(((obj or {}).get("spec") or {}).get("numNodes") or 0)
+        was_running, started = self.supervisor.running(), self._clock.now()
         self.sync.apply(entries, num_nodes=num_nodes)
+        if not was_running and self.supervisor.running():
+            self.formation.imex_started(started, self._clock.now())
         self._ready = self._check_ready()
         self._metrics.ready.set(1 if self._ready else 0)
         want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
         if own is None or own.status != want:
             entries = self.membership.set_status(want)
             own = self.membership.own_entry(entries)
+        if self._ready and own is not None and own.status == c.STATUS_READY:
+            self.formation.ready()
         if self._ready and own is not None and isinstance(self.store, CliqueStore):
             self._report_peers(entries, own)
 
@@ -416,9 +436,11 @@ class Daemon:
             log.info("clique ID is empty (no NVLink fabric): not starting IMEX, waiting for stop")
             stop.wait()
             return 0
+        self.formation.begin()
         missing = missing_imex_programs(self.opts, self._locate)
         if missing:
             self.report_incomplete_driver_root(missing)
+            self.formation.end(f"{c.REASON_DRIVER_ROOT_INCOMPLETE}: {' and '.join(missing)}")
             return EXIT_DRIVER_ROOT_INCOMPLETE
         self._write_imex_config()
         if self.opts.metrics_address:
@@ -450,6 +472,7 @@ class Daemon:
                 self._clock.wait(self._kick, wait)
                 self._kick.clear()
         finally:
+            self.formation.end("stopped before its IMEX daemon was Ready")
             self._leave()  # while the informer still runs: a 409 waits for it, not for a GET
             self.informers.shutdown()
             self.cache.close()

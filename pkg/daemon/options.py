@@ -1,7 +1,8 @@
 """Command line and environment of ``compute-domain-daemon`` parsed into :class:`Options`.
 
 Owns the upstream env contract (CDI: ``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``,
-``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``; downward API: ``NODE_NAME``, ``POD_IP``,
+``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``, and ours, ``TRACEPARENT``, the domain's
+formation trace when tracing is on; downward API: ``NODE_NAME``, ``POD_IP``,
 ``POD_UID``, ``POD_NAME``, ``POD_NAMESPACE``; ``MAX_NODES_PER_IMEX_DOMAIN``; ``FEATURE_GATES``)
 plus our additions, each a flag with an env fallback:
 
@@ -75,6 +76,7 @@ class Options:
     cmd_port: int
     metrics_address: str
     kubeconfig: str | None
+    traceparent: str = ""  # CDI env TRACEPARENT: the domain's formation trace (may be empty)
 
     @property
     def config_path(self) -> str:
@@ -178,4 +180,5 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         ),
         metrics_address=args.metrics_address or env.get("METRICS_ADDRESS") or "",
         kubeconfig=args.kubeconfig or env.get("KUBECONFIG") or None,
+        traceparent=env.get("TRACEPARENT", ""),
     )

@@ -54,7 +54,6 @@ from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("pkg.kubeletplugin")
 
 STALE_GC_INTERVAL: Final = 600.0
 
@@ -111,8 +110,12 @@ class KubeletPlugin:
         registry: CollectorRegistry | None = None,
         clock: Clock | None = None,
         store: CheckpointStore | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
+        """``tracer``: per-claim request spans and this node's part of each domain's formation
+        trace (default: no tracing)."""
         self.config = config
+        self._tracer = tracer or trace.NoOpTracer()
         self.devices = devices
         self.clock: Clock = clock or RealClock()
         self._monotonic = self.clock.monotonic
@@ -221,7 +224,8 @@ class KubeletPlugin:
         self.state = DeviceState(
             client=self._client, store=self.store, cdi=self.cdi, domains=self.domains,
             lock=NodeLock(cfg.plugin_dir / "pu.lock"), setup=setup, monotonic=self._monotonic,
-            on_checkpoint_change=self._on_checkpoint_change,
+            on_checkpoint_change=self._on_checkpoint_change, tracer=self._tracer,
+            now=self.clock.now,
         )  # fmt: skip
         self._on_checkpoint_change(list(self.store.entries().values()))
         self.domains.start()
@@ -313,7 +317,7 @@ class KubeletPlugin:
         return {uid: r for uid, r in results.items() if isinstance(r, PrepareOutcome)}
 
     def _prepare_one(self, ref: ClaimRef, deadline: float) -> PrepareOutcome:
-        with tracer.start_as_current_span(
+        with self._tracer.start_as_current_span(
             "NodePrepareResource",
             attributes={
                 "claim.uid": ref.uid,
@@ -356,7 +360,7 @@ class KubeletPlugin:
         return {uid: r for uid, r in results.items() if isinstance(r, str)}
 
     def _unprepare_one(self, ref: ClaimRef, deadline: float) -> str:
-        with tracer.start_as_current_span(
+        with self._tracer.start_as_current_span(
             "NodeUnprepareResource", attributes={"claim.uid": ref.uid}
         ):
             try:

@@ -21,6 +21,11 @@ PrepareStarted entry from the configs in its stored claim status.
 The node lock is an in-process mutex plus ``flock(<plugin dir>/pu.lock)`` so a second plugin
 instance during a rolling update is serialised too; claims of one request run in parallel
 outside it.
+
+Step 3 is traced when the domain carries a formation ``traceparent`` annotation: a span
+``prepare <kind> claim`` under the domain's root with ``label node`` and ``wait for IMEX daemon``
+inside it (one per attempt, so kubelet retries show), and a daemon claim's CDI env hands the
+``traceparent`` on to the IMEX daemon as ``TRACEPARENT``.
 """
 
 from __future__ import annotations
@@ -32,10 +37,13 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from opentelemetry import trace
+from opentelemetry.context import Context
 
 from pkg.api.opaque import ChannelConfig, DaemonConfig
 from pkg.base.types import JSON
@@ -56,6 +64,13 @@ from pkg.kubeletplugin.claims import ClaimRef, requested_devices, resolve_claim_
 from pkg.kubeletplugin.errors import PermanentError, RetryableError
 from pkg.kubeletplugin.gojson import SchemaError
 from pkg.kubeletplugin.procdevices import DeviceNode
+from pkg.runtime.tracing import (
+    TRACEPARENT_ENV,
+    child_span,
+    parent_context,
+    parse_traceparent,
+    traceparent_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +140,11 @@ class DeviceState:
         setup: NodeSetup,
         monotonic: Callable[[], float] = time.monotonic,
         on_checkpoint_change: Callable[[list[ClaimEntry]], None] = lambda _entries: None,
+        tracer: trace.Tracer | None = None,
+        now: Callable[[], float] = time.time,
     ) -> None:
+        """``tracer`` records Prepare's part of each domain's formation trace (spans under the
+        domain's ``traceparent`` annotation; none without one); ``now`` times those spans."""
         self._client = client
         self._store = store
         self._cdi = cdi
@@ -134,6 +153,8 @@ class DeviceState:
         self._setup = setup
         self._monotonic = monotonic
         self._on_change = on_checkpoint_change
+        self._tracer = tracer or trace.NoOpTracer()
+        self._now = now
         self._base_cdi_id = qualified_name("device", "all")
 
     # -- start-up -------------------------------------------------------------------------------
@@ -204,10 +225,16 @@ class DeviceState:
             domain = self._domains.get_domain(config.domain_id, deadline=deadline)
             if domain is None:
                 raise PermanentError(f"ComputeDomain with UID {config.domain_id} not found")
-            if isinstance(config, ChannelConfig):
-                edits = self._prepare_channel(ref, config, domain, deadline=deadline)
-            else:
-                edits = self._prepare_daemon(config, domain)
+            with self._span(
+                parent_context(traceparent_of(domain)), f"prepare {kind} claim",
+                {"claim.uid": ref.uid, "claim.namespace": ref.namespace, "claim.name": ref.name},
+            ) as span:  # fmt: skip
+                parent = trace.set_span_in_context(span)
+                if isinstance(config, ChannelConfig):
+                    edits = self._prepare_channel(ref, config, domain, deadline=deadline,
+                                                  trace_parent=parent)  # fmt: skip
+                else:
+                    edits = self._prepare_daemon(config, domain)
         except PermanentError:
             with self._lock.held():
                 self._remove(ref.uid)  # nothing was changed yet for permanent failures
@@ -282,8 +309,21 @@ class DeviceState:
             raise PermanentError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
         return claim
 
+    def _span(
+        self, parent: Context | None, name: str, attributes: dict[str, str] | None = None
+    ) -> AbstractContextManager[trace.Span]:
+        """A formation-trace span (``pkg.runtime.tracing.child_span``) naming this node."""
+        attrs = {"k8s.node.name": self._setup.node_name, **(attributes or {})}
+        return child_span(self._tracer, parent, name, now=self._now, attributes=attrs)
+
     def _prepare_channel(
-        self, ref: ClaimRef, config: ChannelConfig, domain: JSON, *, deadline: float
+        self,
+        ref: ClaimRef,
+        config: ChannelConfig,
+        domain: JSON,
+        *,
+        deadline: float,
+        trace_parent: Context | None = None,
     ) -> ContainerEdits:
         cd_ns = (domain.get("metadata") or {}).get("namespace")
         if cd_ns != ref.namespace:
@@ -291,8 +331,12 @@ class DeviceState:
                 "the ResourceClaim's namespace is different than the ComputeDomain's namespace "
                 f"({ref.namespace} != {cd_ns})"
             )
-        self._domains.add_node_label(config.domain_id)
-        if not self._domains.wait_ready(config.domain_id, deadline=deadline):
+        with self._span(trace_parent, "label node"):
+            self._domains.add_node_label(config.domain_id)
+        with self._span(trace_parent, "wait for IMEX daemon") as span:
+            ready = self._domains.wait_ready(config.domain_id, deadline=deadline)
+            span.set_attribute("imex.daemon.ready", ready)
+        if not ready:
             raise RetryableError(
                 f"current node not ready in ComputeDomain {config.domain_id}: the IMEX daemon on "
                 f"node {self._setup.node_name} is not Ready yet"
@@ -306,12 +350,16 @@ class DeviceState:
         meta = domain.get("metadata") or {}
         domain_dir = self._domain_dir(config.domain_id)
         domain_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-        env = (
+        env: tuple[str, ...] = (
             f"CLIQUE_ID={self._setup.clique_id}",
             f"COMPUTE_DOMAIN_UUID={meta.get('uid', '')}",
             f"COMPUTE_DOMAIN_NAME={meta.get('name', '')}",
             f"COMPUTE_DOMAIN_NAMESPACE={meta.get('namespace', '')}",
         )
+        traceparent = traceparent_of(domain)
+        if traceparent and parse_traceparent(traceparent) is not None:
+            # The daemon's formation spans join the domain's trace (OTel's env carrier).
+            env += (f"{TRACEPARENT_ENV}={traceparent}",)
         mount = {
             "containerPath": "/imexd",
             "hostPath": str(domain_dir),

@@ -32,6 +32,7 @@ from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
 from pkg.reconcilers.flags import Options
+from pkg.reconcilers.formation import FormationTracer
 from pkg.reconcilers.manager import ControllerManager
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector
@@ -131,6 +132,7 @@ def run(
         manager = ControllerManager(
             client=client, config=options.controller, registry=term_registry,
             tracer=tracing.tracer, clock=clock, informer_clock=RealClock(), events=recorder,
+            formation=FormationTracer(tracing, clock=clock),
         )  # fmt: skip
         state["manager"] = manager
         leading.set()

@@ -21,6 +21,10 @@ within the process there is exactly one writer. One pass:
 Status writes go to ``/status`` with the resourceVersion read; on 409 the domain is re-read
 from the API server and the same aggregation is written again, so no concurrent change is ever
 overwritten blindly. Events are emitted only for transitions that were actually written.
+
+With tracing on, the finalizer write also carries the domain's formation-trace context, the
+dependents' creation and each status write before Ready are spans of that trace, and the first
+Ready write emits its root span (:mod:`pkg.reconcilers.formation`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import time
 from pkg.api import constants as c
 from pkg.api.computedomain import (
     CONDITION_READY,
+    ComputeDomain,
     InvalidComputeDomainError,
     parse_compute_domain,
     set_condition,
@@ -48,6 +53,7 @@ from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import Result, TerminalError
 from pkg.reconcilers.dependents import Dependents, RetryLaterError
 from pkg.reconcilers.events import NORMAL, WARNING, EventSink, OnceEvents
+from pkg.reconcilers.formation import FormationTracer
 from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
 from pkg.reconcilers.reachability import candidate_nodes, num_nodes_problem
 from pkg.reconcilers.status import (
@@ -85,13 +91,16 @@ class ComputeDomainReconciler:
         events: EventSink,
         metrics: DomainMetrics,
         clock: Clock,
+        formation: FormationTracer | None = None,
     ) -> None:
+        """``formation`` records the domains' formation traces (default: tracing off)."""
         self._client = client
         self._caches = caches
         self._config = config
         self._events = events
         self._metrics = metrics
         self._clock = clock
+        self._formation = formation or FormationTracer(None, clock=clock)
         self._dependents = Dependents(client=client, caches=caches, config=config, events=events)
         self._once = OnceEvents(events)
         # uid -> the last status we wrote; the cache may lag our own writes.
@@ -113,7 +122,7 @@ class ComputeDomainReconciler:
             raise TerminalError(f"invalid spec: {exc}") from exc
         obj = self._ensure_finalizer(obj)
         try:
-            problem = self._dependents.ensure(cd, obj)
+            problem = self._ensure_dependents(cd, obj)
         except RetryLaterError as exc:
             log.info("%s", exc, extra={"key": key})
             return Result(requeue_after=1.0)
@@ -147,6 +156,27 @@ class ComputeDomainReconciler:
             return Result(requeue_after=max(found.recheck, 0.1))
         return Result()
 
+    def _ensure_dependents(self, cd: ComputeDomain, obj: JSON) -> Problem | None:
+        """:meth:`Dependents.ensure`, in a formation-trace span when this pass creates any."""
+        missing = self._missing_dependents(cd) if self._formation.enabled else []
+        if not missing:
+            return self._dependents.ensure(cd, obj)
+        with self._formation.span(
+            obj, "ensure dependents", {"dependents.missing": ",".join(missing)}
+        ):
+            return self._dependents.ensure(cd, obj)
+
+    def _missing_dependents(self, cd: ComputeDomain) -> list[str]:
+        """The dependents the cache does not hold yet (what :meth:`Dependents.ensure` creates)."""
+        ns, name = self._config.namespace, c.daemon_object_name(cd.uid)
+        wanted = (
+            ("ResourceClaimTemplate/" + cd.resource_claim_template_name, self._caches.rcts,
+             f"{cd.namespace}/{cd.resource_claim_template_name}"),
+            ("ResourceClaimTemplate/" + name, self._caches.rcts, f"{ns}/{name}"),
+            ("DaemonSet/" + name, self._caches.daemonsets, f"{ns}/{name}"),
+        )  # fmt: skip
+        return [what for what, cache, key in wanted if cache.get_by_key(key) is None]
+
     def _aggregate(self, uid: str) -> Aggregate:
         pods = self._caches.pods.by_index(BY_DOMAIN, uid)
         names = {str(p.get("spec", {}).get("nodeName") or "") for p in pods} - {""}
@@ -176,6 +206,7 @@ class ComputeDomainReconciler:
             return obj
         body = copy.deepcopy(obj)
         body["metadata"]["finalizers"] = [*finalizers, c.FINALIZER]
+        self._formation.annotate(body)  # the formation trace's context rides on this write
         return self._client.update(COMPUTE_DOMAINS, body)
 
     def _finalize(self, obj: JSON) -> Result:
@@ -227,14 +258,16 @@ class ComputeDomainReconciler:
             if new == previous:
                 # Keeps the per-status gauge right after a restart, when nothing is written.
                 self._metrics.observe_status(
-                    uid, status=new["status"], previous=new["status"], created=None,
+                    uid, namespace=str(obj["metadata"].get("namespace", "")),
+                    status=new["status"], previous=new["status"], created=None,
                     now=self._clock.now(),
                 )  # fmt: skip
                 return
             body = copy.deepcopy(obj)
             body["status"] = new
             try:
-                written = self._client.update(COMPUTE_DOMAINS, body, subresource="status")
+                with self._formation.span(obj, "write status", _status_attributes(new)):
+                    written = self._client.update(COMPUTE_DOMAINS, body, subresource="status")
             except ConflictError:
                 if attempt + 1 == _STATUS_WRITE_ATTEMPTS:
                     raise
@@ -269,13 +302,25 @@ class ComputeDomainReconciler:
             self._events.event(obj, ev.type, ev.reason, ev.message)
         for ev in condition_events(previous, new):
             self._events.event(obj, ev.type, ev.reason, ev.message)
-        self._metrics.observe_status(
+        first_ready = self._metrics.observe_status(
             str(meta.get("uid")),
+            namespace=str(meta.get("namespace", "")),
             status=new["status"],
             previous=(previous or {}).get("status"),
             created=parse_timestamp(str(meta.get("creationTimestamp", ""))),
             now=self._clock.now(),
         )
+        if first_ready:
+            self._formation.finish(obj, ready_at=self._clock.now(),
+                                   attributes=_status_attributes(new))  # fmt: skip
+
+
+def _status_attributes(status: JSON) -> dict[str, str | int]:
+    return {
+        "computedomain.status": str(status.get("status", "")),
+        "computedomain.ready_nodes": int(status.get("readyNodes") or 0),
+        "computedomain.node_count": int(status.get("nodeCount") or 0),
+    }
 
 
 def _invalid_status(obj: JSON, problem: Problem | None, *, previous: JSON | None, now: str) -> JSON:

@@ -43,6 +43,7 @@ DAEMON_CORE_ENV: frozenset[str] = frozenset(
         "COMPUTE_DOMAIN_UUID",
         "COMPUTE_DOMAIN_NAME",
         "COMPUTE_DOMAIN_NAMESPACE",
+        "TRACEPARENT",
     }
 )
 """Daemon env names an operator may not set through ``--cd-daemon-extra-env``."""

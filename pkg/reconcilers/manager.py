@@ -47,6 +47,7 @@ from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import Controller, ReconcileMetrics, Reconciler
 from pkg.reconcilers.events import EventSink, OnceEvents
+from pkg.reconcilers.formation import FormationTracer
 from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.nodecache import NodeView, as_node_metadata
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
@@ -86,6 +87,7 @@ class ControllerManager:
         informer_clock: Clock,
         events: EventSink,
         cd_workers: int = 8,
+        formation: FormationTracer | None = None,
     ) -> None:
         self._factory = SharedInformerFactory(
             client, clock=informer_clock, resync_period=RESYNC_PERIOD, transform=slim_object,
@@ -126,7 +128,7 @@ class ControllerManager:
 
         self.domains = ComputeDomainReconciler(
             client=client, caches=self.caches, config=config, events=events,
-            metrics=DomainMetrics(registry), clock=clock,
+            metrics=DomainMetrics(registry), clock=clock, formation=formation,
         )  # fmt: skip
         self.claims = ResourceClaimReconciler(client=client, caches=self.caches, events=once)
         self.cliques = CliqueLabelReconciler(client=client, caches=self.caches, events=once)

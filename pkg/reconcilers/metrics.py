@@ -2,7 +2,8 @@
 
 Owns ``nvidia_dra_compute_domain_info{status}`` (upstream's gauge: the number of domains whose
 last published status is ``status``) and ``nvidia_dra_compute_domain_time_to_ready_seconds``
-(creation → first Ready, observed once per domain per process). Invariants: each domain UID is
+(creation → first Ready, observed once per domain per process, labelled with the domain's
+``namespace``). Invariants: each domain UID is
 counted under exactly one status label at a time; :meth:`DomainMetrics.forget` removes it when
 its finalizer is released; a domain seen already Ready when the process started is never
 observed as a time-to-ready sample (its creation was not witnessed by this term).
@@ -38,7 +39,8 @@ class DomainMetrics:
         )
         self._time_to_ready = Histogram(
             "nvidia_dra_compute_domain_time_to_ready_seconds",
-            "Seconds from ComputeDomain creation to its first Ready status.",
+            "Seconds from ComputeDomain creation to its first Ready status, by namespace.",
+            ["namespace"],
             buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600),
             registry=registry,
         )
@@ -47,9 +49,20 @@ class DomainMetrics:
         self._ready_seen: set[str] = set()
 
     def observe_status(
-        self, uid: str, *, status: str, previous: str | None, created: float | None, now: float
-    ) -> None:
-        """Record that ``uid``'s published status is now ``status`` (was ``previous``)."""
+        self,
+        uid: str,
+        *,
+        namespace: str,
+        status: str,
+        previous: str | None,
+        created: float | None,
+        now: float,
+    ) -> bool:
+        """Record that ``uid``'s published status is now ``status`` (was ``previous``).
+
+        True when this was the domain's first Ready witnessed by this process from a write
+        (a time-to-ready sample was observed): the moment its formation ended.
+        """
         with self._lock:
             old = self._status.get(uid)
             if old != status:
@@ -58,11 +71,12 @@ class DomainMetrics:
                 self._info.labels(status).inc()
                 self._status[uid] = status
             if status != "Ready" or uid in self._ready_seen:
-                return
+                return False
             self._ready_seen.add(uid)
             if previous == "Ready" or created is None:
-                return
-        self._time_to_ready.observe(max(now - created, 0.0))
+                return False
+        self._time_to_ready.labels(namespace).observe(max(now - created, 0.0))
+        return True
 
     def forget(self, uid: str) -> None:
         with self._lock:

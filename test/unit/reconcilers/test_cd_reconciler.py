@@ -185,7 +185,8 @@ def test_status_aggregates_cliques_and_non_fabric_pods(
     assert ready_condition(cd)["reason"] == "AllNodesReady"
     assert events.reasons()[-2:] == ["NodeReady", "Ready"]
     assert registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 1
-    assert registry.get_sample_value("nvidia_dra_compute_domain_time_to_ready_seconds_count") == 1
+    ttr = "nvidia_dra_compute_domain_time_to_ready_seconds_count"
+    assert registry.get_sample_value(ttr, {"namespace": "team"}) == 1
 
 
 def test_node_loss_turns_entry_not_ready_with_reason(
@@ -355,10 +356,8 @@ def test_gauge_counts_domains_already_ready_at_startup(
     assert writes(server) == []
     labels = {"status": "Ready"}
     assert fresh_registry.get_sample_value("nvidia_dra_compute_domain_info", labels) == 1
-    assert (
-        fresh_registry.get_sample_value("nvidia_dra_compute_domain_time_to_ready_seconds_count")
-        == 0
-    )
+    ttr = "nvidia_dra_compute_domain_time_to_ready_seconds_count"
+    assert fresh_registry.get_sample_value(ttr, {"namespace": "team"}) is None
 
 
 def test_lost_node_leaves_the_status_after_the_grace_and_the_reconcile_waits_for_it(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -108,18 +109,21 @@ def test_domain_metrics_count_by_status_and_time_to_ready() -> None:
     m = DomainMetrics(registry)
     created = parse_timestamp("2026-01-01T00:00:00Z")
     assert created is not None and parse_timestamp("garbage") is None
-    m.observe_status("u1", status="NotReady", previous=None, created=created, now=created + 1)
-    m.observe_status("u1", status="Ready", previous="NotReady", created=created, now=created + 7)
-    m.observe_status("u1", status="Ready", previous="Ready", created=created, now=created + 9)
-    m.observe_status("u2", status="Ready", previous="Ready", created=created, now=created + 99)
+    observe = functools.partial(m.observe_status, namespace="team-a", created=created)
+    assert not observe("u1", status="NotReady", previous=None, now=created + 1)
+    assert observe("u1", status="Ready", previous="NotReady", now=created + 7)
+    assert not observe("u1", status="Ready", previous="Ready", now=created + 9)
+    assert not observe("u2", status="Ready", previous="Ready", now=created + 99)
 
     def value(name: str, labels: dict[str, str] | None = None) -> float | None:
         return registry.get_sample_value(name, labels or {})
 
     assert value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 2
     assert value("nvidia_dra_compute_domain_info", {"status": "NotReady"}) == 0
-    assert value("nvidia_dra_compute_domain_time_to_ready_seconds_count") == 1
-    assert value("nvidia_dra_compute_domain_time_to_ready_seconds_sum") == 7
+    ttr = "nvidia_dra_compute_domain_time_to_ready_seconds"
+    assert value(f"{ttr}_count", {"namespace": "team-a"}) == 1
+    assert value(f"{ttr}_sum", {"namespace": "team-a"}) == 7
+    assert value(f"{ttr}_count", {"namespace": "team-b"}) is None
     m.forget("u1")
     m.forget("u1")
     assert value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 1
