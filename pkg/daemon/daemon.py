@@ -187,8 +187,8 @@ class Daemon:
         locate: Callable[[str], str | None] | None = None,
         tracer: trace.Tracer | None = None,
     ) -> None:
-        """``clock`` (`pkg.runtime.clock`) paces the loop and IMEX supervision;
-        ``informer_clock`` (`pkg.informers.clock`, real by default) the membership informer;
+        """``clock`` (`pkg.base.Clock`) paces the loop and IMEX supervision;
+        ``informer_clock`` (real by default) times the membership informer;
         ``events`` records Events on the daemon's pod (none when absent); ``locate`` finds an
         executable (default: `path_lookup` over ``child_env``); ``tracer`` records this
         daemon's part of the domain's formation trace (:mod:`pkg.daemon.formation`)."""

@@ -32,11 +32,17 @@ def _walk(value: Any) -> Any:
 
 
 def intern_strings(obj: JSON) -> JSON:
+    """Return ``obj`` with every string deduplicated through :func:`sys.intern` (a new
+    structure; ``obj`` is not changed). Pure; safe from any thread.
+    """
     out: JSON = _walk(obj)
     return out
 
 
 def drop_managed_fields(obj: JSON) -> JSON:
+    """Return ``obj`` without ``metadata.managedFields`` (a shallow copy when present;
+    ``obj`` is not changed). Pure; safe from any thread.
+    """
     meta = obj.get("metadata")
     if isinstance(meta, dict) and "managedFields" in meta:
         obj = dict(obj)

@@ -21,6 +21,10 @@ __all__ = ["DelayingQueue"]
 
 
 class DelayingQueue(WorkQueue[T], Generic[T]):
+    """A `WorkQueue` with `add_after`: items become available once their delay has passed on
+    the injected clock. Thread-safe; every `WorkQueue` contract holds.
+    """
+
     def __init__(
         self,
         *,
@@ -34,6 +38,11 @@ class DelayingQueue(WorkQueue[T], Generic[T]):
         self._seq = itertools.count()
 
     def add_after(self, item: T, delay: float) -> None:
+        """Make ``item`` available after ``delay`` clock seconds (``<= 0``: `add` now).
+
+        If the item is already waiting, the earlier ready time wins. Ignored after shutdown.
+        Never blocks; safe from any thread.
+        """
         if delay <= 0:
             self.add(item)
             return
@@ -64,6 +73,7 @@ class DelayingQueue(WorkQueue[T], Generic[T]):
         return None
 
     def shutdown(self) -> None:
+        """`WorkQueue.shutdown`, and drop every item that is still waiting for its delay."""
         with self._cond:
             self._heap.clear()
             self._waiting.clear()

@@ -9,7 +9,6 @@ Invariants: `start()` starts every informer created so far (call again after cre
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 from pkg.base.clock import Clock
@@ -27,6 +26,12 @@ InformerKey = tuple[Resource, str | None, str | None, str | None, bool]
 
 
 class SharedInformerFactory:
+    """Creates and shares informers: one per (resource, namespace, selectors, metadata-only).
+
+    Call `informer_for`/`lister_for` before `start` (or `start` again after creating more),
+    then `wait_for_cache_sync` before trusting the caches. Thread-safe.
+    """
+
     def __init__(
         self,
         client: KubeClient,
@@ -107,6 +112,9 @@ class SharedInformerFactory:
             return list(self._informers.items())
 
     def start(self) -> None:
+        """Start every informer created so far that is not running yet; returns at once.
+        Safe to call again (only new informers start).
+        """
         with self._lock:
             todo = [(k, i) for k, i in self._informers.items() if k not in self._started]
             self._started.update(k for k, _ in todo)
@@ -114,13 +122,17 @@ class SharedInformerFactory:
             inf.start()
 
     def wait_for_cache_sync(self, timeout: float) -> bool:
-        """True once every started informer has synced; False on (real-time) timeout."""
-        deadline = time.monotonic() + timeout
+        """Block until every informer started so far has synced, or ``timeout`` seconds of the
+        injected clock pass; returns whether all have synced (``timeout=0``: just check)."""
+        deadline = self._clock.monotonic() + timeout
         with self._lock:
             infs = [self._informers[k] for k in self._started]
-        return all(i.wait_for_sync(max(0.0, deadline - time.monotonic())) for i in infs)
+        return all(i.wait_for_sync(max(0.0, deadline - self._clock.monotonic())) for i in infs)
 
     def shutdown(self) -> None:
+        """Stop every informer and join its threads (bounded); handlers get no further
+        notifications afterwards. Idempotent.
+        """
         with self._lock:
             infs = list(self._informers.values())
         for inf in infs:

@@ -34,6 +34,13 @@ MIN_RESYNC = 1.0
 
 
 class SharedInformer:
+    """One LIST+WATCH feeding one cache (`indexer`) and any number of event handlers.
+
+    Thread-safe. The cache is read-only for everyone but the informer: objects from it and
+    from notifications are shared, so callers deep-copy before mutating. Create through
+    `SharedInformerFactory.informer_for` so the process keeps one watch per slice.
+    """
+
     def __init__(
         self,
         lw: ListerWatcher,
@@ -75,6 +82,16 @@ class SharedInformer:
         *,
         resync_period: float | None = None,
     ) -> HandlerRegistration:
+        """Register callbacks for this informer's notifications; returns the registration
+        (its `has_synced` tells when the handler has seen the initial state).
+
+        Guarantees: each handler runs on its own thread, receives notifications in cache order,
+        first a synthetic add for every object already cached, and never misses an event between
+        that snapshot and live ones. A handler that raises is logged and keeps receiving. Callbacks
+        must not block for long (they delay only their own handler). ``resync_period`` (seconds;
+        ``None``: the informer's, ``0``: never) replays the cache as updates with ``old is new``.
+        Raises RuntimeError after `stop`. Safe from any thread, before or after `start`.
+        """
         period = self._resync_period if resync_period is None else resync_period
         if 0 < period < MIN_RESYNC:
             period = MIN_RESYNC
@@ -99,12 +116,18 @@ class SharedInformer:
         return reg
 
     def remove_event_handler(self, reg: HandlerRegistration) -> None:
+        """Unregister ``reg`` and stop its delivery thread; notifications still buffered for it are
+        dropped. Idempotent; must not be called from that handler's own callback.
+        """
         with self._lock:
             if reg in self._handlers:
                 self._handlers.remove(reg)
         reg.stop()
 
     def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
+        """Add secondary indexes to the cache (existing objects are indexed at once). Raises
+        ValueError for a name already in use. Safe at any time.
+        """
         self.indexer.add_indexers(indexers)
 
     def _distribute(self, n: Notification) -> None:
@@ -114,6 +137,9 @@ class SharedInformer:
     # -- ReflectorSink (called on the reflector thread) --------------------------------------
 
     def replace(self, items: list[JSON], resource_version: str) -> None:
+        """Reflector sink: install a full LIST as the cache (see the module docstring). Called
+        only by this informer's reflector thread.
+        """
         if self._transform is not None:
             items = [self._transform(o) for o in items]
         with self._lock:
@@ -133,6 +159,9 @@ class SharedInformer:
                     reg.mark_sync_point()
 
     def add(self, obj: JSON) -> None:
+        """Reflector sink: an ADDED or MODIFIED object (an update if the key is cached).
+        Called only by this informer's reflector thread.
+        """
         if self._transform is not None:
             obj = self._transform(obj)
         with self._lock:
@@ -144,6 +173,7 @@ class SharedInformer:
     update = add  # a MODIFIED for an unknown key is an add, as in client-go
 
     def delete(self, obj: JSON) -> None:
+        """Reflector sink: a DELETED object. Called only by this informer's reflector thread."""
         if self._transform is not None:
             obj = self._transform(obj)
         with self._lock:
@@ -153,6 +183,10 @@ class SharedInformer:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the reflector and resync threads and every registered handler; returns at once.
+        Idempotent. Use `wait_for_sync` (or the factory's `wait_for_cache_sync`) before relying
+        on the cache.
+        """
         with self._lock:
             if self._started:
                 return
@@ -166,6 +200,10 @@ class SharedInformer:
             t.start()
 
     def stop(self, *, join_timeout: float = 5.0) -> None:
+        """Stop the reflector (interrupting a blocked watch), the resync loop and every handler,
+        joining each thread for at most ``join_timeout`` real seconds. Idempotent; the cache keeps
+        its last content.
+        """
         with self._lock:
             self._stopped = True
             handlers = list(self._handlers)
@@ -178,14 +216,17 @@ class SharedInformer:
             reg.stop(join_timeout=join_timeout)
 
     def has_synced(self) -> bool:
+        """True once the first LIST is in the cache (never false again). Non-blocking."""
         return self._synced.is_set()
 
     def wait_for_sync(self, timeout: float | None = None) -> bool:
-        """Real-time wait for the first LIST to be cached."""
-        return self._synced.wait(timeout)
+        """Block until the first LIST is in the cache or ``timeout`` seconds of the injected
+        clock pass (``None``: no limit); returns whether it has synced. Safe from any thread."""
+        return self._clock.wait(self._synced, timeout)
 
     @property
     def last_sync_resource_version(self) -> str:
+        """The resourceVersion the cache reflects (empty before the first LIST)."""
         return self.reflector.last_sync_resource_version
 
     # -- resync ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pkg.base.types import JSON
+from pkg.base.types import JSON, NotificationKind
 from pkg.informers.store import DeletedFinalStateUnknown
 
 __all__ = ["HandlerRegistration", "Notification", "OnAdd", "OnDelete", "OnUpdate"]
@@ -30,7 +30,11 @@ OnDelete = Callable[[JSON | DeletedFinalStateUnknown], None]
 
 @dataclass(frozen=True, slots=True)
 class Notification:
-    kind: str  # "add" | "update" | "delete"
+    """One change for a handler: ``kind`` with ``new`` (a tombstone for some deletes) and, for
+    updates, ``old``. Immutable.
+    """
+
+    kind: NotificationKind
     new: Any
     old: JSON | None = None
 
@@ -59,9 +63,12 @@ class HandlerRegistration:
         self._thread = threading.Thread(target=self._run, name=f"handler-{name}", daemon=True)
 
     def start(self) -> None:
+        """Start the delivery thread (the informer does this; call at most once)."""
         self._thread.start()
 
     def push(self, n: Notification) -> None:
+        """Append a notification for delivery; never blocks. Called by the informer under its
+        lock."""
         with self._cond:
             self._buf.append(n)
             self._pushed += 1
@@ -74,10 +81,14 @@ class HandlerRegistration:
             self._cond.notify_all()
 
     def has_synced(self) -> bool:
+        """True once every notification that made up the initial state has been handled (not just
+        queued). Non-blocking; safe from any thread.
+        """
         with self._cond:
             return self._sync_target is not None and self._handled >= self._sync_target
 
     def pending(self) -> int:
+        """Notifications pushed but not handled yet (a snapshot; for metrics and tests)."""
         with self._cond:
             return self._pushed - self._handled
 
@@ -87,6 +98,9 @@ class HandlerRegistration:
             return self._cond.wait_for(lambda: self._handled >= self._pushed, timeout)
 
     def stop(self, *, join_timeout: float = 5.0) -> None:
+        """Stop delivering (buffered notifications are dropped) and join the thread for at most
+        ``join_timeout`` real seconds, unless called from that thread. Idempotent.
+        """
         with self._cond:
             self._stopped = True
             self._cond.notify_all()

@@ -19,16 +19,26 @@ _Objects = list[JSON]
 
 
 class Lister:
+    """Read-only, typed-by-resource view of one informer's cache.
+
+    Reads are consistent snapshots and never call the API; returned objects are shared with
+    the cache (deep-copy before mutating). Thread-safe.
+    """
+
     def __init__(self, indexer: Indexer, resource: Resource) -> None:
         self._indexer = indexer
         self.resource = resource
 
     def get(self, name: str, namespace: str | None = None) -> JSON | None:
+        """The cached object ``name`` in ``namespace`` (required for namespaced resources:
+        ValueError otherwise), or None.
+        """
         if self.resource.namespaced and not namespace:
             raise ValueError(f"{self.resource.plural} are namespaced; pass a namespace")
         return self._indexer.get_by_key(f"{namespace}/{name}" if namespace else name)
 
     def get_by_key(self, key: str) -> JSON | None:
+        """The cached object with cache key ``key`` (``namespace/name`` or ``name``), or None."""
         return self._indexer.get_by_key(key)
 
     def list(
@@ -54,4 +64,7 @@ class Lister:
         return out
 
     def by_index(self, index_name: str, value: str) -> _Objects:
+        """Cached objects whose index ``index_name`` contains ``value``, sorted by key. KeyError
+        for an unknown index.
+        """
         return self._indexer.by_index(index_name, value)

@@ -17,18 +17,36 @@ __all__ = ["ListerWatcher", "ResourceListerWatcher", "RestListerWatcher"]
 
 
 class ListerWatcher(Protocol):
+    """The two calls a reflector makes for one slice of the API: LIST pages and a WATCH.
+
+    Implementations must use the same namespace and selectors for both and be safe to call
+    from the reflector's thread while another thread stops the returned stream.
+    """
+
     @property
-    def resource(self) -> Resource: ...
+    def resource(self) -> Resource:
+        """The resource this slice is of."""
+        ...
 
     def list(
         self, *, limit: int | None, continue_token: str | None, resource_version: str | None
-    ) -> JSON: ...
+    ) -> JSON:
+        """One LIST page (``limit``/``continue_token`` paginate; ``resource_version`` as in
+        the API). Raises `pkg.kube.errors.ApiError` subclasses.
+        """
+        ...
 
-    def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream: ...
+    def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream:
+        """A WATCH from ``resource_version`` with bookmarks, ending after ``timeout_seconds`` at
+        the latest. Raises `pkg.kube.errors.ApiError` subclasses.
+        """
+        ...
 
 
 @dataclass(frozen=True)
 class ResourceListerWatcher:
+    """A `ListerWatcher` over any `KubeClient` for one (resource, namespace, selectors)."""
+
     client: KubeClient
     resource: Resource
     namespace: str | None = None
@@ -38,6 +56,7 @@ class ResourceListerWatcher:
     def list(
         self, *, limit: int | None, continue_token: str | None, resource_version: str | None
     ) -> JSON:
+        """One LIST page of this slice."""
         return self.client.list(
             self.resource,
             namespace=self.namespace,
@@ -49,6 +68,7 @@ class ResourceListerWatcher:
         )
 
     def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream:
+        """A WATCH of this slice from ``resource_version``, with bookmarks."""
         return self.client.watch(
             self.resource,
             namespace=self.namespace,

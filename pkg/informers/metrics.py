@@ -24,13 +24,17 @@ _BUCKETS = tuple(10.0**e for e in range(-8, 4))  # 10ns .. 1000s, as client-go
 class QueueMetricsSink:
     """Interface used by the queue; the base class records nothing."""
 
-    def add(self, item: Hashable) -> None: ...
+    def add(self, item: Hashable) -> None:
+        """An item entered the queue."""
 
-    def get(self, item: Hashable) -> None: ...
+    def get(self, item: Hashable) -> None:
+        """A worker took an item."""
 
-    def done(self, item: Hashable) -> None: ...
+    def done(self, item: Hashable) -> None:
+        """A worker finished an item."""
 
-    def retry(self) -> None: ...
+    def retry(self) -> None:
+        """An item was re-added through the rate limiter."""
 
 
 NoopQueueMetrics = QueueMetricsSink
@@ -101,12 +105,14 @@ class QueueMetrics(QueueMetricsSink):
         c.longest.labels(name).set_function(self._longest)
 
     def add(self, item: Hashable) -> None:
+        """Count the add and start timing the item's queue latency."""
         self._adds.inc()
         self._depth.inc()
         with self._lock:
             self._added_at.setdefault(item, self._clock.monotonic())
 
     def get(self, item: Hashable) -> None:
+        """Observe the item's queue latency and start timing its work duration."""
         self._depth.dec()
         now = self._clock.monotonic()
         with self._lock:
@@ -116,12 +122,14 @@ class QueueMetrics(QueueMetricsSink):
             self._latency.observe(now - added)
 
     def done(self, item: Hashable) -> None:
+        """Observe the item's work duration."""
         with self._lock:
             started = self._started_at.pop(item, None)
         if started is not None:
             self._work.observe(self._clock.monotonic() - started)
 
     def retry(self) -> None:
+        """Count one retry."""
         self._retries.inc()
 
     def _unfinished(self) -> float:

@@ -50,6 +50,10 @@ class WorkQueue(Generic[T]):
         )
 
     def add(self, item: T) -> None:
+        """Queue ``item`` unless it is already queued (then this is a no-op). If it is being
+        processed, it is queued again by `done`, never handed to a second worker. Ignored after
+        shutdown. Never blocks; safe from any thread.
+        """
         with self._cond:
             self._add_locked(item)
 
@@ -72,6 +76,7 @@ class WorkQueue(Generic[T]):
             return len(self._queue)
 
     def len(self) -> int:
+        """Number of queued items (not counting those being processed or waiting for a delay)."""
         return len(self)
 
     def get(self) -> tuple[T | None, bool]:
@@ -92,6 +97,10 @@ class WorkQueue(Generic[T]):
             return item, False
 
     def done(self, item: T) -> None:
+        """Mark ``item`` processed. Every `get` must be followed by exactly one `done`, also on
+        errors, or the item is never handed out again. Re-queues the item if it was added while
+        being processed.
+        """
         with self._cond:
             self._metrics.done(item)
             self._processing.discard(item)
@@ -102,6 +111,9 @@ class WorkQueue(Generic[T]):
                 self._cond.notify_all()  # wakes shutdown_with_drain
 
     def shutdown(self) -> None:
+        """Stop accepting items and wake every blocked `get`; items already queued are still handed
+        out, then `get` returns ``(None, True)``. Idempotent; never blocks.
+        """
         with self._cond:
             self._shutting_down = True
             self._cond.notify_all()
@@ -120,5 +132,6 @@ class WorkQueue(Generic[T]):
             return True
 
     def shutting_down(self) -> bool:
+        """True once `shutdown` (or `shutdown_with_drain`) was called."""
         with self._cond:
             return self._shutting_down

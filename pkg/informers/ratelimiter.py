@@ -24,13 +24,21 @@ __all__ = [
 
 
 class RateLimiter(Protocol):
+    """Decides how long an item waits before its next retry. Implementations are thread-safe."""
+
     def when(self, item: Hashable) -> float:
         """Seconds to wait before `item` is retried; counts as one more failure."""
         ...
 
-    def forget(self, item: Hashable) -> None: ...
+    def forget(self, item: Hashable) -> None:
+        """Stop tracking ``item``: clear its failure history, so its next `when` starts from the
+        shortest delay. Call when the item stops being retried (success or permanent failure).
+        """
+        ...
 
-    def num_requeues(self, item: Hashable) -> int: ...
+    def num_requeues(self, item: Hashable) -> int:
+        """How many failures of ``item`` are on record since the last `forget`."""
+        ...
 
 
 class ItemExponentialFailureRateLimiter:
@@ -50,6 +58,7 @@ class ItemExponentialFailureRateLimiter:
         self._lock = threading.Lock()
 
     def when(self, item: Hashable) -> float:
+        """The item's next delay (``base * 2**failures``, jittered, capped); records one failure."""
         with self._lock:
             n = self._failures.get(item, 0)
             self._failures[item] = n + 1
@@ -60,10 +69,12 @@ class ItemExponentialFailureRateLimiter:
             return min(delay, self._cap)
 
     def forget(self, item: Hashable) -> None:
+        """Clear the item's failure count."""
         with self._lock:
             self._failures.pop(item, None)
 
     def num_requeues(self, item: Hashable) -> int:
+        """The item's failure count since the last `forget`."""
         with self._lock:
             return self._failures.get(item, 0)
 
@@ -80,6 +91,7 @@ class BucketRateLimiter:
         self._lock = threading.Lock()
 
     def when(self, item: Hashable) -> float:
+        """Reserve one token; the wait until it is available (0 within the burst)."""
         with self._lock:
             now = self._clock.monotonic()
             self._tokens = min(self._burst, self._tokens + (now - self._last) * self._qps)
@@ -88,9 +100,10 @@ class BucketRateLimiter:
             return 0.0 if self._tokens >= 0 else -self._tokens / self._qps
 
     def forget(self, item: Hashable) -> None:
-        pass
+        """No per-item state: nothing to clear."""
 
     def num_requeues(self, item: Hashable) -> int:
+        """Always 0 (no per-item state)."""
         return 0
 
 
@@ -103,13 +116,16 @@ class MaxOfRateLimiter:
         self._limiters = limiters
 
     def when(self, item: Hashable) -> float:
+        """The longest delay of all limiters (each records the failure)."""
         return max(limiter.when(item) for limiter in self._limiters)
 
     def forget(self, item: Hashable) -> None:
+        """Forget the item in every limiter."""
         for limiter in self._limiters:
             limiter.forget(item)
 
     def num_requeues(self, item: Hashable) -> int:
+        """The largest count any limiter has for the item."""
         return max(limiter.num_requeues(item) for limiter in self._limiters)
 
 

@@ -40,17 +40,31 @@ log = logging.getLogger(__name__)
 
 
 class ReflectorSink(Protocol):
-    def replace(self, items: list[JSON], resource_version: str) -> None: ...
+    """Where a reflector delivers what it sees (the informer). Called only from the
+    reflector's thread, in stream order.
+    """
 
-    def add(self, obj: JSON) -> None: ...
+    def replace(self, items: list[JSON], resource_version: str) -> None:
+        """A complete LIST (or watch-list) at ``resource_version``: the new full content."""
+        ...
 
-    def update(self, obj: JSON) -> None: ...
+    def add(self, obj: JSON) -> None:
+        """An ADDED object."""
+        ...
 
-    def delete(self, obj: JSON) -> None: ...
+    def update(self, obj: JSON) -> None:
+        """A MODIFIED object."""
+        ...
+
+    def delete(self, obj: JSON) -> None:
+        """A DELETED object (its last state)."""
+        ...
 
 
 @dataclass(frozen=True)
 class BackoffPolicy:
+    """Waits between failed LIST/WATCH attempts (seconds; see the module docstring). Immutable."""
+
     initial: float = 0.8
     cap: float = 30.0
     factor: float = 2.0
@@ -67,6 +81,12 @@ DEFAULT_BACKOFF = BackoffPolicy()
 
 
 class Reflector:
+    """Keeps one sink in line with one `ListerWatcher`: LIST, then WATCH from the listed
+    resourceVersion, relisting when the watch cannot resume.
+
+    Run `run` on a dedicated thread; `stop` from any thread. Waits use the injected clock.
+    """
+
     def __init__(
         self,
         lw: ListerWatcher,
@@ -99,10 +119,14 @@ class Reflector:
 
     @property
     def last_sync_resource_version(self) -> str:
+        """The resourceVersion of the last event (or LIST) the sink has absorbed."""
         with self._cond:
             return self._last_rv
 
     def stop(self) -> None:
+        """Make `run` return promptly: interrupts a blocked watch read and any backoff wait.
+        Idempotent; safe from any thread.
+        """
         with self._cond:
             self._stopped = True
             stream = self._stream

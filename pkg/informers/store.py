@@ -50,6 +50,9 @@ class DeletedFinalStateUnknown:
 
 
 def meta_namespace_key(obj: JSON | DeletedFinalStateUnknown) -> str:
+    """The cache key of an object or tombstone: ``namespace/name``, or ``name`` when
+    cluster-scoped (client-go's ``MetaNamespaceKeyFunc``).
+    """
     if isinstance(obj, DeletedFinalStateUnknown):
         return obj.key
     meta = obj["metadata"]
@@ -58,15 +61,18 @@ def meta_namespace_key(obj: JSON | DeletedFinalStateUnknown) -> str:
 
 
 def index_by_uid(obj: JSON) -> list[str]:
+    """Index function: the object's ``metadata.uid``."""
     uid = obj["metadata"].get("uid")
     return [uid] if uid else []
 
 
 def index_by_owner_uid(obj: JSON) -> list[str]:
+    """Index function: the UIDs of the object's ownerReferences."""
     return [r["uid"] for r in obj["metadata"].get("ownerReferences") or [] if r.get("uid")]
 
 
 def index_by_node_name(obj: JSON) -> list[str]:
+    """Index function: the pod's ``spec.nodeName`` (unscheduled pods are not indexed)."""
     node = (obj.get("spec") or {}).get("nodeName")
     return [node] if node else []
 
@@ -99,6 +105,7 @@ class Indexer:
         self.add_indexers(indexers or {})
 
     def key(self, obj: JSON) -> str:
+        """The cache key of ``obj`` under this indexer's key function."""
         return self._key(obj)
 
     def add_indexers(self, indexers: dict[str, IndexFunc]) -> None:
@@ -144,12 +151,14 @@ class Indexer:
     update = add
 
     def delete(self, obj: JSON | DeletedFinalStateUnknown) -> JSON | None:
+        """Remove the object (or tombstone's key); returns what was stored, if anything."""
         key = (
             meta_namespace_key(obj) if isinstance(obj, DeletedFinalStateUnknown) else self._key(obj)
         )
         return self.delete_key(key)
 
     def delete_key(self, key: str) -> JSON | None:
+        """Remove the object stored under ``key``; returns it, if anything."""
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
@@ -170,21 +179,26 @@ class Indexer:
     # -- reads -------------------------------------------------------------------------------
 
     def get(self, obj: JSON) -> JSON | None:
+        """The stored object with the same key as ``obj``, or None."""
         return self.get_by_key(self._key(obj))
 
     def get_by_key(self, key: str) -> JSON | None:
+        """The stored object under ``key``, or None."""
         with self._lock:
             return self._items.get(key)
 
     def list(self) -> _Objects:
+        """A snapshot list of every stored object (shared objects: do not mutate)."""
         with self._lock:
             return list(self._items.values())
 
     def list_keys(self) -> _Strings:
+        """A snapshot list of every key."""
         with self._lock:
             return list(self._items)
 
     def items(self) -> _Items:
+        """A snapshot list of (key, object) pairs."""
         with self._lock:
             return list(self._items.items())
 
@@ -193,16 +207,23 @@ class Indexer:
             return len(self._items)
 
     def index_keys(self, index_name: str, value: str) -> _Strings:
+        """Sorted keys of the objects whose index ``index_name`` contains ``value``. KeyError for
+        an unknown index.
+        """
         with self._lock:
             if index_name not in self._indices:
                 raise KeyError(f"no indexer named {index_name!r}")
             return sorted(self._indices[index_name].get(value, ()))
 
     def by_index(self, index_name: str, value: str) -> _Objects:
+        """Objects whose index ``index_name`` contains ``value``, sorted by key. KeyError for an
+        unknown index.
+        """
         with self._lock:
             return [self._items[k] for k in self.index_keys(index_name, value)]
 
     def index_values(self, index_name: str) -> _Strings:
+        """Every value index ``index_name`` currently has objects for."""
         with self._lock:
             return list(self._indices[index_name])
 

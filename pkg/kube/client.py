@@ -68,36 +68,62 @@ class KubeClient(Protocol):
     def get(
         self, resource: Resource, name: str, *, namespace: str | None = None,
         subresource: str | None = None,
-    ) -> JSON: ...  # fmt: skip
+    ) -> JSON:  # fmt: skip
+        """The object ``name`` (or its ``subresource``). Raises `NotFoundError` if absent, other
+        `ApiError` subclasses on failure.
+        """
+        ...
 
     def list(
         self, resource: Resource, *, namespace: str | None = None,
         label_selector: str | None = None, field_selector: str | None = None,
         limit: int | None = None, continue_token: str | None = None,
         resource_version: str | None = None,
-    ) -> JSON: ...  # fmt: skip
+    ) -> JSON:  # fmt: skip
+        """One LIST page as the API returns it (``items``, ``metadata.continue``,
+        ``metadata.resourceVersion``). Pass ``continue_token`` to get the next page.
+        """
+        ...
 
-    def create(self, resource: Resource, obj: JSON, *, namespace: str | None = None) -> JSON: ...
+    def create(self, resource: Resource, obj: JSON, *, namespace: str | None = None) -> JSON:
+        """Create ``obj``; returns it as stored. `AlreadyExistsError` if the name is taken."""
+        ...
 
-    def update(self, resource: Resource, obj: JSON, *, subresource: str | None = None) -> JSON: ...
+    def update(self, resource: Resource, obj: JSON, *, subresource: str | None = None) -> JSON:
+        """Replace ``obj`` (PUT; its ``metadata.resourceVersion`` is the precondition);
+        `ConflictError` if it changed meanwhile: re-read and retry.
+        """
+        ...
 
     def patch(
         self, resource: Resource, name: str, body: PatchBody, *,
         namespace: str | None = None, patch_type: PatchType = "merge",
         subresource: str | None = None, field_manager: str | None = None, force: bool = False,
-    ) -> JSON: ...  # fmt: skip
+    ) -> JSON:  # fmt: skip
+        """Patch ``name`` with ``body`` (``patch_type``: merge, json, strategic or apply; apply
+        needs ``field_manager``, ``force`` takes fields over). Returns the patched object.
+        """
+        ...
 
     def delete(
         self, resource: Resource, name: str, *, namespace: str | None = None,
         uid: str | None = None, resource_version: str | None = None,
         propagation_policy: str | None = None, grace_period_seconds: int | None = None,
-    ) -> JSON | None: ...  # fmt: skip
+    ) -> JSON | None:  # fmt: skip
+        """Delete ``name`` with optional preconditions (``uid``, ``resource_version``); returns
+        the server's answer. `NotFoundError` if already gone.
+        """
+        ...
 
     def watch(
         self, resource: Resource, *, namespace: str | None = None,
         label_selector: str | None = None, field_selector: str | None = None,
         resource_version: str, timeout_seconds: int, allow_watch_bookmarks: bool = True,
-    ) -> WatchStream: ...  # fmt: skip
+    ) -> WatchStream:  # fmt: skip
+        """A WATCH from ``resource_version`` that ends after ``timeout_seconds`` at the latest.
+        The stream may be stopped from another thread; a ``410 Gone`` surfaces as an ERROR event.
+        """
+        ...
 
 
 def _selectors(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
@@ -257,6 +283,7 @@ class RestClient:
         namespace: str | None = None,
         subresource: str | None = None,
     ) -> JSON:
+        """See `KubeClient.get`."""
         out: JSON = self._call("GET", resource.path(namespace, name, subresource))
         return out
 
@@ -285,11 +312,13 @@ class RestClient:
         return out
 
     def create(self, resource: Resource, obj: JSON, *, namespace: str | None = None) -> JSON:
+        """See `KubeClient.create`."""
         ns = namespace if namespace is not None else obj.get("metadata", {}).get("namespace")
         out: JSON = self._call("POST", resource.path(ns if resource.namespaced else None), body=obj)
         return out
 
     def update(self, resource: Resource, obj: JSON, *, subresource: str | None = None) -> JSON:
+        """See `KubeClient.update`."""
         meta = obj.get("metadata", {})
         ns = meta.get("namespace") if resource.namespaced else None
         out: JSON = self._call("PUT", resource.path(ns, meta["name"], subresource), body=obj)
@@ -307,6 +336,7 @@ class RestClient:
         field_manager: str | None = None,
         force: bool = False,
     ) -> JSON:
+        """See `KubeClient.patch`."""
         query: dict[str, str] = {}
         if field_manager:
             query["fieldManager"] = field_manager
@@ -336,6 +366,7 @@ class RestClient:
         propagation_policy: str | None = None,
         grace_period_seconds: int | None = None,
     ) -> JSON | None:
+        """See `KubeClient.delete`."""
         opts: JSON = {"kind": "DeleteOptions", "apiVersion": "v1"}
         pre = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
         if pre:

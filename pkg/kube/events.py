@@ -16,11 +16,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Final
 
 from cachetools import LRUCache
 
 from pkg.base.clock import Clock
-from pkg.base.types import JSON
+from pkg.base.types import JSON, EventType
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import TRANSIENT_ERRORS, NotFoundError
 from pkg.kube.resources import EVENTS
@@ -29,8 +30,8 @@ __all__ = ["EventRecorder"]
 
 log = logging.getLogger(__name__)
 
-NORMAL = "Normal"
-WARNING = "Warning"
+NORMAL: Final[EventType] = "Normal"
+WARNING: Final[EventType] = "Warning"
 
 
 def _timestamp(epoch: float) -> str:

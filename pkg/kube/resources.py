@@ -46,6 +46,7 @@ class Resource:
 
     @property
     def list_kind(self) -> str:
+        """The ``kind`` of this resource's list objects (``<Kind>List``)."""
         return f"{self.kind}List"
 
     @property

@@ -40,7 +40,11 @@ class WatchStream(Protocol):
 
     def __next__(self) -> WatchEvent: ...
 
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """End the stream: a blocked ``next`` returns (StopIteration) promptly. Idempotent; safe
+        from any thread.
+        """
+        ...
 
 
 # The generated watch module is untyped; give its two entry points types once, here.

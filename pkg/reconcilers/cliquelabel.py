@@ -22,6 +22,7 @@ from pkg.api import constants as c
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import BY_NODE, Caches
+from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.events import WARNING, OnceEvents
 from pkg.reconcilers.nodecache import patch_node_metadata
@@ -56,7 +57,10 @@ class CliqueLabelReconciler:
         self._caches = caches
         self._events = events
 
-    def reconcile(self, key: str) -> Result:
+    def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
+        """Set node ``key``'s clique label from its ResourceSlices; stops before writing
+        once ``ctx`` is cancelled."""
+        ctx.check()
         node = self._caches.nodes.get_by_key(key)
         if node is None:
             return Result()

@@ -49,6 +49,7 @@ from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES
 from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, Caches
 from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.events import NORMAL, WARNING, EventSink
 from pkg.reconcilers.status import daemon_not_running, node_loss_in, node_problem
@@ -135,8 +136,10 @@ class CliquePruneReconciler:
             if (m := cl["metadata"])
         ]
 
-    def reconcile(self, key: str) -> Result:
-        """One pass over the clique ``namespace/name`` (see the module docstring)."""
+    def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
+        """One pass over the clique ``namespace/name`` (see the module docstring); stops before
+        writing once ``ctx`` is cancelled."""
+        ctx.check()
         clique = self._caches.cliques.get_by_key(key)
         uid = ((clique or {}).get("metadata", {}).get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
         if clique is None or not uid:
@@ -147,6 +150,7 @@ class CliquePruneReconciler:
             return Result()
         verdict = self._judge(key, clique, str(uid))
         if verdict.removals() or verdict.down:
+            ctx.check()
             self._apply(key, clique, verdict)
         return Result(requeue_after=verdict.wait) if verdict.wait is not None else Result()
 

@@ -50,6 +50,7 @@ from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS
 from pkg.reconcilers.cache import BY_DOMAIN, Caches
 from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result, TerminalError
 from pkg.reconcilers.dependents import Dependents, RetryLaterError
 from pkg.reconcilers.events import NORMAL, WARNING, EventSink, OnceEvents
@@ -107,8 +108,10 @@ class ComputeDomainReconciler:
         self._written: dict[str, JSON] = {}
         self._lock = threading.Lock()
 
-    def reconcile(self, key: str) -> Result:
-        """One pass over the domain ``namespace/name`` (see the module docstring)."""
+    def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
+        """One pass over the domain ``namespace/name`` (see the module docstring); stops at the
+        next API call once ``ctx`` is cancelled."""
+        ctx.check()
         obj = self._caches.compute_domains.get_by_key(key)
         if obj is None:
             return Result()
@@ -121,6 +124,7 @@ class ComputeDomainReconciler:
             self._write_status(obj, members=[], problem=Problem("InvalidSpec", str(exc)))
             raise TerminalError(f"invalid spec: {exc}") from exc
         obj = self._ensure_finalizer(obj)
+        ctx.check()
         try:
             problem = self._ensure_dependents(cd, obj)
         except RetryLaterError as exc:
@@ -142,6 +146,7 @@ class ComputeDomainReconciler:
         driver_root = found.driver_root_problem()
         if driver_root is not None:
             self._once.event(obj, WARNING, driver_root.reason, driver_root.message)
+        ctx.check()
         self._write_status(
             obj,
             members=found.members,

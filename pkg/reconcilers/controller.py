@@ -1,13 +1,23 @@
 """A generic controller: keys from event handlers → a named workqueue → N workers → reconcile.
 
-Owns the retry policy around a :class:`Reconciler`, with controller-runtime's semantics:
+Owns the retry policy around a :class:`Reconciler`, with controller-runtime's semantics.
+``forget`` has client-go's one meaning: "stop retrying this key", i.e. clear its failure history
+in the rate limiter, so its next failure backs off from the start again:
 
-* success → ``forget`` (reset backoff); ``Result(requeue_after=d)`` → ``forget`` + ``add_after``;
-* an exception → ``add_rate_limited`` (per-key exponential backoff, global bucket);
-* :class:`TerminalError` → logged and counted, never requeued (bad input must not become a
-  retry storm; a later change to the object enqueues it again);
+* success → ``forget``; ``Result(requeue_after=d)`` → ``forget`` + ``add_after`` (a periodic
+  recheck, not a retry);
+* an exception → ``add_rate_limited`` (per-key exponential backoff, global bucket); no
+  ``forget``, so the backoff keeps growing while the failures last;
+* :class:`TerminalError` → logged and counted, ``forget``, never requeued (bad input must not
+  become a retry storm; a later change to the object enqueues it again);
+* `CancelledError` from a reconcile past its deadline → like an exception; from a shutdown →
+  dropped (the next run reconciles the key again);
 * ``done`` is always called, so a key is never stuck, and the queue guarantees that one key is
   never reconciled by two workers at once.
+
+Every reconcile gets a `ReconcileContext`: the controller's stop signal and, with
+``reconcile_timeout``, a deadline on the injected clock. :meth:`Controller.stop` sets the stop
+signal, shuts the queue down and waits (bounded) until in-flight reconciles have returned.
 
 Every reconcile runs in an OpenTelemetry span named ``reconcile <controller>`` with the key as
 attribute, logs carry ``controller`` and ``key`` fields, and the totals/errors/duration metrics
@@ -27,10 +37,15 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from pkg.base.clock import Clock, RealClock
 from pkg.base.types import JSON
+from pkg.reconcilers.context import BACKGROUND, CancelledError, ReconcileContext
 
 __all__ = [
+    "BACKGROUND",
+    "CancelledError",
     "Controller",
+    "ReconcileContext",
     "ReconcileMetrics",
     "Reconciler",
     "Result",
@@ -43,41 +58,84 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Result:
-    """What to do with a key after a successful reconcile."""
+    """What to do with a key after a successful reconcile.
+
+    ``requeue_after > 0`` reconciles the key again after that many seconds (a periodic
+    recheck: the key's failure history is still forgotten); ``0`` waits for the next event.
+    """
 
     requeue_after: float = 0.0
 
 
 class TerminalError(Exception):
-    """The object cannot be reconciled until it (or something it depends on) changes."""
+    """The object cannot be reconciled until it (or something it depends on) changes.
+
+    Raise it for bad input; the controller records it and does not retry.
+    """
 
 
 class Reconciler(Protocol):
     """Brings the world in line with one object, identified by its cache key."""
 
-    def reconcile(self, key: str) -> Result: ...
+    def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
+        """Make the world match the object named ``key`` (``namespace/name`` or ``name``).
+
+        Must be idempotent and level-based: it reads the current state (caches, API) instead
+        of relying on which event caused it, so any number of calls converge. Never called
+        for the same key by two threads at once; different keys run concurrently, so shared
+        state needs locking. Should call ``ctx.check()`` between API calls, so a shutdown or
+        deadline stops it at the next boundary. Returns a `Result` on success; raises
+        `TerminalError` for input that cannot succeed until it changes, anything else to be
+        retried with backoff.
+        """
+        ...
 
 
 class WorkQueue(Protocol):
-    """client-go's rate-limited, delaying workqueue (see pkg.informers)."""
+    """client-go's rate-limited, delaying workqueue (`pkg.informers.RateLimitingQueue`).
 
-    def add(self, item: str) -> None: ...
+    Thread-safe; see `pkg.informers.queue` for the contracts of each method.
+    """
 
-    def add_after(self, item: str, delay: float) -> None: ...
+    def add(self, item: str) -> None:
+        """Queue ``item`` (deduplicated with a queued copy)."""
+        ...
 
-    def add_rate_limited(self, item: str) -> None: ...
+    def add_after(self, item: str, delay: float) -> None:
+        """Queue ``item`` after ``delay`` seconds."""
+        ...
 
-    def forget(self, item: str) -> None: ...
+    def add_rate_limited(self, item: str) -> None:
+        """Queue ``item`` after its rate limiter's next backoff (records one failure)."""
+        ...
 
-    def get(self) -> tuple[str | None, bool]: ...
+    def forget(self, item: str) -> None:
+        """Stop retrying ``item``: clear its failure history (does not dequeue it)."""
+        ...
 
-    def done(self, item: str) -> None: ...
+    def get(self) -> tuple[str | None, bool]:
+        """Block for the next item; ``(None, True)`` once shut down and empty."""
+        ...
 
-    def shutdown(self) -> None: ...
+    def done(self, item: str) -> None:
+        """Mark ``item`` processed; must follow every `get`."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop accepting items; blocked getters drain what is queued, then get shutdown."""
+        ...
+
+    def shutdown_with_drain(self, timeout: float | None = None) -> bool:
+        """`shutdown`, then wait until no item is being processed; False on timeout."""
+        ...
 
 
 class ReconcileMetrics:
-    """Per-controller reconcile counters and latency, registered once per registry."""
+    """Per-controller reconcile counters and latency, registered once per registry.
+
+    Create one per registry and share it between the controllers of a process (labels
+    separate them); the collectors are thread-safe.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.total = Counter(
@@ -102,7 +160,12 @@ class ReconcileMetrics:
 
 
 class Controller:
-    """Runs one reconciler over its own named queue with ``workers`` threads."""
+    """Runs one reconciler over its own named queue with ``workers`` threads.
+
+    Lifecycle: construct, register `handler` callbacks on informers, `start` once the caches
+    have synced, `stop` once. Producers (`enqueue`, `enqueue_after`, handlers) are safe from
+    any thread at any time; keys added after `stop` are dropped.
+    """
 
     def __init__(
         self,
@@ -113,8 +176,15 @@ class Controller:
         metrics: ReconcileMetrics,
         tracer: trace.Tracer,
         workers: int = 1,
+        clock: Clock | None = None,
+        reconcile_timeout: float | None = None,
     ) -> None:
+        """``name`` labels metrics, spans and logs; ``queue`` is this controller's own;
+        ``reconcile_timeout`` (clock seconds, ``None``: none) is each reconcile's deadline."""
         self.name = name
+        self._clock: Clock = clock or RealClock()
+        self._reconcile_timeout = reconcile_timeout
+        self._stopping = threading.Event()
         self._reconciler = reconciler
         self._queue = queue
         self._metrics = metrics
@@ -125,13 +195,21 @@ class Controller:
     # -- producers ------------------------------------------------------------------------------
 
     def enqueue(self, key: str) -> None:
+        """Reconcile ``key`` soon (once, however often it is enqueued before a worker takes
+        it; once more if it is enqueued while being reconciled)."""
         self._queue.add(key)
 
     def enqueue_after(self, key: str, delay: float) -> None:
+        """Reconcile ``key`` after ``delay`` seconds (an earlier pending time wins)."""
         self._queue.add_after(key, delay)
 
     def handler(self, mapper: Callable[[JSON], Iterable[str]]) -> Callable[[JSON], None]:
-        """An event-handler callback that maps an object to keys and enqueues them."""
+        """An event-handler callback that maps an object to keys and enqueues them.
+
+        The returned callback never raises: a failing ``mapper`` is logged and the event
+        dropped (informer handlers must not throw). ``mapper`` runs on the informer's
+        handler thread and must not block.
+        """
 
         def on_event(obj: JSON) -> None:
             try:
@@ -147,7 +225,9 @@ class Controller:
     # -- consumers ------------------------------------------------------------------------------
 
     def process_next(self) -> bool:
-        """Reconcile one key; returns False once the queue is shut down and drained."""
+        """Take one key from the queue (blocking) and reconcile it; returns False once the
+        queue is shut down and drained. What each worker thread loops on; tests call it
+        directly to run the loop step by step."""
         key, shutdown = self._queue.get()
         if shutdown or key is None:
             return False
@@ -163,8 +243,18 @@ class Controller:
         with self._tracer.start_as_current_span(
             f"reconcile {self.name}", attributes={"controller": self.name, "key": key}
         ) as span:
+            ctx = self._context()
             try:
-                result = self._reconciler.reconcile(key)
+                result = self._reconciler.reconcile(key, ctx)
+            except CancelledError as exc:
+                if ctx.stopped():
+                    log.debug("reconcile cancelled by shutdown", extra=extra)
+                    return
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                self._metrics.total.labels(self.name, "error").inc()
+                self._metrics.errors.labels(self.name).inc()
+                self._queue.add_rate_limited(key)
+                log.info("reconcile cancelled, will retry: %s", exc, extra=extra)
             except TerminalError as exc:
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
                 self._metrics.total.labels(self.name, "terminal").inc()
@@ -189,12 +279,18 @@ class Controller:
             finally:
                 self._metrics.duration.labels(self.name).observe(time.perf_counter() - start)
 
+    def _context(self) -> ReconcileContext:
+        timeout = self._reconcile_timeout
+        deadline = None if timeout is None else self._clock.monotonic() + timeout
+        return ReconcileContext(clock=self._clock, deadline=deadline, stop=self._stopping)
+
     def _worker(self) -> None:
         while self.process_next():
             pass
 
     def start(self) -> None:
-        """Start the worker threads (caches must already be synced)."""
+        """Start the worker threads. Call once, after the informer caches have synced (a
+        reconcile reads them as the truth)."""
         for i in range(self._workers):
             thread = threading.Thread(
                 target=self._worker, name=f"{self.name}-worker-{i}", daemon=True
@@ -202,8 +298,20 @@ class Controller:
             thread.start()
             self._threads.append(thread)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        self._queue.shutdown()
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop and drain: cancel in-flight reconciles (their context reports `stopped`), shut
+        the queue down, and wait up to ``timeout`` clock seconds for them to return and the
+        workers to exit. Returns whether everything finished in time; a reconcile that
+        ignores its context keeps its (daemon) thread after that. Idempotent; call from any
+        thread but a worker."""
+        self._stopping.set()
+        deadline = self._clock.monotonic() + timeout
+        drained = self._queue.shutdown_with_drain(timeout)
         for thread in self._threads:
-            thread.join(timeout=timeout)
-        self._threads.clear()
+            thread.join(timeout=max(0.0, deadline - self._clock.monotonic()))
+        alive = [t for t in self._threads if t.is_alive()]
+        self._threads = alive
+        if alive or not drained:
+            log.warning("controller %s: %d worker(s) still busy after %.1fs", self.name,
+                        len(alive), timeout)  # fmt: skip
+        return drained and not alive

@@ -123,7 +123,7 @@ class ControllerManager:
             )
             return Controller(
                 name=name, reconciler=reconciler, queue=queue, metrics=reconcile_metrics,
-                tracer=tracer, workers=workers,
+                tracer=tracer, workers=workers, clock=informer_clock,
             )  # fmt: skip
 
         self.domains = ComputeDomainReconciler(

@@ -30,6 +30,7 @@ from pkg.api import constants as c
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, BY_UID, Caches, channel_domain_id
+from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.dependents import remove_domain_label
 from pkg.reconcilers.events import WARNING, OnceEvents
@@ -97,7 +98,10 @@ class ResourceClaimReconciler:
             wanted.setdefault(uid, (cd, []))[1].append(claim)
         return wanted
 
-    def reconcile(self, key: str) -> Result:
+    def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
+        """Label node ``key`` for the one domain its channel claims belong to (or unlabel
+        it); stops before writing once ``ctx`` is cancelled."""
+        ctx.check()
         node_name = key
         node = self._caches.nodes.get_by_key(node_name)
         if node is None:

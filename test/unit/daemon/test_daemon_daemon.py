@@ -107,7 +107,7 @@ def make(api: FakeApiServer, opts: Options) -> tuple[Daemon, FakeRunner, FakeCtl
     metrics = DaemonMetrics()
     daemon = Daemon(opts, client=api.client(), clock=fake_clock(), runner=runner, commands=ctl,
                     metrics=metrics, child_env={"PATH": "/bin"}, timing=Timing(),
-                    informer_clock=FakeClock(),
+                    informer_clock=FakeClock(advance_on_wait=True),
                     locate=lambda program: f"/usr/bin/{program}")  # fmt: skip
     return daemon, runner, ctl, metrics
 
@@ -116,7 +116,7 @@ def make(api: FakeApiServer, opts: Options) -> tuple[Daemon, FakeRunner, FakeCtl
 def following(daemon: Daemon) -> Iterator[None]:
     """Run the daemon's membership informer (what ``run`` does) around direct ``step`` calls."""
     daemon.informers.start()
-    assert daemon.informers.wait_for_cache_sync(5)
+    eventually(lambda: daemon.informers.wait_for_cache_sync(0))
     try:
         yield
     finally:

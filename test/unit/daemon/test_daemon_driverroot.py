@@ -67,7 +67,7 @@ def daemon_on(api: FakeApiServer, tmp: Path, root: FakeDriverRoot) -> Daemon:
                   runner=NeverStarted(),  # type: ignore[arg-type]
                   commands=NoCtl(), metrics=DaemonMetrics(),
                   child_env={"PATH": str(root.root / "usr" / "bin")}, timing=Timing(),
-                  informer_clock=FakeClock(),
+                  informer_clock=FakeClock(advance_on_wait=True),
                   events=EventRecorder(client, "compute-domain-daemon", FakeClock()))  # fmt: skip
 
 

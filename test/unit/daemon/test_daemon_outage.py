@@ -29,6 +29,7 @@ from pkg.daemon.membership import (
 )
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 UID = "uid-outage"
@@ -124,14 +125,14 @@ def test_daemon_run_loop_waits_out_an_outage_and_then_joins(
         time.sleep(0.5)  # retrying against the dead server, not exiting
         assert ran.is_alive() and api.objects(res.COMPUTE_DOMAIN_CLIQUES) == []
         api.set_available(True)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        def joined() -> bool:
             cliques = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
-            if cliques and [d["status"] for d in cliques[0].get("daemons") or []] == ["Ready"]:
-                break
-            time.sleep(0.02)
-        else:
-            raise AssertionError("daemon did not join after the outage")
+            return bool(cliques) and [d["status"] for d in cliques[0].get("daemons") or []] == [
+                "Ready"
+            ]
+
+        eventually(joined, 20, what="daemon joined after the outage")
         assert api.objects(res.PODS)[0]["metadata"]["labels"] == {c.CLIQUE_ID_LABEL: DD_CLIQUE}
         assert len(runner.procs) == 1
     finally:

@@ -28,6 +28,7 @@ from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.cliqueprune import CliquePruneReconciler
 from pkg.reconcilers.config import ControllerConfig
 from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 UID = "cd-uid-1"
@@ -350,9 +351,7 @@ def test_the_plugin_holds_channel_prepares_while_the_entry_is_marked_not_ready(
         assert tracker.wait_ready(UID, deadline=time.monotonic() + 5)  # stale Ready
         prune.reconcile(KEY)
         assert entries_by_node(server) == {"b": "NotReady"}
-        end = time.monotonic() + 5
-        while tracker.is_ready(UID) and time.monotonic() < end:  # the plugin's watch catches up
-            time.sleep(0.01)
+        eventually(lambda: not tracker.is_ready(UID), 5)  # the plugin's watch catches up
         assert not tracker.wait_ready(UID, deadline=time.monotonic() + 0.3)  # held
         released = threading.Event()
 

@@ -1,7 +1,9 @@
-"""Generic Controller: result/requeue/terminal semantics, metrics, spans and handler mapping."""
+"""Generic Controller: result/requeue/terminal semantics, metrics, spans, handler mapping, and
+each reconcile's deadline and stop signal with a draining `stop`, all on a fake clock."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -11,8 +13,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from pkg.informers import RateLimitingQueue
-from pkg.reconcilers.controller import Controller, ReconcileMetrics, Result, TerminalError
+from pkg.reconcilers.controller import (
+    BACKGROUND,
+    CancelledError,
+    Controller,
+    ReconcileContext,
+    ReconcileMetrics,
+    Result,
+    TerminalError,
+)
 from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 
 
 class Scripted:
@@ -22,7 +33,7 @@ class Scripted:
         self.outcomes = list(outcomes)
         self.keys: list[str] = []
 
-    def reconcile(self, key: str) -> Result:
+    def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
         self.keys.append(key)
         return self.outcomes.pop(0)()
 
@@ -119,3 +130,115 @@ def test_workers_run_until_stopped(exporter: InMemorySpanExporter) -> None:
     ctl.stop()
     assert sorted(rec.keys) == ["a", "b", "c"]
     assert total(registry, "success") == 3
+
+
+# -- deadline, stop signal and drain ----------------------------------------------------------
+
+
+class Waiting:
+    """Per key: records its context, then runs the scripted behaviour for that key."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.contexts: dict[str, ReconcileContext] = {}
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
+        self.contexts[key] = ctx
+        if key == "slow":  # one long API call (virtual time), then the check between calls
+            self.clock.step(6.0)
+            ctx.check()
+        elif key == "cooperative":  # waits for the stop signal like a call that is retried
+            self.entered.set()
+            eventually(ctx.stopped)
+            ctx.check()
+        elif key == "stubborn":  # ignores its context until the test releases it
+            self.entered.set()
+            self.release.wait(10)
+        else:
+            ctx.check()
+        return Result()
+
+
+def waiting_controller(
+    exporter: InMemorySpanExporter, reconcile_timeout: float | None = None
+) -> tuple[Controller, Waiting, RateLimitingQueue[str], FakeClock, CollectorRegistry]:
+    clock, registry = FakeClock(), CollectorRegistry()
+    rec = Waiting(clock)
+    queue: RateLimitingQueue[str] = RateLimitingQueue(name="demo", clock=clock, registry=registry)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ctl = Controller(
+        name="demo", reconciler=rec, queue=queue, metrics=ReconcileMetrics(registry),
+        tracer=provider.get_tracer("t"), clock=clock, reconcile_timeout=reconcile_timeout,
+    )  # fmt: skip
+    return ctl, rec, queue, clock, registry
+
+
+def test_context_without_owner_is_never_cancelled_and_a_deadline_needs_a_clock() -> None:
+    assert not BACKGROUND.cancelled() and BACKGROUND.remaining() is None
+    BACKGROUND.check()
+    with pytest.raises(ValueError, match="clock"):
+        ReconcileContext(deadline=1.0)
+    clock = FakeClock()
+    ctx = ReconcileContext(clock=clock, deadline=2.0)
+    assert ctx.remaining() == 2.0 and not ctx.cancelled()
+    clock.step(2.0)
+    assert ctx.expired() and ctx.remaining() == 0.0 and not ctx.stopped()
+    with pytest.raises(CancelledError, match="deadline"):
+        ctx.check()
+
+
+def test_a_reconcile_past_its_deadline_stops_at_the_next_check_and_is_retried(
+    exporter: InMemorySpanExporter,
+) -> None:
+    ctl, rec, queue, _clock, registry = waiting_controller(exporter, reconcile_timeout=5.0)
+    ctl.enqueue("fast")
+    assert ctl.process_next()
+    assert rec.contexts["fast"].deadline == 5.0 and total(registry, "success") == 1
+    ctl.enqueue("slow")
+    assert ctl.process_next()
+    assert rec.contexts["slow"].expired() and not rec.contexts["slow"].stopped()
+    assert total(registry, "error") == 1 and queue.num_requeues("slow") == 1  # backed off
+
+
+def test_no_deadline_unless_configured(exporter: InMemorySpanExporter) -> None:
+    ctl, rec, _queue, _clock, registry = waiting_controller(exporter)
+    ctl.enqueue("slow")
+    assert ctl.process_next()
+    assert rec.contexts["slow"].deadline is None and total(registry, "success") == 1
+
+
+def test_stop_cancels_in_flight_and_queued_reconciles_and_drains(
+    exporter: InMemorySpanExporter,
+) -> None:
+    ctl, rec, queue, _clock, registry = waiting_controller(exporter)
+    ctl.start()
+    ctl.enqueue("cooperative")
+    assert rec.entered.wait(10)
+    ctl.enqueue("queued")  # taken after the stop signal: cancelled before any API call
+    assert ctl.stop(timeout=5.0)
+    assert rec.contexts["cooperative"].stopped()
+    assert all(total(registry, r) == 0 for r in ("success", "error", "terminal", "requeue"))
+    assert queue.shutting_down() and queue.len() == 0 and not ctl._threads
+    ctl.enqueue("late")  # dropped
+    assert queue.len() == 0
+
+
+def test_stop_gives_up_after_its_timeout_on_the_clock(exporter: InMemorySpanExporter) -> None:
+    ctl, rec, _queue, clock, _registry = waiting_controller(exporter)
+    ctl.start()
+    ctl.enqueue("stubborn")
+    assert rec.entered.wait(10)
+    outcome: list[bool] = []
+    stopper = threading.Thread(target=lambda: outcome.append(ctl.stop(timeout=5.0)))
+    stopper.start()
+    assert clock.block_until_waiters(1)  # stop is draining, on the fake clock
+    clock.step(4.9)
+    assert stopper.is_alive()
+    clock.step(0.1)
+    stopper.join(10)
+    assert outcome == [False] and len(ctl._threads) == 1  # the stubborn worker is left behind
+    rec.release.set()
+    ctl._threads[0].join(10)
