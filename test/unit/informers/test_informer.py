@@ -191,3 +191,28 @@ def test_factory_shares_one_informer_per_selector_set_and_lists_through_it() -> 
             assert [o["metadata"]["name"] for o in lister.list("ns")] == ["a"]
         finally:
             factory.shutdown()
+
+
+def test_wait_for_cache_sync_times_out_on_the_injected_clock() -> None:
+    with FakeApiServer() as api:
+        api.set_available(False)
+        clock = FakeClock()
+        factory = SharedInformerFactory(api.client(), clock=clock)
+        factory.informer_for(r.PODS)
+        factory.start()
+        try:
+            assert not factory.wait_for_cache_sync(0)  # a check, no wait
+            synced: list[bool] = []
+            waiter = threading.Thread(target=lambda: synced.append(factory.wait_for_cache_sync(5)))
+            waiter.start()
+            eventually(lambda: clock.waits.count(5.0) == 1)  # blocked in the sync wait
+            clock.step(4.9)
+            assert waiter.is_alive()  # virtual time, not real time, bounds the wait
+            clock.step(0.1)
+            waiter.join(5)
+            assert synced == [False]
+            api.set_available(True)
+            clock.step(60.0)  # past any reflector backoff
+            eventually(lambda: factory.wait_for_cache_sync(0))
+        finally:
+            factory.shutdown()
