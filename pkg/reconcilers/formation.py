@@ -14,7 +14,8 @@ Invariants:
   not Ready, each parented to the root and linked to the reconcile span that did the work;
 * the root span is emitted when this process writes the domain's first Ready status (exactly
   when the time-to-ready histogram is observed, see :mod:`pkg.reconcilers.metrics`), from the
-  domain's ``creationTimestamp`` to that write; so at most once per domain per process;
+  domain's ``creationTimestamp`` to that write; so at most once per domain per leader term (a
+  new leader that sees a formed domain lose and regain Ready emits it again, with the same ids);
 * with tracing off every method is a no-op and nothing is allocated per domain.
 """
 
