@@ -19,17 +19,12 @@ _REPO = str(Path(__file__).resolve().parents[2])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from pkg.base.clock import RealClock  # noqa: E402
+# Only what ``check`` needs at module level: it is the pod's exec probe, started every second
+# until the daemon is up; ``run`` imports the API client, informers and tracing in _run.
 from pkg.daemon import logs  # noqa: E402
-from pkg.daemon.daemon import Daemon, run_check  # noqa: E402
-from pkg.daemon.metrics import DaemonMetrics  # noqa: E402
-from pkg.daemon.options import OptionsError, parse  # noqa: E402
+from pkg.daemon.check import run_check  # noqa: E402
+from pkg.daemon.options import Options, OptionsError, parse  # noqa: E402
 from pkg.imex.ctl import SubprocessCommandRunner  # noqa: E402
-from pkg.imex.supervisor import SubprocessRunner  # noqa: E402
-from pkg.kube.client import RestClient  # noqa: E402
-from pkg.kube.config import load_api_client  # noqa: E402
-from pkg.kube.events import EventRecorder  # noqa: E402
-from pkg.runtime.tracing import setup_tracing  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -48,6 +43,19 @@ def main(argv: list[str]) -> int:
         ok, message = run_check(opts, SubprocessCommandRunner())
         (sys.stdout if ok else sys.stderr).write(message + "\n")
         return 0 if ok else 1
+    return _run(opts)
+
+
+def _run(opts: Options) -> int:
+    """``run``: wire the real dependencies and run the daemon until SIGTERM/SIGINT."""
+    from pkg.base.clock import RealClock  # noqa: PLC0415
+    from pkg.daemon.daemon import Daemon  # noqa: PLC0415
+    from pkg.daemon.metrics import DaemonMetrics  # noqa: PLC0415
+    from pkg.imex.supervisor import SubprocessRunner  # noqa: PLC0415
+    from pkg.kube.client import RestClient  # noqa: PLC0415
+    from pkg.kube.config import load_api_client  # noqa: PLC0415
+    from pkg.kube.events import EventRecorder  # noqa: PLC0415
+    from pkg.runtime.tracing import setup_tracing  # noqa: PLC0415
 
     client = RestClient(load_api_client(opts.kubeconfig), qps=5, burst=10)
     child_env = dict(os.environ)

@@ -159,17 +159,6 @@ def write_termination_message(path: str, message: str) -> bool:
     return True
 
 
-def run_check(opts: Options, commands: CommandRunner) -> tuple[bool, str]:
-    if not opts.clique_id:
-        return True, "check succeeded (noop, clique ID is empty)"
-    result = ImexCtl(
-        opts.imex_ctl_argv, config_path=opts.config_path, runner=commands
-    ).query_ready()
-    if result.ready:
-        return True, "check succeeded (IMEX daemon is READY)"
-    return False, f"check failed: IMEX daemon not ready: {result.detail}"
-
-
 class Daemon:
     def __init__(
         self,

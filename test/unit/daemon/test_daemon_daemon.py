@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from pkg.api import constants as c
-from pkg.daemon.daemon import Daemon, Timing, run_check
+from pkg.daemon.check import run_check
+from pkg.daemon.daemon import Daemon, Timing
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import CDI_MISSING, Options, parse
 from pkg.imex.ctl import CommandResult
