@@ -4,7 +4,8 @@ Owns the mapping from an HTTP write to `ObjectStore` operations, including how e
 is applied and the status-subresource rules. Invariants: the main resource never changes status
 for kinds with a status subresource, `/status` never changes anything but status; strategic
 merge is refused for custom resources (415), as on a real server; apply needs apiVersion, kind
-and a fieldManager, and creates the object when missing.
+and a fieldManager, and creates the object when missing; a DELETE that removed the object
+answers it or a Status, per kind, as kube-apiserver does.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from pkg.base.types import JSON
 from pkg.kube.errors import ApiError, BadRequestError, NotFoundError
 from pkg.kube.resources import Resource
 from pkg.testing.fakeapi.patch import apply_json_patch, apply_merge_patch
@@ -29,6 +31,26 @@ _PATCH_TYPES = {
     "application/strategic-merge-patch+json": "strategic",
     "application/apply-patch+yaml": "apply",
 }
+
+
+# Kinds whose kube-apiserver storage answers a DELETE that removed the object with the object
+# (`ReturnDeletedObject`); every other kind, custom resources included, answers a Status.
+# A DELETE that only marked the object (finalizers left) answers the object for every kind.
+_RETURN_DELETED_OBJECT = {
+    ("", "pods"), ("", "namespaces"), ("", "services"), ("", "serviceaccounts"),
+    ("", "persistentvolumes"), ("", "persistentvolumeclaims"), ("", "podtemplates"),
+    ("", "resourcequotas"), ("resource.k8s.io", "resourceclaims"),
+    ("resource.k8s.io", "resourceclaimtemplates"), ("resource.k8s.io", "resourceslices"),
+    ("resource.k8s.io", "deviceclasses"),
+}  # fmt: skip
+
+
+def _deleted_status(resource: Resource, obj: JSON) -> JSON:
+    meta = obj["metadata"]
+    details = {"name": meta["name"], "group": resource.group, "kind": resource.plural,
+               "uid": meta.get("uid")}  # fmt: skip
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+            "details": details}  # fmt: skip
 
 
 def _require_name(name: str | None) -> str:
@@ -85,10 +107,15 @@ def handle_write(
     if verb == "DELETE":
         opts = body if isinstance(body, dict) else {}
         pre = opts.get("preconditions") or {}
-        return 200, store.delete(
+        out = store.delete(
             resource, namespace, _require_name(name),
             uid=pre.get("uid"), resource_version=pre.get("resourceVersion"),
         )  # fmt: skip
+        if out["metadata"].get("finalizers") or (resource.group, resource.plural) in (
+            _RETURN_DELETED_OBJECT
+        ):
+            return 200, out
+        return 200, _deleted_status(resource, out)
     raise ApiError(405, "MethodNotAllowed", f"verb {verb} not supported")
 
 

@@ -280,6 +280,10 @@ class ObjectStore:
         uid: str | None = None,
         resource_version: str | None = None,
     ) -> JSON:
+        """DELETE: a failed uid/resourceVersion precondition is a 409; an object with
+        finalizers is marked (deletionTimestamp) and stays until its last finalizer goes;
+        anything else is removed in one write (pods too: no graceful deletion, see
+        docs/contracts.md). Returns the last state of the object."""
         with self.cond:
             old = self.get(resource, namespace, name)
             meta = old["metadata"]
