@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test venv check unit e2e chaos demo bench control-plane clean
+.PHONY: test venv check unit e2e chaos badinput demo bench control-plane clean
 
 ## test: set up the venv, lint, type-check, check import layers, run unit and e2e tests
 test: venv
@@ -32,6 +32,19 @@ CHAOS_LIFECYCLES ?= 200
 chaos: venv control-plane
 	CHAOS_LIFECYCLES=$(CHAOS_LIFECYCLES) CHAOS_REPORT=docs/reliability.md \
 	  $(PY) -m pytest test/e2e/test_chaos.py -q -s -p no:cacheprovider
+
+## badinput: the bad-input suites (opaque configs, claims, checkpoint files, gRPC requests,
+## ComputeDomain specs on the real apiserver) with BADINPUT_SCALE (default 5) times their
+## examples; outcome counts -> docs/reliability.md "Bad input". `make test` runs them at scale 1.
+BADINPUT_SCALE ?= 5
+BADINPUT_COUNTS ?= /tmp/compute-domain-badinput.json
+badinput: venv control-plane
+	rm -f $(BADINPUT_COUNTS)
+	BADINPUT_SCALE=$(BADINPUT_SCALE) BADINPUT_COUNTS=$(BADINPUT_COUNTS) \
+	  $(PY) -m pytest test/unit/kubeletplugin/test_bad_input.py -q -p no:cacheprovider
+	BADINPUT_SCALE=$(BADINPUT_SCALE) BADINPUT_COUNTS=$(BADINPUT_COUNTS) \
+	  $(PY) -m pytest test/e2e/test_bad_compute_domains.py -q -p no:cacheprovider
+	$(PY) hack/badinput.py $(BADINPUT_COUNTS) docs/reliability.md
 
 ## demo: local control plane + 2 real nodes (or 4 simulated ones), a 2-pod ComputeDomain Job, teardown
 demo: venv control-plane
