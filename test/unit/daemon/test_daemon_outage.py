@@ -8,7 +8,6 @@ A full clique is the one failure that is not retried blindly: it has its own err
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -122,7 +121,8 @@ def test_daemon_run_loop_waits_out_an_outage_and_then_joins(
     ran = threading.Thread(target=daemon.run, args=(stop,))
     ran.start()
     try:
-        time.sleep(0.5)  # retrying against the dead server, not exiting
+        tried = len(api.request_log)
+        eventually(lambda: len(api.request_log) > tried + 3)  # retrying, not exiting
         assert ran.is_alive() and api.objects(res.COMPUTE_DOMAIN_CLIQUES) == []
         api.set_available(True)
 

@@ -153,8 +153,9 @@ def test_status_writer_and_informers_ride_out_dropped_writes_and_an_outage(
     eventually(lambda: status() == "NotReady")
     # The API server restarts; meanwhile the daemon turns Ready (written before the outage
     # ends, seen by nobody): once it is back, watches resume and the status catches up.
+    tried = len(server.request_log)
     server.set_available(False)
-    time.sleep(1.0)
+    eventually(lambda: len(server.request_log) > tried + 5)  # the informers retry in vain
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [daemon_entry("a", index=0)]))
     server.set_available(True)
     eventually(lambda: status() == "Ready", timeout=20)
