@@ -2,7 +2,8 @@
 
 ``kubectl`` as a user runs it, polling with a deadline, the per-node fake GPU files and fake
 driver root (:func:`prepare_node`), and deploying ``config/overlays/e2e-real-nodes``
-(:func:`deploy_driver`)."""
+(:func:`deploy_driver`, which first installs the Prometheus Operator CRDs the overlay's
+monitoring component needs, :func:`install_monitoring_crds`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +38,11 @@ OVERLAY = REPO / "config" / "overlays" / "e2e-real-nodes"
 DRIVER_NAMESPACE = "nvidia-dra-driver"
 CD_LABEL = "resource.nvidia.com/computeDomain"
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
+# The Prometheus Operator release whose PodMonitor / PrometheusRule CRDs validate the
+# monitoring component (config/components/monitoring) on the real apiserver. The CRD YAML comes
+# from the Go module proxy (its module zip carries example/prometheus-operator-crd/).
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator@v0.85.0"
+MONITORING_CRDS = ("podmonitors", "prometheusrules")
 T = TypeVar("T")
 
 
@@ -99,10 +106,34 @@ def prepare_node(node: RealNode) -> None:
     FakeDriverRoot.create(fake / "driver-root")
 
 
+def monitoring_crd_files() -> list[Path]:
+    """The PodMonitor and PrometheusRule CRDs of ``PROMETHEUS_OPERATOR_MODULE``, downloaded
+    with ``go mod download`` into the Go module cache (nothing of it enters the repository)."""
+    with tempfile.TemporaryDirectory(prefix="promop-") as scratch:  # outside any go.mod
+        out = subprocess.run(
+            ["go", "mod", "download", "-json", PROMETHEUS_OPERATOR_MODULE],
+            cwd=scratch, check=True, capture_output=True, text=True,
+            env={**os.environ, "GOFLAGS": "-mod=mod"},
+        )  # fmt: skip
+    crd_dir = Path(json.loads(out.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
+    return [crd_dir / f"monitoring.coreos.com_{name}.yaml" for name in MONITORING_CRDS]
+
+
+def install_monitoring_crds(kubectl: Kubectl) -> None:
+    """Apply the Prometheus Operator's PodMonitor and PrometheusRule CRDs; wait until the API
+    server serves them."""
+    for path in monitoring_crd_files():
+        kubectl("apply", "--server-side", "-f", str(path))
+    names = [f"crd/{n}.monitoring.coreos.com" for n in MONITORING_CRDS]
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+
+
 def deploy_driver(kubectl: Kubectl, *, nodes: int = len(REAL_NODES)) -> str:
-    """``kubectl apply --server-side -k`` the overlay; wait for the controller Deployment and a
-    Ready plugin pod on each of ``nodes`` nodes; check every driver container runs one of our
-    images. Returns the driver namespace."""
+    """Install the monitoring CRDs, ``kubectl apply --server-side -k`` the overlay (the driver
+    plus its monitoring component); wait for the controller Deployment and a Ready plugin pod
+    on each of ``nodes`` nodes; check every driver container runs one of our images. Returns
+    the driver namespace."""
+    install_monitoring_crds(kubectl)
     kubectl("apply", "--server-side", "-k", str(OVERLAY))
     ns = DRIVER_NAMESPACE
     for obj in ("deployment/compute-domain-controller", "daemonset/compute-domain-kubelet-plugin"):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
-from typing import Any
-
 import pytest
 import yaml
+from monitoringconfig import (
+    MONITORING,
+    REPO,
+    dashboard,
+    dashboard_exprs,
+    documents,
+    label_selector,
+    metric_names,
+    pod_monitors,
+    rule_exprs,
+)
 from prometheus_client import CollectorRegistry
 
 from pkg.base.clock import RealClock
@@ -16,15 +22,6 @@ from pkg.daemon.metrics import DaemonMetrics
 from pkg.informers.metrics import QueueMetrics
 from pkg.kubeletplugin.metrics import PluginMetrics
 from pkg.reconcilers.metrics import DomainMetrics
-
-REPO = Path(__file__).resolve().parents[3]
-MONITORING = REPO / "config" / "components" / "monitoring"
-
-FUNCTIONS_AND_KEYWORDS = {
-    "sum", "min", "max", "avg", "count", "rate", "irate", "increase", "histogram_quantile",
-    "clamp_min", "clamp_max", "by", "without", "on", "ignoring", "group_left", "group_right",
-    "bool", "and", "or", "unless", "offset", "topk", "bottomk", "abs", "delta", "le",
-}  # fmt: skip
 
 
 def exported_metrics() -> set[str]:
@@ -44,35 +41,6 @@ def exported_metrics() -> set[str]:
             if family.type == "histogram":
                 names.update(family.name + s for s in ("_bucket", "_sum", "_count"))
     return names
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names in a PromQL expression: identifiers outside strings, label matchers,
-    ranges and grouping clauses that are not function names or keywords."""
-    text = re.sub(r'"[^"]*"', '""', expr)  # strings
-    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
-    text = re.sub(r"\[[^\]]*\]", "", text)  # range durations, $__rate_interval
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
-    found = set(re.findall(r"(?<![\w$.])([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()", text))
-    return {n for n in found if n not in FUNCTIONS_AND_KEYWORDS and not re.fullmatch(r"\d.*", n)}
-
-
-def documents(name: str) -> list[Any]:
-    return [d for d in yaml.safe_load_all((MONITORING / name).read_text()) if d]
-
-
-def rule_exprs() -> list[str]:
-    (rule,) = documents("prometheusrule.yaml")
-    return [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
-
-
-def dashboard() -> Any:
-    (cm,) = documents("dashboard.yaml")
-    return json.loads(cm["data"]["compute-domain-driver.json"])
-
-
-def dashboard_exprs() -> list[str]:
-    return [t["expr"] for p in dashboard()["panels"] for t in p["targets"]]
 
 
 def test_extractor() -> None:
@@ -107,3 +75,41 @@ def test_component_shape_and_alerts() -> None:
     # optional: the default installation does not pull it in
     default = (REPO / "config" / "default" / "kustomization.yaml").read_text()
     assert "monitoring" not in default
+
+
+def test_every_pod_monitor_port_is_served() -> None:
+    """Named ports exist in the shipped pod templates; the daemon port is the one the
+    component's patch gives the daemons as METRICS_ADDRESS."""
+    monitors = {m["metadata"]["name"]: m for m in pod_monitors()}
+    assert set(monitors) == {
+        "compute-domain-controller", "compute-domain-kubelet-plugin", "compute-domain-daemon",
+    }  # fmt: skip
+    templates = {
+        "compute-domain-controller": REPO / "config" / "controller" / "deployment.yaml",
+        "compute-domain-kubelet-plugin": REPO / "config" / "kubelet-plugin" / "daemonset.yaml",
+    }
+    for name, path in templates.items():
+        (endpoint,) = monitors[name]["spec"]["podMetricsEndpoints"]
+        obj = next(d for d in yaml.safe_load_all(path.read_text()) if d)
+        ports = {p.get("name") for c in obj["spec"]["template"]["spec"]["containers"]
+                 for p in c.get("ports", [])}  # fmt: skip
+        assert endpoint["port"] in ports, f"{name}: no container port {endpoint['port']!r}"
+    (endpoint,) = monitors["compute-domain-daemon"]["spec"]["podMetricsEndpoints"]
+    (patch,) = documents("daemon-metrics.yaml")
+    (container,) = patch["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["CD_DAEMON_EXTRA_ENV"] == f"METRICS_ADDRESS=:{endpoint['portNumber']}"
+    deployment = yaml.safe_load((templates["compute-domain-controller"]).read_text())
+    (shipped,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == shipped["name"], "the patch must target the shipped container"
+
+
+def test_daemon_monitor_selects_by_domain_label() -> None:
+    daemon = next(m for m in pod_monitors() if m["metadata"]["name"] == "compute-domain-daemon")
+    assert label_selector(daemon["spec"]["selector"]) == "resource.nvidia.com/computeDomain"
+    assert label_selector({"matchLabels": {"a": "b"}, "matchExpressions": [
+        {"key": "k", "operator": "In", "values": ["x", "y"]},
+        {"key": "m", "operator": "DoesNotExist"},
+    ]}) == "a=b,k in (x,y),!m"  # fmt: skip
+    with pytest.raises(ValueError, match="Gt"):
+        label_selector({"matchExpressions": [{"key": "k", "operator": "Gt"}]})
