@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Generate the Python gRPC stubs of the kubelet plugin from pkg/kubeletplugin/proto/*.proto into
-# pkg/kubeletplugin/proto/gen/ (committed).  `--check` regenerates into a temp dir and fails if
+# Generate the Python gRPC stubs of the kubelet plugin from pkg/draplugin/proto/*.proto into
+# pkg/draplugin/proto/gen/ (committed).  `--check` regenerates into a temp dir and fails if
 # the committed stubs differ, so a .proto edit without regeneration cannot land.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
-PROTO_DIR=pkg/kubeletplugin/proto
-GEN_PKG=pkg.kubeletplugin.proto.gen
+PROTO_DIR=pkg/draplugin/proto
+GEN_PKG=pkg.draplugin.proto.gen
 PATH="$(cd "$(dirname "$PY")" && pwd):$PATH"  # protoc-gen-mypy{,_grpc} live in the venv
 
 generate() { # <out dir>

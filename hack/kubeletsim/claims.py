@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pkg.draplugin.claims import ClaimRef
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ForbiddenError, NotFoundError
 from pkg.kube.resources import RESOURCE_CLAIMS
 
-from .registration import ClaimRef, DraPlugin, PreparedDevice
+from .registration import DraPlugin, PreparedDevice
 
 
 class ClaimNotReadyError(RuntimeError):

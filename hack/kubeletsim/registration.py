@@ -5,7 +5,9 @@ Owns, for one node: watching ``plugins_registry`` for registration sockets, the 
 ``NotifyRegistrationStatus``), de-registration when the socket disappears, and the client calls
 ``NodePrepareResources`` / ``NodeUnprepareResources`` (v1, 45 s deadline) on the endpoint the
 plugin announced. Mirrors kubelet's plugin manager (``pkg/kubelet/pluginmanager``) and DRA plugin
-client (``pkg/kubelet/cm/dra/plugin``) closely enough that the real plugin cannot tell.
+client (``pkg/kubelet/cm/dra/plugin``) closely enough that the real plugin cannot tell. The
+wire is `pkg.draplugin.client` (shared with the unit tests and the plugin's liveness probe);
+this module adds the kubelet's policy: handshake validation and response checks.
 """
 
 from __future__ import annotations
@@ -20,27 +22,21 @@ from pathlib import Path
 
 import grpc
 
-from pkg.kubeletplugin.proto.gen import (
-    kubelet_dra_v1_pb2 as dra,
+from pkg.draplugin.claims import ClaimRef
+from pkg.draplugin.client import (
+    DRA_SERVICES,
+    GET_INFO_TIMEOUT,
+    NOTIFY_TIMEOUT,
+    DraClient,
+    RegistrationClient,
+    rpc_error_text,
 )
-from pkg.kubeletplugin.proto.gen import (
-    kubelet_pluginregistration_v1_pb2 as reg,
-)
-from pkg.kubeletplugin.proto.gen import (
-    kubelet_pluginregistration_v1_pb2_grpc as reg_grpc,
-)
+from pkg.draplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
 
 log = logging.getLogger(__name__)
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
-KUBELET_DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-_DRA_PACKAGES = {
-    "v1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1",
-    "v1beta1.DRAPlugin": "k8s.io.kubelet.pkg.apis.dra.v1beta1",
-}
-GET_INFO_TIMEOUT = 1.0
-NOTIFY_TIMEOUT = 5.0
-DRA_CALL_TIMEOUT = 45.0
+KUBELET_DRA_SERVICES = tuple(DRA_SERVICES)
 
 
 @dataclass(frozen=True)
@@ -51,13 +47,6 @@ class PreparedDevice:
     pool_name: str
     device_name: str
     cdi_device_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 class DraPluginError(RuntimeError):
@@ -74,22 +63,10 @@ class DraPlugin:
         self.endpoint = endpoint
         self.registration_socket = registration_socket
         self.service = service
-        self._channel = grpc.insecure_channel(f"unix://{endpoint}")
-        # v1 and v1beta1 messages are wire-identical: only the method path differs.
-        package = _DRA_PACKAGES[service]
-        self._prepare = self._channel.unary_unary(
-            f"/{package}.DRAPlugin/NodePrepareResources",
-            request_serializer=dra.NodePrepareResourcesRequest.SerializeToString,
-            response_deserializer=dra.NodePrepareResourcesResponse.FromString,
-        )
-        self._unprepare = self._channel.unary_unary(
-            f"/{package}.DRAPlugin/NodeUnprepareResources",
-            request_serializer=dra.NodeUnprepareResourcesRequest.SerializeToString,
-            response_deserializer=dra.NodeUnprepareResourcesResponse.FromString,
-        )
+        self._client = DraClient(endpoint, service=service)
 
     def close(self) -> None:
-        self._channel.close()
+        self._client.close()
 
     def prepare(self, claims: Iterable[ClaimRef]) -> dict[str, list[PreparedDevice]]:
         """NodePrepareResources for one pod's claims; returns devices per claim UID.
@@ -98,13 +75,10 @@ class DraPlugin:
         or a missing result (the kubelet's response validation).
         """
         wanted = list(claims)
-        request = dra.NodePrepareResourcesRequest(
-            claims=[dra.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in wanted]
-        )
         try:
-            response = self._prepare(request, timeout=DRA_CALL_TIMEOUT)
+            response = self._client.node_prepare_resources(wanted)
         except grpc.RpcError as e:
-            raise DraPluginError(f"NodePrepareResources failed: {_rpc_text(e)}") from e
+            raise DraPluginError(f"NodePrepareResources failed: {rpc_error_text(e)}") from e
         uids = {c.uid for c in wanted}
         out: dict[str, list[PreparedDevice]] = {}
         errors = []
@@ -133,28 +107,18 @@ class DraPlugin:
         return out
 
     def unprepare(self, claims: Iterable[ClaimRef]) -> None:
+        """NodeUnprepareResources; raises DraPluginError like `prepare`."""
         wanted = list(claims)
-        request = dra.NodeUnprepareResourcesRequest(
-            claims=[dra.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in wanted]
-        )
         try:
-            response = self._unprepare(request, timeout=DRA_CALL_TIMEOUT)
+            response = self._client.node_unprepare_resources(wanted)
         except grpc.RpcError as e:
-            raise DraPluginError(f"NodeUnprepareResources failed: {_rpc_text(e)}") from e
+            raise DraPluginError(f"NodeUnprepareResources failed: {rpc_error_text(e)}") from e
         errors = [f"claim {u}: {r.error}" for u, r in response.claims.items() if r.error]
         missing = {c.uid for c in wanted} - set(response.claims)
         if missing:
             errors.append(f"left out {len(missing)} claims")
         if errors:
             raise DraPluginError("NodeUnprepareResources failed for " + "; ".join(errors))
-
-
-def _rpc_text(e: grpc.RpcError) -> str:
-    # Errors raised by calls are also grpc.Call objects (code/details), not statically typed so.
-    code_fn, details_fn = getattr(e, "code", None), getattr(e, "details", None)
-    code = code_fn() if callable(code_fn) else None
-    details = details_fn() if callable(details_fn) else str(e)
-    return f"rpc error: code = {code.name if code else 'Unknown'} desc = {details}"
 
 
 def _is_socket(p: Path) -> bool:
@@ -268,22 +232,20 @@ class PluginWatcher:
             self._on_change()
 
     def _register(self, sock: Path) -> DraPlugin | None:
-        with grpc.insecure_channel(f"unix://{sock}") as channel:
-            stub = reg_grpc.RegistrationStub(channel)
+        with RegistrationClient(sock) as client:
             try:
-                info = stub.GetInfo(reg.InfoRequest(), timeout=GET_INFO_TIMEOUT)
+                info = client.get_info(timeout=GET_INFO_TIMEOUT)
             except grpc.RpcError as e:
-                self._note_failure(sock, f"GetInfo: {_rpc_text(e)}")
+                self._note_failure(sock, f"GetInfo: {rpc_error_text(e)}")
                 return None
             error = _validate(info)
             try:
-                stub.NotifyRegistrationStatus(
-                    reg.RegistrationStatus(plugin_registered=not error, error=error),
-                    timeout=NOTIFY_TIMEOUT,
+                client.notify_registration_status(
+                    registered=not error, error=error, timeout=NOTIFY_TIMEOUT
                 )
             except grpc.RpcError as e:
                 # The kubelet only logs this; the plugin is registered regardless.
-                log.warning("NotifyRegistrationStatus to %s: %s", sock, _rpc_text(e))
+                log.warning("NotifyRegistrationStatus to %s: %s", sock, rpc_error_text(e))
             if error:
                 self._note_failure(sock, error)
                 return None

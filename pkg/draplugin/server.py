@@ -1,11 +1,11 @@
 """gRPC servers on the kubelet's Unix sockets: DRA (v1 + v1beta1), device health, registration.
 
-Owns socket lifecycle and the mapping between wire messages and the plugin's claim handler.
-Invariants:
+Owns socket lifecycle and the mapping between wire messages and a `ClaimHandler` (normally
+`pkg.draplugin.fanout.ClaimFanOut`). Invariants:
 * one `ClaimHandler` serves both DRA versions (the messages have the same shape; v1beta1 simply
-  has no ``share_id``, which this driver never sets);
+  has no ``share_id``, which is never set);
 * the DRA socket also serves ``DRAResourceHealth`` as ``v1`` and ``v1alpha1`` (one
-  `devicehealth.DeviceHealthMonitor` behind both) when a monitor is given;
+  `pkg.draplugin.resourcehealth.DeviceHealthFeed` behind both) when a feed is given;
 * every requested claim UID gets exactly one response entry (duplicates are answered once), an
   empty request gets an empty map, and bad claims become per-claim errors - the RPC itself only
   fails if the handler crashes;
@@ -27,21 +27,20 @@ from typing import Any, Final, Protocol, cast
 
 import grpc
 
-from pkg.kubeletplugin.checkpoint import PreparedDevice
-from pkg.kubeletplugin.claims import ClaimRef
-from pkg.kubeletplugin.devicehealth import DeviceHealthMonitor, ResourceHealthServicer
-from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2 as health_v1_pb2
-from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2_grpc as health_v1_grpc
-from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1alpha1_pb2 as health_v1alpha1_pb2
-from pkg.kubeletplugin.proto.gen import (
+from pkg.draplugin.claims import ClaimRef
+from pkg.draplugin.proto.gen import kubelet_dra_health_v1_pb2 as health_v1_pb2
+from pkg.draplugin.proto.gen import kubelet_dra_health_v1_pb2_grpc as health_v1_grpc
+from pkg.draplugin.proto.gen import kubelet_dra_health_v1alpha1_pb2 as health_v1alpha1_pb2
+from pkg.draplugin.proto.gen import (
     kubelet_dra_health_v1alpha1_pb2_grpc as health_v1alpha1_grpc,
 )
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2 as v1_pb2
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2_grpc as v1_grpc
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1beta1_pb2 as v1beta1_pb2
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1beta1_pb2_grpc as v1beta1_grpc
-from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
-from pkg.kubeletplugin.registration import RegistrationServicer
+from pkg.draplugin.proto.gen import kubelet_dra_v1_pb2 as v1_pb2
+from pkg.draplugin.proto.gen import kubelet_dra_v1_pb2_grpc as v1_grpc
+from pkg.draplugin.proto.gen import kubelet_dra_v1beta1_pb2 as v1beta1_pb2
+from pkg.draplugin.proto.gen import kubelet_dra_v1beta1_pb2_grpc as v1beta1_grpc
+from pkg.draplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
+from pkg.draplugin.registration import RegistrationServicer
+from pkg.draplugin.resourcehealth import DeviceHealthFeed, ResourceHealthServicer
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +49,55 @@ MAX_CALL_BUDGET: Final = 40.0
 _DEADLINE_MARGIN: Final = 3.0
 
 
+class Device(Protocol):
+    """One prepared device as reported to the kubelet (any object with these attributes).
+
+    ``request_names`` may hold subrequest names (``req/sub``); the server strips them like the
+    Go library does.
+    """
+
+    @property
+    def request_names(self) -> Sequence[str]:
+        """The claim's requests this device satisfies."""
+        ...
+
+    @property
+    def pool_name(self) -> str:
+        """The ResourceSlice pool the device was allocated from."""
+        ...
+
+    @property
+    def device_name(self) -> str:
+        """The device's name in that pool."""
+        ...
+
+    @property
+    def cdi_device_ids(self) -> Sequence[str]:
+        """Fully qualified CDI device IDs the container runtime injects."""
+        ...
+
+
 @dataclass(frozen=True)
 class PrepareOutcome:
-    devices: tuple[PreparedDevice, ...] = ()
+    """One claim's answer: its devices, or the per-claim error text (non-empty = failed)."""
+
+    devices: tuple[Device, ...] = ()
     error: str = ""
 
 
 class ClaimHandler(Protocol):
+    """What the DRA servicers call; must be thread-safe (gRPC runs requests concurrently)."""
+
     def prepare_claims(
         self, claims: Sequence[ClaimRef], *, budget: float
-    ) -> dict[str, PrepareOutcome]: ...
+    ) -> dict[str, PrepareOutcome]:
+        """An outcome per distinct claim UID within ``budget`` seconds; raises only on a crash
+        (which fails the whole RPC)."""
+        ...
 
-    def unprepare_claims(self, claims: Sequence[ClaimRef], *, budget: float) -> dict[str, str]: ...
+    def unprepare_claims(self, claims: Sequence[ClaimRef], *, budget: float) -> dict[str, str]:
+        """An error text per distinct claim UID (``""`` = done) within ``budget`` seconds."""
+        ...
 
 
 def _budget(context: grpc.ServicerContext) -> float:
@@ -122,7 +158,11 @@ def _bind_unix(server: grpc.Server, path: Path) -> None:
 
 
 class PluginServers:
-    """The DRA server and the registration server, started and stopped in the safe order."""
+    """The DRA server and the registration server, started and stopped in the safe order.
+
+    Not thread-safe itself: call `start` once, then `stop` once, from one thread (the RPCs it
+    serves run on its own worker threads).
+    """
 
     def __init__(
         self,
@@ -131,9 +171,11 @@ class PluginServers:
         registration: RegistrationServicer,
         dra_socket: Path,
         registration_socket: Path,
-        device_health: DeviceHealthMonitor | None = None,
+        device_health: DeviceHealthFeed | None = None,
         max_workers: int = 16,
     ) -> None:
+        """Builds both servers without touching the file system; ``device_health`` adds the
+        ``DRAResourceHealth`` services; ``max_workers`` bounds concurrent DRA RPCs."""
         self.dra_socket = dra_socket
         self.registration_socket = registration_socket
         self._dra = grpc.server(futures.ThreadPoolExecutor(max_workers, "dra"))
@@ -144,11 +186,11 @@ class PluginServers:
         )
         v1beta1_grpc.add_DRAPluginServicer_to_server(v1beta1, self._dra)
         if device_health is not None:
-            h1 = ResourceHealthServicer(monitor=device_health, pb2=health_v1_pb2)
+            h1 = ResourceHealthServicer(feed=device_health, pb2=health_v1_pb2)
             health_v1_grpc.add_DRAResourceHealthServicer_to_server(
                 cast(health_v1_grpc.DRAResourceHealthServicer, h1), self._dra
             )
-            h1a1 = ResourceHealthServicer(monitor=device_health, pb2=health_v1alpha1_pb2)
+            h1a1 = ResourceHealthServicer(feed=device_health, pb2=health_v1alpha1_pb2)
             health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
                 cast(health_v1alpha1_grpc.DRAResourceHealthServicer, h1a1), self._dra
             )
@@ -156,6 +198,11 @@ class PluginServers:
         reg_grpc.add_RegistrationServicer_to_server(registration, self._reg)
 
     def start(self) -> None:
+        """Serve DRA, then registration (stale socket files replaced, both ``0600``).
+
+        Raises `OSError` if a socket cannot be bound; the kubelet may call in as soon as this
+        returns.
+        """
         _bind_unix(self._dra, self.dra_socket)
         self._dra.start()
         os.chmod(self.dra_socket, 0o600)
@@ -165,6 +212,8 @@ class PluginServers:
         log.info("serving DRA on %s, registration on %s", self.dra_socket, self.registration_socket)
 
     def stop(self, grace: float = 1.0) -> None:
+        """Stop registration first (the kubelet de-registers), then DRA after ``grace`` seconds
+        for in-flight calls; both socket files are removed. Idempotent."""
         self._reg.stop(grace).wait(grace + 1)
         self.registration_socket.unlink(missing_ok=True)
         self._dra.stop(grace).wait(grace + 1)

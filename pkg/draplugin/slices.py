@@ -1,9 +1,9 @@
-"""Publishes this node's ResourceSlice and puts it back when something deletes it.
+"""Publishes a driver's ResourceSlice for one node and puts it back when something deletes it.
 
-Owns the single slice of pool ``<node name>``: devices ``channel-0`` and ``daemon-0`` with the
-upstream attributes ``type`` (string) and ``id`` (int) plus ``cliqueID`` (string, ``""`` on
-non-NVLink nodes) so placement can select on it; owner reference to the Node (so the slice dies
-with it); ``spec.nodeName``; ``pool.generation`` and ``resourceSliceCount = 1``.
+Owns the single slice of pool ``<node name>``: the devices the driver hands in (``spec.devices``
+entries, published verbatim - which devices and attributes is the driver's business); owner
+reference to the Node (so the slice dies with it); ``spec.driver``; ``spec.nodeName``;
+``pool.generation`` and ``resourceSliceCount = 1``.
 
 Invariants: the publisher watches the slices of its node through a `pkg.informers`
 SharedInformer (``spec.nodeName`` field selector) whose event handler only marks it dirty, reads
@@ -19,11 +19,12 @@ read that supplies the owner reference happens inside that retry loop, not at st
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Final
 
-from pkg.api.constants import CHANNEL_DEVICE_NAME, DAEMON_DEVICE_NAME, DRIVER_NAME
 from pkg.base.types import JSON
 from pkg.informers import (
     DeletedFinalStateUnknown,
@@ -47,49 +48,42 @@ _MAX_NAME: Final = 253
 _FAILURES: Final[tuple[type[Exception], ...]] = (ApiError, *TRANSIENT_ERRORS)
 
 
-def slice_name(node_name: str) -> str:
+def slice_name(node_name: str, driver_name: str) -> str:
     """The name of the node's slice: ``<node>-<driver>``, cut to the 253-character limit."""
-    suffix = f"-{DRIVER_NAME}"
+    suffix = f"-{driver_name}"
     return node_name[: _MAX_NAME - len(suffix)] + suffix
 
 
-def desired_devices(clique_id: str) -> list[JSON]:
-    """``channel-0`` and ``daemon-0`` with upstream's attributes plus ``cliqueID``."""
-
-    def device(name: str, kind: str) -> JSON:
-        return {
-            "name": name,
-            "attributes": {
-                "type": {"string": kind},
-                "id": {"int": 0},
-                "cliqueID": {"string": clique_id},
-            },
-        }
-
-    return [device(CHANNEL_DEVICE_NAME, "channel"), device(DAEMON_DEVICE_NAME, "daemon")]
-
-
 class SlicePublisher:
-    """Keeps this node's one ResourceSlice in place from a thread of its own."""
+    """Keeps this node's one ResourceSlice of a driver in place from a thread of its own.
+
+    `start` and `stop` are called once each from one thread; `sync` is meant for the publishing
+    thread (and tests). ``failures`` and ``syncs`` are read without a lock (observability only).
+    """
 
     def __init__(
         self,
         *,
         client: KubeClient,
         informers: SharedInformerFactory,
+        driver_name: str,
         node_name: str,
-        clique_id: str,
+        devices: Sequence[JSON],
         retry_delay: float = 1.0,
         max_retry_delay: float = 30.0,
     ) -> None:
+        """``devices`` are the slice's ``spec.devices`` entries, published as given (copied);
+        ``informers`` must be the process's factory (the slice informer is added to it and it
+        is started by `start`). Nothing is read or written before `start`."""
         self._client = client
         self._informers = informers
+        self._driver = driver_name
         self._node = node_name
-        self._clique_id = clique_id
+        self._devices = copy.deepcopy(list(devices))
         self._retry_delay = retry_delay
         self._max_retry_delay = max_retry_delay
         self.failures = 0  # consecutive failed passes (observability for tests)
-        self._name = slice_name(node_name)
+        self._name = slice_name(node_name, driver_name)
         self._generation = 1
         self._node_uid = ""
         self._dirty = threading.Event()
@@ -176,14 +170,14 @@ class SlicePublisher:
                 ],
             },
             "spec": {
-                "driver": DRIVER_NAME,
+                "driver": self._driver,
                 "nodeName": self._node,
                 "pool": {
                     "name": self._node,
                     "generation": self._generation,
                     "resourceSliceCount": 1,
                 },
-                "devices": desired_devices(self._clique_id),
+                "devices": copy.deepcopy(self._devices),
             },
         }
 
@@ -196,7 +190,7 @@ class SlicePublisher:
         if not self._node_uid:
             self._node_uid = str(self._client.get(NODES, self._node)["metadata"]["uid"])
         ours = self._lister.list(
-            predicate=lambda s: (s.get("spec") or {}).get("driver") == DRIVER_NAME
+            predicate=lambda s: (s.get("spec") or {}).get("driver") == self._driver
         )
         for stale in ours:
             if stale["metadata"]["name"] != self._name:

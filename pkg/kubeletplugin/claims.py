@@ -10,9 +10,11 @@ Owns upstream's config resolution (``GetOpaqueDeviceConfigs`` + ``getConfigResul
   request (``req``, or ``req/sub`` for a subrequest) or that has empty ``requests`` and the
   result's type wins -- a later ``requests: []`` config beats an earlier one naming the request;
   a config naming the request but of the other type is an error;
-* only the devices this node publishes (``channel-0``, ``daemon-0``) can be prepared;
-* a claim reference from the kubelet (`ClaimRef.validate`) must be a namespace name, a
-  ResourceClaim name and a UID before it reaches a URL path or a file name.
+* only the devices this node publishes (``channel-0``, ``daemon-0``; `slice_devices` is what
+  the ResourceSlice says about them) can be prepared.
+
+Fetching the claim and checking the kubelet's reference is the library's
+(`pkg.draplugin.claims`); this module only reads the object it hands over.
 
 Invariant: `resolve_claim_config` is pure and every failure is a `PermanentError` that names the
 offending config, field or device, because retrying the same claim cannot fix it.
@@ -22,9 +24,7 @@ driver): it never raises and skips what it cannot read.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pkg.api.constants import (
@@ -41,54 +41,29 @@ from pkg.api.opaque import (
     decode_opaque_config,
 )
 from pkg.base.types import JSON
-from pkg.kubeletplugin.errors import PermanentError
+from pkg.draplugin.errors import PermanentError
 
 SOURCE_CLASS = "FromClass"
 SOURCE_CLAIM = "FromClaim"
 PUBLISHED_DEVICES: dict[str, str] = {CHANNEL_DEVICE_NAME: "channel", DAEMON_DEVICE_NAME: "daemon"}
 
 
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-# Kubernetes UIDs are UUIDs; anything file-name safe and short is accepted (CDI spec names).
-_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+def slice_devices(clique_id: str) -> list[JSON]:
+    """The ResourceSlice devices of a node: ``channel-0`` and ``daemon-0`` with upstream's
+    attributes ``type`` (string) and ``id`` (int) plus ``cliqueID`` (string, ``""`` on non-NVLink
+    nodes) so placement can select on it."""
 
+    def device(name: str, kind: str) -> JSON:
+        return {
+            "name": name,
+            "attributes": {
+                "type": {"string": kind},
+                "id": {"int": 0},
+                "cliqueID": {"string": clique_id},
+            },
+        }
 
-@dataclass(frozen=True)
-class ClaimRef:
-    """A claim as the kubelet names it in Node(Un)PrepareResources."""
-
-    namespace: str
-    uid: str
-    name: str
-
-    def __str__(self) -> str:
-        """Upstream's ``<namespace>/<name>:<uid>`` (``ResourceClaimToString``)."""
-        return f"{self.namespace}/{self.name}:{self.uid}"
-
-    def validate(self, *, uid_only: bool = False) -> None:
-        """`PermanentError` naming the field unless this can name a real ResourceClaim.
-
-        The kubelet only sends names the API server accepted; anything else must not reach a
-        URL path (a ``/`` would address another object) or a file name (CDI spec per UID).
-        """
-        if not _UID.fullmatch(self.uid):
-            raise PermanentError(
-                f"invalid claim reference: uid {self.uid[:80]!r} is not a Kubernetes UID "
-                "(1-128 characters: letters, digits, '-', '.', '_')"
-            )
-        if uid_only:
-            return
-        if len(self.namespace) > 63 or not _DNS1123_LABEL.fullmatch(self.namespace):
-            raise PermanentError(
-                f"invalid claim reference: namespace {self.namespace[:80]!r} is not a "
-                "namespace name (RFC 1123 label)"
-            )
-        if len(self.name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(self.name):
-            raise PermanentError(
-                f"invalid claim reference: name {self.name[:80]!r} is not a ResourceClaim name "
-                "(RFC 1123 subdomain)"
-            )
+    return [device(CHANNEL_DEVICE_NAME, "channel"), device(DAEMON_DEVICE_NAME, "daemon")]
 
 
 def device_kind(device_name: str) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
+from pkg.draplugin.errors import RetryableError
 from pkg.informers import (
     BY_UID,
     DeletedFinalStateUnknown,
@@ -49,7 +50,6 @@ from pkg.informers import (
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import TRANSIENT_ERRORS, ConflictError, InvalidError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES, COMPUTE_DOMAINS, NODES
-from pkg.kubeletplugin.errors import RetryableError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,9 @@
-"""Wiring of the kubelet plugin: builds every part from a `PluginConfig` and runs them.
+"""Wiring of the ComputeDomain kubelet plugin: builds every part from a `PluginConfig`, runs them.
 
-Owns start/stop order and the per-request claim fan-out:
+The sockets, registration, DRA and health services, slice publishing, claim fetching and the
+per-request fan-out are the driver-agnostic library's (`pkg.draplugin`); this module is the
+ComputeDomain driver on top of it (`KubeletPlugin` is its `pkg.draplugin.fanout.ClaimDriver`:
+it receives whole, allocated ResourceClaims) and owns start/stop order:
 start = plugin dir -> base CDI spec (driver root scan) -> checkpoint open (corrupt policy) ->
 domain informers -> crash/boot recovery -> DRA socket (with device health) -> registration
 socket -> health -> HTTP (metrics, probes, opt-in debug documents) -> slices;
@@ -8,17 +11,14 @@ stop = device health streams end, then the reverse, then the informer factory. O
 `pkg.informers.SharedInformerFactory` serves every watch of the process (ComputeDomains,
 driver-namespace cliques, this node's slices), and the injected `pkg.base.Clock`
 drives request deadlines, checkpoint timestamps, device-health resends and the informers'
-backoff. Claims of one request run in parallel (different claims never share a lock except the
-short node-lock sections in `state`), duplicates are answered once, and every
-requested UID gets an entry.
+backoff. Claims of one request run in parallel (`pkg.draplugin.fanout`; different claims never
+share a lock except the short node-lock sections in `state`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -28,28 +28,25 @@ from prometheus_client import CollectorRegistry
 
 from pkg.api.constants import DRIVER_NAME, IMEX_CHANNEL_COUNT
 from pkg.base.clock import Clock, RealClock
+from pkg.base.types import JSON
+from pkg.draplugin.claims import ClaimRef
+from pkg.draplugin.fanout import ClaimFanOut
+from pkg.draplugin.health import HealthServer, HealthServicer
+from pkg.draplugin.registration import RegistrationServicer
+from pkg.draplugin.server import PluginServers
+from pkg.draplugin.slices import SlicePublisher
 from pkg.informers import BackoffPolicy, SharedInformerFactory
 from pkg.informers.snapshot import factory_snapshot
 from pkg.kube.client import KubeClient
 from pkg.kubeletplugin import procdevices
 from pkg.kubeletplugin.cdi import CdiWriter
-from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, read_boot_id
-from pkg.kubeletplugin.claims import ClaimRef
+from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, PreparedDevice, read_boot_id
+from pkg.kubeletplugin.claims import slice_devices
 from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.kubeletplugin.devicehealth import DeviceHealthMonitor
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.driverroot import BINARY_DIRS, DriverFiles, DriverRoot, management_edits
-from pkg.kubeletplugin.errors import (
-    ClaimError,
-    is_permanent,
-    prepare_error_text,
-    unprepare_error_text,
-)
-from pkg.kubeletplugin.health import HealthServer, HealthServicer
 from pkg.kubeletplugin.metrics import PluginMetrics
-from pkg.kubeletplugin.registration import RegistrationServicer
-from pkg.kubeletplugin.server import PluginServers, PrepareOutcome
-from pkg.kubeletplugin.slices import SlicePublisher
 from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 
@@ -99,7 +96,11 @@ class PluginConfig:
 
 
 class KubeletPlugin:
-    """The running plugin; implements `server.ClaimHandler`."""
+    """The running plugin; implements `pkg.draplugin.fanout.ClaimDriver`.
+
+    Call `start` once and `stop` once, from one thread; the claim hooks are called by the
+    library's fan-out from gRPC and pool threads, concurrently.
+    """
 
     def __init__(
         self,
@@ -146,21 +147,25 @@ class KubeletPlugin:
         self.domains.add_listener(self.device_health.changed)
         self.checkpoint_problem = ""
         self._client = client
-        self._pool = futures.ThreadPoolExecutor(16, "claim")
+        self.fanout = ClaimFanOut(
+            driver=self, client=client, monotonic=self._monotonic, tracer=self._tracer,
+            observer=self.metrics,
+        )  # fmt: skip
         self._stop = threading.Event()
         self.state: DeviceState | None = None
         self.registration = RegistrationServicer(
             driver_name=DRIVER_NAME, endpoint=str(config.dra_socket)
         )
         self.servers = PluginServers(
-            handler=self, registration=self.registration, dra_socket=config.dra_socket,
+            handler=self.fanout, registration=self.registration, dra_socket=config.dra_socket,
             registration_socket=config.registration_socket, device_health=self.device_health,
         )  # fmt: skip
         self.health: HealthServer | None = None
         self.http: ObservabilityServer | None = None
         self.slices = SlicePublisher(
-            client=client, informers=self.informers, node_name=config.node_name,
-            clique_id=devices.clique_id, retry_delay=config.retry_delay,
+            client=client, informers=self.informers, driver_name=DRIVER_NAME,
+            node_name=config.node_name, devices=slice_devices(devices.clique_id),
+            retry_delay=config.retry_delay,
         )  # fmt: skip
 
     def _node_setup(self) -> NodeSetup:
@@ -184,6 +189,8 @@ class KubeletPlugin:
         )
 
     def start(self) -> None:
+        """Bring every part up in the order of the module docstring; the kubelet can call in
+        once it returns. Raises on a broken node (procdevices, driver root) or socket."""
         cfg = self.config
         cfg.plugin_dir.mkdir(parents=True, exist_ok=True)
         setup = self._node_setup()
@@ -235,7 +242,8 @@ class KubeletPlugin:
         if cfg.healthcheck_port >= 0:
             servicer = HealthServicer(
                 registration_socket=cfg.registration_socket, dra_socket=cfg.dra_socket,
-                registration=self.registration, checkpoint_problem=lambda: self.checkpoint_problem,
+                registration=self.registration,
+                checks={"checkpoint": lambda: not self.checkpoint_problem},
             )  # fmt: skip
             self.health = HealthServer(servicer=servicer, port=cfg.healthcheck_port)
             self.health.start()
@@ -264,6 +272,7 @@ class KubeletPlugin:
         )  # fmt: skip
 
     def stop(self) -> None:
+        """Stop every part in reverse order; health streams end first. Call once."""
         self._stop.set()
         self.device_health.close()
         self.servers.stop()
@@ -274,7 +283,7 @@ class KubeletPlugin:
         self.slices.stop()
         self.domains.stop()
         self.informers.shutdown()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.fanout.shutdown()
 
     def _gc_loop(self) -> None:
         while not self._stop.wait(STALE_GC_INTERVAL):
@@ -290,91 +299,14 @@ class KubeletPlugin:
             e.kind for e in entries for _ in e.devices if e.state == "PrepareCompleted"
         )
 
-    # -- server.ClaimHandler ----------------------------------------------------------------------
+    # -- pkg.draplugin.fanout.ClaimDriver ----------------------------------------------------------
 
-    def _fan_out(
-        self, claims: Sequence[ClaimRef], one: Callable[[ClaimRef], str | PrepareOutcome]
-    ) -> dict[str, str | PrepareOutcome]:
-        unique = list({c.uid: c for c in claims}.values())
-        if len(unique) <= 1:
-            return {c.uid: one(c) for c in unique}
-        jobs = {c.uid: self._pool.submit(one, c) for c in unique}
-        return {uid: job.result() for uid, job in jobs.items()}
+    def prepare_claim(self, claim: JSON, *, deadline: float) -> tuple[PreparedDevice, ...]:
+        """Prepare one allocated claim (`state.DeviceState.prepare`); `ClaimError` on failure."""
+        assert self.state is not None, "plugin not started"
+        return self.state.prepare(claim, deadline=deadline)
 
-    def prepare_claims(
-        self, claims: Sequence[ClaimRef], *, budget: float
-    ) -> dict[str, PrepareOutcome]:
-        if not claims:
-            return {}
-        deadline = self._monotonic() + budget
-        m, labels = self.metrics, (DRIVER_NAME, "prepare")
-        m.requests_total.labels(*labels).inc()
-        with (
-            m.requests_inflight.labels(*labels).track_inprogress(),
-            m.request_duration.labels(*labels).time(),
-        ):
-            results = self._fan_out(claims, lambda c: self._prepare_one(c, deadline))
-        return {uid: r for uid, r in results.items() if isinstance(r, PrepareOutcome)}
-
-    def _prepare_one(self, ref: ClaimRef, deadline: float) -> PrepareOutcome:
-        with self._tracer.start_as_current_span(
-            "NodePrepareResource",
-            attributes={
-                "claim.uid": ref.uid,
-                "claim.namespace": ref.namespace,
-                "claim.name": ref.name,
-            },
-        ) as span:
-            try:
-                ref.validate()
-                assert self.state is not None, "plugin not started"
-                devices = self.state.prepare(ref, deadline=deadline)
-                return PrepareOutcome(devices=devices)
-            except Exception as err:
-                permanent = is_permanent(err)
-                self.metrics.prepare_errors.labels(
-                    DRIVER_NAME, "permanent" if permanent else "retryable"
-                ).inc()
-                text = prepare_error_text(str(ref), err)
-                if permanent:
-                    # Upstream's wording: runbooks and its e2e tests grep for it.
-                    log.warning("Permanent error preparing devices for claim %s: %s", ref.uid, err)
-                elif isinstance(err, ClaimError):
-                    log.warning("prepare %s: %s", ref, text)
-                else:
-                    log.exception("prepare %s/%s (%s) crashed", ref.namespace, ref.name, ref.uid)
-                span.record_exception(err)
-                return PrepareOutcome(error=text)
-
-    def unprepare_claims(self, claims: Sequence[ClaimRef], *, budget: float) -> dict[str, str]:
-        if not claims:
-            return {}
-        deadline = self._monotonic() + budget
-        m, labels = self.metrics, (DRIVER_NAME, "unprepare")
-        m.requests_total.labels(*labels).inc()
-        with (
-            m.requests_inflight.labels(*labels).track_inprogress(),
-            m.request_duration.labels(*labels).time(),
-        ):
-            results = self._fan_out(claims, lambda c: self._unprepare_one(c, deadline))
-        return {uid: r for uid, r in results.items() if isinstance(r, str)}
-
-    def _unprepare_one(self, ref: ClaimRef, deadline: float) -> str:
-        with self._tracer.start_as_current_span(
-            "NodeUnprepareResource", attributes={"claim.uid": ref.uid}
-        ):
-            try:
-                ref.validate(uid_only=True)
-                assert self.state is not None, "plugin not started"
-                self.state.unprepare(ref, deadline=deadline)
-                return ""
-            except Exception as err:
-                self.metrics.unprepare_errors.labels(DRIVER_NAME, "unprepare_devices").inc()
-                text = unprepare_error_text(str(ref), err)
-                if is_permanent(err):
-                    log.warning(
-                        "Permanent error unpreparing devices for claim %s: %s", ref.uid, err
-                    )
-                else:
-                    log.warning("unprepare %s failed: %s", ref, text)
-                return text
+    def unprepare_claim(self, claim: ClaimRef, *, deadline: float) -> None:
+        """Undo one claim (`state.DeviceState.unprepare`); `ClaimError` on failure."""
+        assert self.state is not None, "plugin not started"
+        self.state.unprepare(claim, deadline=deadline)

@@ -2,8 +2,9 @@
 
 Owns the order of side effects for a claim and the locking around them:
 
-1. read the claim from the API (allocated, same UID), pick our driver's results, strictly decode
-   the opaque configs - failures here are permanent and have no side effects;
+1. take the claim the library fetched (`pkg.draplugin.claims.fetch_claim`: allocated, same
+   UID), pick our driver's results, strictly decode the opaque configs - failures here are
+   permanent and have no side effects;
 2. under the node lock: return the checkpointed devices if the claim is PrepareCompleted;
    refuse a second channel claim (channel 0 is node-exclusive) and any device another claim
    already holds, e.g. ``daemon-0`` (both retryable); record PrepareStarted with the claim's
@@ -47,6 +48,8 @@ from opentelemetry.context import Context
 
 from pkg.api.opaque import ChannelConfig, DaemonConfig
 from pkg.base.types import JSON
+from pkg.draplugin.claims import ClaimRef
+from pkg.draplugin.errors import PermanentError, RetryableError
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ApiError, NotFoundError
 from pkg.kube.resources import RESOURCE_CLAIMS
@@ -60,8 +63,7 @@ from pkg.kubeletplugin.checkpoint import (
     PreparedDevice,
     canonical_status,
 )
-from pkg.kubeletplugin.claims import ClaimRef, requested_devices, resolve_claim_config
-from pkg.kubeletplugin.errors import PermanentError, RetryableError
+from pkg.kubeletplugin.claims import requested_devices, resolve_claim_config
 from pkg.kubeletplugin.gojson import SchemaError
 from pkg.kubeletplugin.procdevices import DeviceNode
 from pkg.runtime.tracing import (
@@ -194,13 +196,14 @@ class DeviceState:
 
     # -- prepare --------------------------------------------------------------------------------
 
-    def prepare(self, ref: ClaimRef, *, deadline: float) -> tuple[PreparedDevice, ...]:
-        """Prepare one claim; raises `ClaimError` (permanent or retryable).
+    def prepare(self, claim: JSON, *, deadline: float) -> tuple[PreparedDevice, ...]:
+        """Prepare one allocated ResourceClaim (the whole object, as the library fetched it);
+        raises `ClaimError` (permanent or retryable).
 
         Idempotent: a claim already PrepareCompleted (by either driver) gets its recorded
         devices back without any side effect.
         """
-        claim = self._get_claim(ref)
+        ref = ClaimRef.of(claim)
         resolved = resolve_claim_config(claim)
         if resolved is None:
             return ()  # nothing of ours in this claim
@@ -289,25 +292,6 @@ class DeviceState:
                 raise RetryableError(
                     f"requested device {clash[0]} is already allocated to different claim {holder}"
                 )
-
-    def _get_claim(self, ref: ClaimRef) -> JSON:
-        try:
-            claim = self._client.get(RESOURCE_CLAIMS, ref.name, namespace=ref.namespace)
-        except NotFoundError as err:
-            raise PermanentError(f"ResourceClaim {ref.namespace}/{ref.name} not found") from err
-        except ApiError as err:
-            raise RetryableError(
-                f"cannot read ResourceClaim {ref.namespace}/{ref.name}: {err}"
-            ) from err
-        uid = (claim.get("metadata") or {}).get("uid")
-        if uid != ref.uid:
-            raise PermanentError(
-                f"ResourceClaim {ref.namespace}/{ref.name} has UID {uid}, not {ref.uid} "
-                "(it was deleted and re-created)"
-            )
-        if not (claim.get("status") or {}).get("allocation"):
-            raise PermanentError(f"ResourceClaim {ref.namespace}/{ref.name} is not allocated")
-        return claim
 
     def _span(
         self, parent: Context | None, name: str, attributes: dict[str, str] | None = None

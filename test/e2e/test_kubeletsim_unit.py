@@ -33,12 +33,12 @@ from kubeletsim.registration import PluginWatcher
 from kubeletsim.runtime import DAEMON_IMAGE_PATH, LocalCommands
 
 from pkg.base.clock import RealClock
+from pkg.draplugin.proto.gen import kubelet_dra_v1_pb2 as dra
+from pkg.draplugin.proto.gen import kubelet_dra_v1_pb2_grpc as dra_grpc
+from pkg.draplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
+from pkg.draplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
 from pkg.kube.events import EventRecorder
 from pkg.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2 as dra
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2_grpc as dra_grpc
-from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
-from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
 from pkg.testing.fakeapiserver import FakeApiServer
 from pkg.testing.fakedriverroot import FakeDriverRoot
 

@@ -1,4 +1,8 @@
-"""Test harness: fake API server objects, a plugin under test and a python "kubelet" client."""
+"""Test harness: fake API server objects, a plugin under test and a python "kubelet" client.
+
+The "kubelet" is `pkg.draplugin.client` (the same client the kubelet stand-in and the plugin's
+liveness probe use) over the plugin's real Unix sockets.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from pkg.api import constants as c
 from pkg.base.types import JSON
+from pkg.draplugin.claims import ClaimRef
+from pkg.draplugin.client import DraClient, RegistrationClient
+from pkg.draplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
 from pkg.kube import resources as res
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.discovery.base import GpuInfo
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2 as v1
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1_pb2_grpc as v1_grpc
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1beta1_pb2 as v1beta1
-from pkg.kubeletplugin.proto.gen import kubelet_dra_v1beta1_pb2_grpc as v1beta1_grpc
-from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
-from pkg.kubeletplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
 from pkg.testing.fakeapiserver import FakeApiServer
 
 NODE = "node-a"
@@ -189,31 +188,25 @@ class Kubelet:
     config: PluginConfig
 
     def get_info(self) -> reg.PluginInfo:
-        with grpc.insecure_channel(f"unix:{self.config.registration_socket}") as ch:
-            return reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=1)
+        with RegistrationClient(self.config.registration_socket) as client:
+            return client.get_info(timeout=1)
 
     def notify(self, registered: bool, error: str = "") -> None:
-        with grpc.insecure_channel(f"unix:{self.config.registration_socket}") as ch:
-            reg_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
-                reg.RegistrationStatus(plugin_registered=registered, error=error), timeout=5
-            )
+        with RegistrationClient(self.config.registration_socket) as client:
+            client.notify_registration_status(registered=registered, error=error, timeout=5)
 
     def prepare(self, *claims: JSON, version: str = "v1", timeout: float = 45.0) -> Any:
-        pb2, grpc_mod = (v1, v1_grpc) if version == "v1" else (v1beta1, v1beta1_grpc)
-        request = pb2.NodePrepareResourcesRequest(claims=[self._claim(pb2, x) for x in claims])
-        with grpc.insecure_channel(f"unix:{self.config.dra_socket}") as ch:
-            return grpc_mod.DRAPluginStub(ch).NodePrepareResources(request, timeout=timeout)
+        with DraClient(self.config.dra_socket, service=f"{version}.DRAPlugin") as client:
+            return client.node_prepare_resources(map(self._ref, claims), timeout=timeout)
 
     def unprepare(self, *claims: JSON, version: str = "v1") -> Any:
-        pb2, grpc_mod = (v1, v1_grpc) if version == "v1" else (v1beta1, v1beta1_grpc)
-        request = pb2.NodeUnprepareResourcesRequest(claims=[self._claim(pb2, x) for x in claims])
-        with grpc.insecure_channel(f"unix:{self.config.dra_socket}") as ch:
-            return grpc_mod.DRAPluginStub(ch).NodeUnprepareResources(request, timeout=45)
+        with DraClient(self.config.dra_socket, service=f"{version}.DRAPlugin") as client:
+            return client.node_unprepare_resources(map(self._ref, claims), timeout=45)
 
     @staticmethod
-    def _claim(pb2: Any, obj: JSON) -> Any:
+    def _ref(obj: JSON) -> ClaimRef:
         meta = obj.get("metadata", obj)
-        return pb2.Claim(
+        return ClaimRef(
             namespace=meta.get("namespace", ""), uid=meta.get("uid", ""), name=meta.get("name", "")
         )
 

@@ -15,11 +15,12 @@ import pytest
 from pkg.api import constants as c
 from pkg.base.clock import RealClock
 from pkg.base.types import JSON
+from pkg.draplugin.errors import RetryableError
+from pkg.draplugin.slices import SlicePublisher
 from pkg.informers import SharedInformerFactory
 from pkg.kube import resources as res
+from pkg.kubeletplugin.claims import slice_devices
 from pkg.kubeletplugin.computedomains import DomainTracker
-from pkg.kubeletplugin.errors import RetryableError
-from pkg.kubeletplugin.slices import SlicePublisher
 from pkg.testing.clock import FakeClock
 from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
@@ -39,7 +40,8 @@ def publisher(api: FakeApiServer) -> tuple[SlicePublisher, SharedInformerFactory
     client = api.client()
     factory = SharedInformerFactory(client, clock=RealClock())
     pub = SlicePublisher(
-        client=client, informers=factory, node_name=NODE, clique_id="cl.1",
+        client=client, informers=factory, driver_name=c.DRIVER_NAME, node_name=NODE,
+        devices=slice_devices("cl.1"),
         retry_delay=0.02, max_retry_delay=0.1,
     )  # fmt: skip
     return pub, factory

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pkg.api import constants as c
+from pkg.draplugin.errors import PermanentError
 from pkg.kubeletplugin.claims import resolve_claim_config, status_targets
-from pkg.kubeletplugin.errors import PermanentError
 
 
 def claim_with(configs: list[dict[str, Any]], device: str = "channel-0") -> dict[str, Any]:

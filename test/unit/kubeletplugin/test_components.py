@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from pkg.api import constants as c
+from pkg.draplugin.errors import PermanentError
 from pkg.kubeletplugin.cdi import CdiWriter, ContainerEdits, minimum_version
 from pkg.kubeletplugin.claims import resolve_claim_config
 from pkg.kubeletplugin.discovery import DiscoveryError
 from pkg.kubeletplugin.discovery.base import NodeDevices, check_driver_version
 from pkg.kubeletplugin.discovery.fake import FakeDiscovery, load_fake_config
 from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery
-from pkg.kubeletplugin.errors import PermanentError
 from pkg.kubeletplugin.procdevices import ProcDevicesError, char_device_major
 
 CLUSTER = uuid.UUID("2c9f7d4e-3b1a-4e5f-9a8b-7c6d5e4f3a2b")

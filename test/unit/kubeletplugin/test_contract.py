@@ -22,10 +22,10 @@ from kp_harness import (
 )
 
 from pkg.api import constants as c
+from pkg.draplugin.proto.gen import grpc_health_v1_pb2 as hpb
+from pkg.draplugin.proto.gen import grpc_health_v1_pb2_grpc as hgrpc
 from pkg.kube import resources as res
 from pkg.kubeletplugin.discovery.base import FabricInfo, GpuInfo
-from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2 as hpb
-from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2_grpc as hgrpc
 from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 

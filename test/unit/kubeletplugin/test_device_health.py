@@ -30,15 +30,14 @@ from kp_harness import (
 )
 
 from pkg.api import constants as c
+from pkg.draplugin import resourcehealth as rh
+from pkg.draplugin.client import DraClient
+from pkg.draplugin.proto.gen import kubelet_dra_health_v1_pb2 as h1
 from pkg.kube import resources as res
 from pkg.kubeletplugin import devicehealth as dh
 from pkg.kubeletplugin.checkpoint import ClaimEntry, ClaimState, DeviceGroup, PreparedDevice
 from pkg.kubeletplugin.computedomains import DaemonReadiness
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
-from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2 as h1
-from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2_grpc as h1_grpc
-from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1alpha1_pb2 as h1a1
-from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1alpha1_pb2_grpc as h1a1_grpc
 from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
@@ -124,8 +123,8 @@ def test_full_state_on_connect_then_only_changes(
     )
     stream = Stream(mon.watch())
     assert stream.next() == [
-        dh.DeviceHealth(NODE, "channel-0", dh.HEALTHY, "cd-1 is True"),
-        dh.DeviceHealth(NODE, "daemon-0", dh.UNHEALTHY, "cd-2 is False"),
+        rh.DeviceHealth(NODE, "channel-0", rh.HEALTHY, "cd-1 is True"),
+        rh.DeviceHealth(NODE, "daemon-0", rh.UNHEALTHY, "cd-2 is False"),
     ]
     # An event that changes nothing sends nothing.
     mon.changed()
@@ -134,10 +133,10 @@ def test_full_state_on_connect_then_only_changes(
     readiness.ready["cd-1"] = False
     mon.changed()
     first = stream.next()[0]
-    assert (first.health, first.message) == (dh.UNHEALTHY, "cd-1 is False")
+    assert (first.health, first.message) == (rh.UNHEALTHY, "cd-1 is False")
     readiness.ready["cd-1"] = None  # cannot tell
     mon.changed()
-    assert stream.next()[0].health == dh.UNKNOWN
+    assert stream.next()[0].health == rh.UNKNOWN
     mon.set_prepared([])  # unprepared: the list is complete, so the devices simply go
     assert stream.next() == []
     mon.close()
@@ -149,7 +148,7 @@ def test_unchanged_state_is_resent_before_the_kubelet_times_it_out(
     monitor: tuple[dh.DeviceHealthMonitor, Readiness, FakeClock],
 ) -> None:
     mon, readiness, clock = monitor
-    assert dh.RESEND_INTERVAL * 2 < dh.HEALTH_TIMEOUT
+    assert rh.RESEND_INTERVAL * 2 < rh.HEALTH_TIMEOUT
     readiness.ready = {"cd-1": True}
     mon.set_prepared([entry("a", "channel", "cd-1", "channel-0")])
     stream = Stream(mon.watch())
@@ -201,8 +200,8 @@ def test_one_verdict_per_domain_and_one_entry_per_device() -> None:
         ]
     )
     assert mon.snapshot() == [
-        dh.DeviceHealth(NODE, "channel-0", dh.HEALTHY, "ok"),
-        dh.DeviceHealth(NODE, "daemon-0", dh.UNKNOWN, "the claim names no ComputeDomain"),
+        rh.DeviceHealth(NODE, "channel-0", rh.HEALTHY, "ok"),
+        rh.DeviceHealth(NODE, "daemon-0", rh.UNKNOWN, "the claim names no ComputeDomain"),
     ]
     assert calls == ["cd-1"]
 
@@ -212,11 +211,8 @@ def test_one_verdict_per_domain_and_one_entry_per_device() -> None:
 
 @contextmanager
 def kubelet_stream(config: PluginConfig, version: str) -> Iterator[Stream]:
-    pb2, grpc_mod = (h1, h1_grpc) if version == "v1" else (h1a1, h1a1_grpc)
-    with grpc.insecure_channel(f"unix:{config.dra_socket}") as channel:
-        call = grpc_mod.DRAResourceHealthStub(channel).NodeWatchResources(
-            pb2.NodeWatchResourcesRequest()
-        )
+    with DraClient(config.dra_socket) as client:
+        call = client.node_watch_resources(service=f"{version}.DRAResourceHealth")
         stream = Stream(call)
         try:
             yield stream
@@ -254,7 +250,7 @@ def test_channel_device_follows_the_nodes_imex_daemon(
             msg = stream.next()
             (dev,) = msg.devices
             assert dev.health == h1.HEALTHY
-            assert dev.health_check_timeout_seconds == dh.HEALTH_TIMEOUT
+            assert dev.health_check_timeout_seconds == rh.HEALTH_TIMEOUT
             assert dev.last_updated_time > 0
             # The daemon crashed: its clique entry turns NotReady.
             set_daemon_ready(api, cd, ready=False)

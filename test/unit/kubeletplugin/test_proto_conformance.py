@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from google.protobuf import descriptor_pb2, json_format
 
-from pkg.kubeletplugin.proto.gen import (
+from pkg.draplugin.proto.gen import (
     kubelet_dra_health_v1_pb2,
     kubelet_dra_health_v1alpha1_pb2,
     kubelet_dra_v1_pb2,

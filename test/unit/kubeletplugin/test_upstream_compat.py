@@ -20,6 +20,8 @@ from kp_harness import (
 )
 
 from pkg.api import constants as c
+from pkg.draplugin.proto.gen import grpc_health_v1_pb2 as hpb
+from pkg.draplugin.proto.gen import grpc_health_v1_pb2_grpc as hgrpc
 from pkg.kube import resources as res
 from pkg.kubeletplugin import gojson
 from pkg.kubeletplugin.checkpoint import (
@@ -30,8 +32,6 @@ from pkg.kubeletplugin.checkpoint import (
     canonical_status,
 )
 from pkg.kubeletplugin.checkpointformat import decode_checkpoint, encode_checkpoint
-from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2 as hpb
-from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2_grpc as hgrpc
 from pkg.testing.fakeapiserver import FakeApiServer
 
 FIXTURES = Path(__file__).parent / "testdata" / "upstream_checkpoint"

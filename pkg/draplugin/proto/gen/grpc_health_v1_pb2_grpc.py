@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2 as grpc__health__v1__pb2
+from pkg.draplugin.proto.gen import grpc_health_v1_pb2 as grpc__health__v1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

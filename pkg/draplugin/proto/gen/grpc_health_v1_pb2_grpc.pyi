@@ -9,7 +9,7 @@ from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc
-from pkg.kubeletplugin.proto.gen import grpc_health_v1_pb2 as _grpc_health_v1_pb2
+from pkg.draplugin.proto.gen import grpc_health_v1_pb2 as _grpc_health_v1_pb2
 import sys
 import typing as _typing
 

@@ -11,7 +11,7 @@ from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc
-from pkg.kubeletplugin.proto.gen import kubelet_dra_health_v1_pb2 as _kubelet_dra_health_v1_pb2
+from pkg.draplugin.proto.gen import kubelet_dra_health_v1_pb2 as _kubelet_dra_health_v1_pb2
 import sys
 import typing as _typing
 
