@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import re
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -31,14 +34,18 @@ for p in (REPO, REPO / "hack", REPO / "test" / "e2e"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+from bench.formation_stages import OWNERS, PodTimes, formations, read_spans, summarize  # noqa: E402
 from e2e_support import Driver, channels_seen, free_port, leak_report, wait_for  # noqa: E402
 from kubeletsim import NodeFleet, config_from_cluster, layout  # noqa: E402
+from kubeletsim.zygote import Zygote  # noqa: E402
 from localcluster import Cluster, bin_dir  # noqa: E402
 from workloads import create_cd, delete_cd, delete_pods, start_pods  # noqa: E402
 
+from pkg.api import constants as c  # noqa: E402
 from pkg.kube.client import KubeClient, RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
-from pkg.kube.resources import NAMESPACES, PODS  # noqa: E402
+from pkg.kube.resources import COMPUTE_DOMAINS, NAMESPACES, PODS  # noqa: E402
+from pkg.runtime.tracing import FILE_PATH_VAR, parse_traceparent  # noqa: E402
 
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -75,13 +82,141 @@ def audit_counts(path: Path, since: float, until: float) -> Counter[str]:
     return counts
 
 
-def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i: int
-                  ) -> tuple[float, float]:  # fmt: skip
-    """Returns (time-to-ready, lifecycle seconds)."""
+class PodWatcher:
+    """Watches every pod and records, per pod, when it was first seen, bound, Running, Ready."""
+
+    def __init__(self, admin: KubeClient) -> None:
+        self._admin = admin
+        self._stop = threading.Event()
+        self.pods: dict[tuple[str, str], PodTimes] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+
+    def start(self) -> PodWatcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        rv = ""
+        while not self._stop.is_set():
+            try:
+                if not rv:
+                    rv = self._admin.list(PODS)["metadata"]["resourceVersion"]
+                for ev in self._admin.watch(PODS, resource_version=rv, timeout_seconds=60):
+                    if self._stop.is_set():
+                        return
+                    obj = ev.object
+                    rv = obj.get("metadata", {}).get("resourceVersion", rv)
+                    if ev.type in ("ADDED", "MODIFIED"):
+                        self._observe(obj, time.time())
+            except Exception as e:  # re-list on 410 or a dropped stream
+                log(f"pod watch: {e!r}; re-listing")
+                rv = ""
+                time.sleep(0.2)
+
+    def _observe(self, pod: dict[str, Any], now: float) -> None:
+        meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
+        key = (meta["namespace"], meta["name"])
+        with self._lock:
+            t = self.pods.get(key)
+            if t is None:
+                t = self.pods[key] = PodTimes(meta["namespace"], meta["name"], seen=now)
+            if spec.get("nodeName") and t.bound is None:
+                t.node, t.bound = spec["nodeName"], now
+            if status.get("phase") == "Running" and t.running is None:
+                t.running = now
+            conds = {x["type"]: x["status"] for x in status.get("conditions") or []}
+            if conds.get("Ready") == "True" and t.ready is None:
+                t.ready = now
+
+    def in_namespace(self, ns: str, prefix: str = "") -> list[PodTimes]:
+        with self._lock:
+            return [t for (n, name), t in self.pods.items() if n == ns and name.startswith(prefix)]
+
+    def forget(self, ns: str) -> None:
+        with self._lock:
+            for key in [k for k in self.pods if k[0] == ns]:
+                del self.pods[key]
+
+
+class LoadSampler:
+    """Load average and whole-machine CPU use (from /proc/stat) over a window."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self.max_load1 = 0.0
+        self._thread = threading.Thread(target=self._run, name="load", daemon=True)
+        self._cpu0 = _cpu_times()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.max_load1 = max(self.max_load1, os.getloadavg()[0])
+
+    def start(self) -> LoadSampler:
+        self._cpu0 = _cpu_times()
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        busy0, total0 = self._cpu0
+        busy1, total1 = _cpu_times()
+        return {"load1_end": os.getloadavg()[0], "load1_max": self.max_load1,
+                "cpu_busy_pct": 100.0 * (busy1 - busy0) / max(1, total1 - total0)}  # fmt: skip
+
+
+def _cpu_times() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+LISTENING = re.compile(r"^imex-sim\[[^]]*\] listening at ([0-9.]+);", re.M)
+
+
+def harness_milestones(fleet: NodeFleet, ns: str, driver_ns: str) -> dict[str, dict[str, float]]:
+    """Per node, what the kubelet stand-in recorded: Prepare calls, daemon start, IMEX listen."""
+    out: dict[str, dict[str, float]] = {}
+    for node in fleet:
+        m = out.setdefault(node.name, {})
+        for worker in node.kubelet.workers().values():
+            pod_ns, pod_name = worker.key.split("/", 1)
+            if pod_ns not in (ns, driver_ns):
+                continue
+            prefix = "" if pod_ns == ns else "daemon_"
+            calls = list(worker.prepare_calls)
+            ok = [x for x in calls if x[2]]
+            if calls:
+                m[f"{prefix}prepare_start"] = calls[0][0]
+            if ok:
+                m[f"{prefix}prepare_end"] = ok[0][1]
+                if not prefix:
+                    m["final_attempt_start"] = ok[0][0]
+            if prefix:
+                started = worker.container_started_at().get("compute-domain-daemon")
+                if started is not None:
+                    m["daemon_process"] = started
+                log_file = node.dirs.logs / f"{pod_name}_compute-domain-daemon.log"
+                try:
+                    found = LISTENING.findall(log_file.read_text(errors="replace"))
+                except OSError:
+                    found = []
+                if found:
+                    m["imex_listening"] = float(found[-1])
+    return out
+
+
+def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i: int, *,
+                  pods_seen: PodWatcher, spans_file: Path | None) -> dict[str, Any]:  # fmt: skip
+    """One create -> Ready -> delete cycle; time-to-ready, its stages and the load meanwhile."""
     ns = f"bench-{n}-{i}"
     admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     start = time.monotonic()
     w = create_cd(admin, ns, "cd")
+    load = LoadSampler().start()
     start_pods(admin, w, n, list(fleet.nodes))
     selector = f"cd-workload={w.cd_name}"
 
@@ -101,22 +236,52 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
 
     wait_for("all running with channel0", ready, timeout=600, every=0.1)
     ttr = time.monotonic() - bound
+    machine = load.stop()
+    stages: dict[str, Any] = {}
+    if spans_file is not None:
+        cd = admin.get(COMPUTE_DOMAINS, w.cd_name, namespace=ns)
+        ids = parse_traceparent(cd["metadata"].get("annotations", {}).get(
+            c.TRACEPARENT_ANNOTATION))  # fmt: skip
+        if ids is None:
+            stages = {"error": "no traceparent annotation"}
+        else:
+            daemons = pods_seen.in_namespace(driver_ns)  # forgotten after each lifecycle
+
+            def have_all() -> list[Any] | None:
+                spans = read_spans(spans_file, ids.trace_id)
+                got = {(s["name"], s["attributes"].get("k8s.node.name")) for s in spans}
+                want = {("IMEX ready", q) for q in fleet.nodes}
+                return spans if want <= got else None
+
+            try:
+                spans = wait_for("formation spans", have_all, timeout=30, every=0.5)
+            except AssertionError:
+                spans = read_spans(spans_file, ids.trace_id)
+            workload = pods_seen.in_namespace(ns, prefix=f"{w.cd_name}-")
+            harness = harness_milestones(fleet, ns, driver_ns)
+            stages = summarize(formations(spans, workload, daemons, harness))
     delete_pods(admin, w, timeout=300)
     delete_cd(admin, w, timeout=300)
     wait_for("clean", lambda: not leak_report(admin, fleet, driver_ns, [ns]), timeout=300,
              every=0.5)  # fmt: skip
     admin.delete(NAMESPACES, ns)
-    return ttr, time.monotonic() - start
+    pods_seen.forget(ns)
+    pods_seen.forget(driver_ns)
+    return {"ttr": ttr, "lifecycle": time.monotonic() - start, "machine": machine,
+            "stages": stages}  # fmt: skip
 
 
 def bench(
-    n: int, runs: int, workdir: Path, *, probe_scale: float, imex_probe: float
-) -> dict[str, Any]:
+    n: int, runs: int, workdir: Path, *, probe_scale: float, imex_probe: float,
+    use_zygote: bool, trace: bool,
+) -> dict[str, Any]:  # fmt: skip
     specs = layout([i // 18 for i in range(n)])
     audit_log = workdir / "audit.log"
     policy = workdir / "audit-policy.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
     policy.write_text(AUDIT_POLICY.format(ns="nvidia-dra-driver"))
+    spans_file = workdir / "spans.jsonl" if trace else None
+    tracing = {"OTEL_TRACES_EXPORTER": "file", FILE_PATH_VAR: str(spans_file)} if trace else {}
     log(f"{n} nodes: starting cluster")
     cluster = Cluster.start(bin_dir(), workdir, node_names=[s.name for s in specs],
                             apiserver_args=[f"--audit-policy-file={policy}",
@@ -124,16 +289,22 @@ def bench(
                                             "--audit-log-mode=batch"])  # fmt: skip
     fleet: NodeFleet | None = None
     driver: Driver | None = None
+    zygote: Zygote | None = None
+    watcher: PodWatcher | None = None
     try:
         driver = Driver.deploy(cluster.kubeconfig("admin"))
         kubeconfig = cluster.kubeconfig("compute-domain-controller")
         log_file = cluster.log_path("controller")
-        driver.start_controller(kubeconfig=kubeconfig, log_file=log_file, http_port=free_port())
-        cfg = config_from_cluster(cluster, workdir / "n")
+        driver.start_controller(kubeconfig=kubeconfig, log_file=log_file, http_port=free_port(),
+                                extra_env=tracing)  # fmt: skip
+        if use_zygote:
+            zygote = Zygote(workdir / "zygote.sock").start(cluster.log_dir / "zygote.log")
+        cfg = config_from_cluster(cluster, workdir / "n", plugin_env=dict(tracing))
         cfg.commands = dataclasses.replace(
             cfg.commands,
-            env={**cfg.commands.env, "IMEX_SIM_READY_DELAY": "0",
+            env={**cfg.commands.env, **tracing, "IMEX_SIM_READY_DELAY": "0",
                  "IMEX_SIM_PROBE_INTERVAL": str(imex_probe)},
+            zygote=zygote,
         )  # fmt: skip
         cfg.probe_period_scale = probe_scale
         fleet = NodeFleet(cfg)
@@ -141,35 +312,81 @@ def bench(
         fleet.add(specs)
         log(f"{n} nodes up in {time.monotonic() - t:.1f}s")
         admin = RestClient(load_api_client(str(cluster.kubeconfig("admin"))), user_agent="bench")
-        ttrs, requests = [], []
+        watcher = PodWatcher(admin).start()
+        time.sleep(10)  # the plugins' and the nodes' start-up settles
+        idle_load = os.getloadavg()
+        results, requests = [], []
         for i in range(runs):
             time.sleep(2)  # let the previous lifecycle's stragglers settle
             wall0 = time.time()
-            ttr, total = one_lifecycle(admin, fleet, driver.namespace, n, i)
+            r = one_lifecycle(admin, fleet, driver.namespace, n, i, pods_seen=watcher,
+                              spans_file=spans_file)  # fmt: skip
             time.sleep(3)  # audit batch flush
             counts = audit_counts(audit_log, wall0, time.time() - 3)
-            ttrs.append(ttr)
+            results.append(r)
             requests.append(counts)
-            log(f"{n} nodes run {i + 1}/{runs}: time-to-ready {ttr:.2f}s, lifecycle {total:.1f}s, "
+            st = r["stages"]
+            share = st.get("last_node_by_owner", {})
+            log(f"{n} nodes run {i + 1}/{runs}: time-to-ready {r['ttr']:.2f}s "
+                f"(last node: " + ", ".join(f"{o} {share.get(o, 0):.2f}s" for o in OWNERS)
+                + f"), load1 max {r['machine']['load1_max']:.1f}, "
+                f"CPU {r['machine']['cpu_busy_pct']:.0f}%, lifecycle {r['lifecycle']:.1f}s, "
                 f"driver requests {sum(counts.values())}")  # fmt: skip
         per_component: Counter[str] = Counter()
         for cnt in requests:
             for k, v in cnt.items():
                 per_component[k.split()[0]] += v
+        ttrs = [r["ttr"] for r in results]
         return {
             "nodes": n, "runs": runs, "cliques": len({s.clique_id for s in specs}),
             "probe_period_scale": probe_scale, "imex_sim_probe_interval": imex_probe,
+            "zygote": use_zygote, "idle_load": idle_load,
             "p50": statistics.median(ttrs), "max": max(ttrs), "all": ttrs,
-            "requests_per_lifecycle": statistics.median(sum(c.values()) for c in requests),
+            "lifecycles": results,
+            "requests_per_lifecycle": statistics.median(sum(x.values()) for x in requests),
             "requests_by_component": {k: v / runs for k, v in sorted(per_component.items())},
             "requests_by_verb": dict(sum(requests, Counter()).most_common()),
         }  # fmt: skip
     finally:
+        if watcher is not None:
+            watcher.stop()
         if fleet is not None:
             fleet.stop()
         if driver is not None:
             driver.kill_controller()
+        if zygote is not None:
+            zygote.stop()
         cluster.stop()
+
+
+def stage_table(r: dict[str, Any]) -> list[str]:
+    """Per stage: p50 over nodes and the last node, p50 over the runs' lifecycles."""
+    runs = [x["stages"] for x in r["lifecycles"] if "stages" in x and "error" not in x["stages"]]
+    if not runs:
+        return [f"(no stage breakdown for {r['nodes']} nodes)"]
+
+    def med(values: list[float | None]) -> str:
+        got = [v for v in values if v is not None]
+        return f"{statistics.median(got) * 1000:.0f}" if got else "-"
+
+    lines = [f"\n{r['nodes']} nodes: per stage, ms (median over {len(runs)} runs of: the median "
+             "node, the last node to be Ready)", "",
+             "| stage | owner | median node | last node |", "|---|---|---|---|"]  # fmt: skip
+    for name in runs[0]["stages"]:
+        owner = runs[0]["stages"][name]["owner"]
+        lines.append(f"| {name} | {owner} | {med([x['stages'][name]['p50'] for x in runs])} "
+                     f"| {med([x['stages'][name]['last_node'] for x in runs])} |")  # fmt: skip
+    for o in OWNERS:
+        lines.append(f"| **{o} total** | | {med([x['p50_node_by_owner'][o] for x in runs])} "
+                     f"| {med([x['last_node_by_owner'][o] for x in runs])} |")  # fmt: skip
+    machine = [x["machine"] for x in r["lifecycles"]]
+    lines.append(
+        f"\nload average (1 min) before the runs {r['idle_load'][0]:.2f}; during formation: "
+        f"max {max(m['load1_max'] for m in machine):.2f}, CPU busy "
+        f"{statistics.median(m['cpu_busy_pct'] for m in machine):.0f}% (median of runs); "
+        f"missing milestones: {sorted({k for x in runs for k in x.get('missing', [])})}"
+    )
+    return lines
 
 
 def main() -> int:
@@ -184,13 +401,21 @@ def main() -> int:
         "--probe-period-scale", type=float, default=1.0,
         help="stretch daemon readiness/liveness probe periods (see kubeletsim.localrun)",
     )  # fmt: skip
+    ap.add_argument(
+        "--no-zygote",
+        action="store_true",
+        help="start every daemon and probe as a new interpreter (no fork server)",
+    )
+    ap.add_argument("--no-trace", action="store_true", help="no formation trace, no stages")
     args = ap.parse_args()
     results = []
     for n in (int(x) for x in args.nodes.split(",")):
         workdir = Path(tempfile.mkdtemp(prefix=f"cdb{n}-", dir="/tmp"))
         try:
             results.append(bench(n, args.runs, workdir, probe_scale=args.probe_period_scale,
-                                 imex_probe=args.imex_probe_interval))  # fmt: skip
+                                 imex_probe=args.imex_probe_interval,
+                                 use_zygote=not args.no_zygote,
+                                 trace=not args.no_trace))  # fmt: skip
             if not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
         except Exception as e:
@@ -205,6 +430,9 @@ def main() -> int:
         comp = ", ".join(f"{k} {v:.0f}" for k, v in r["requests_by_component"].items())
         print(f"| {r['nodes']} | {r['cliques']} | {r['runs']} | {r['p50']:.2f} | {r['max']:.2f} "
               f"| {r['requests_per_lifecycle']:.0f} ({comp}) |")  # fmt: skip
+    for r in results:
+        if "error" not in r:
+            print("\n".join(stage_table(r)))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0 if all("error" not in r for r in results) else 1

@@ -13,7 +13,8 @@ containers as local processes. Import with ``hack/`` on ``sys.path``::
 Modules: ``layout`` (node specs, folders), ``nodestatus`` (Node + Lease), ``registration``
 (plugin watcher, DRA gRPC client), ``claims`` (claim resolution, prepared-claim cache),
 ``cdi`` (cdi-resolve), ``podspec``/``podstatus`` (env, CDI selection, status shape),
-``runtime``/``localrun`` (local containers, probes), ``podworker`` (one pod), ``kubelet``
+``runtime``/``localrun`` (local containers, probes), ``zygote`` (fork server for them),
+``podworker`` (one pod), ``kubelet``
 (one node's pod loop), ``node`` (SimulatedNode), ``fleet`` (NodeFleet).
 """
 

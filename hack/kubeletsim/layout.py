@@ -152,9 +152,13 @@ class NodeDirs:
         return self
 
     def write_driver_root(self, *, omit: Sequence[str] = ()) -> FakeDriverRoot:
-        """(Re)create the node's fake driver root; its IMEX zipapps run under this Python."""
+        """(Re)create the node's fake driver root; its IMEX zipapps run under this Python.
+
+        With ``-S`` (no site-packages: the zipapps carry all they import), so each simulated
+        ``nvidia-imex``/``nvidia-imex-ctl`` start costs less CPU.
+        """
         return FakeDriverRoot.create(
-            self.driver_root, driver_version=FAKE_DRIVER_VERSION, python=sys.executable,
+            self.driver_root, driver_version=FAKE_DRIVER_VERSION, python=f"{sys.executable} -S",
             imex_mgmt_minor=FABRIC_IMEX_MGMT_MINOR, omit=omit,
         )  # fmt: skip
 

@@ -128,7 +128,9 @@ class LocalRun:
             return probe
 
         return cls(
-            spec=ProcessSpec(ctx_commands.translate(argv), env, cwd, log_file),
+            spec=ProcessSpec(
+                ctx_commands.translate(argv), env, cwd, log_file, zygote=ctx_commands.zygote
+            ),
             startup=probe("startupProbe"),
             readiness=probe("readinessProbe"),
             liveness=probe("livenessProbe"),
@@ -142,6 +144,11 @@ class LocalRun:
     @property
     def env(self) -> dict[str, str]:
         return self._spec.env
+
+    @property
+    def started_at(self) -> float | None:
+        """Wall-clock time the current process was started (None when none runs)."""
+        return self._proc.started_at if self._proc else None
 
     @property
     def pid(self) -> int | None:

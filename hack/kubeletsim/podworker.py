@@ -101,6 +101,8 @@ class PodWorker:
             for c in pod["spec"].get("containers", [])
         ]
         self._local: dict[str, LocalRun] = {}
+        # (wall start, wall end, ok) of each NodePrepareResources call, for benchmarks.
+        self.prepare_calls: list[tuple[float, float, bool]] = []
         self._started = False
         self._terminated = False
         self._backoff = 0.5
@@ -145,6 +147,14 @@ class PodWorker:
     def container_pids(self) -> dict[str, int]:
         """PIDs of the pod's running local containers by container name (fault injection)."""
         return {n: pid for n, run in list(self._local.items()) if (pid := run.pid) is not None}
+
+    def container_started_at(self) -> dict[str, float]:
+        """Wall-clock start of each running local container's current process, by name."""
+        out = {}
+        for name, run in list(self._local.items()):
+            if (t := run.started_at) is not None:
+                out[name] = t
+        return out
 
     @property
     def pod(self) -> dict[str, Any]:
@@ -232,9 +242,12 @@ class PodWorker:
             if plugin is None:
                 msg = f"prepare dynamic resources: DRA driver {driver} is not registered"
                 raise StartError("PrepareFailed", msg, event="FailedPrepareDynamicResources")
+            called = time.time()
             try:
                 prepared.update(self._ctx.dra.prepare(plugin, self.uid, claims))
+                self.prepare_calls.append((called, time.time(), True))
             except DraPluginError as e:
+                self.prepare_calls.append((called, time.time(), False))
                 msg = f"Failed to prepare dynamic resources: {e}"
                 raise StartError("PrepareFailed", msg, event="FailedPrepareDynamicResources") from e
         return prepared

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -30,8 +31,10 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from .podspec import Mount
+from .zygote import Zygote, ZygoteProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,13 +47,16 @@ class LocalCommands:
     ``path_env`` maps a container path to the env var that receives its host path;
     ``env`` is added to every local container (e.g. simulator tuning);
     ``image_path`` is the image's ``PATH``; when set, a local container's ``PATH`` is those
-    directories inside its emulated root filesystem (see the module docstring).
+    directories inside its emulated root filesystem (see the module docstring);
+    ``zygote``, when set, forks the Python scripts among them (containers and exec probes)
+    from a server that imported them once (see ``zygote``) instead of starting interpreters.
     """
 
     programs: Mapping[str, Sequence[str]]
     path_env: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     image_path: str = ""
+    zygote: Zygote | None = None
 
     def maps(self, argv: Sequence[str]) -> bool:
         return bool(argv) and os.path.basename(argv[0]) in self.programs
@@ -133,6 +139,15 @@ class ProcessSpec:
     env: dict[str, str]
     cwd: Path
     log_file: Path
+    zygote: Zygote | None = None
+
+
+class _Process(Protocol):
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 class LocalContainer:
@@ -144,15 +159,23 @@ class LocalContainer:
         with spec.log_file.open("ab") as log:
             log.write(f"=== {time.strftime('%H:%M:%S')} start: {' '.join(spec.argv)}\n".encode())
             log.flush()
-            self._popen = subprocess.Popen(
-                spec.argv,
-                env=spec.env,
-                cwd=spec.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            self._popen: _Process
+            if spec.zygote is not None and spec.zygote.forkable(spec.argv):
+                with open(os.devnull, "rb") as null:
+                    self._popen = spec.zygote.spawn(
+                        spec.argv, env=spec.env, cwd=spec.cwd,
+                        stdin=null.fileno(), stdout=log.fileno(), stderr=log.fileno(),
+                    )  # fmt: skip
+            else:
+                self._popen = subprocess.Popen(
+                    spec.argv,
+                    env=spec.env,
+                    cwd=spec.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         self.started_at = time.time()
 
     @property
@@ -181,6 +204,9 @@ class LocalContainer:
 
     def exec_probe(self, argv: Sequence[str], *, timeout: float) -> tuple[bool, str]:
         """Run a probe command with the container's env; success = exit 0."""
+        zygote = self.spec.zygote
+        if zygote is not None and zygote.forkable(argv):
+            return _forked_probe(zygote, argv, self.spec, timeout)
         try:
             done = subprocess.run(
                 list(argv),
@@ -196,6 +222,43 @@ class LocalContainer:
         except OSError as e:
             return False, str(e)
         return done.returncode == 0, (done.stdout + done.stderr).strip()
+
+
+def _forked_probe(
+    zygote: Zygote, argv: Sequence[str], spec: ProcessSpec, timeout: float
+) -> tuple[bool, str]:
+    """``exec_probe`` through the zygote: output through a pipe, killed after ``timeout``."""
+    r, w = os.pipe()
+    try:
+        with open(os.devnull, "rb") as null:
+            proc: ZygoteProcess = zygote.spawn(
+                argv, env=spec.env, cwd=spec.cwd, stdin=null.fileno(), stdout=w, stderr=w
+            )
+    except OSError as e:
+        os.close(r)
+        return False, str(e)
+    finally:
+        os.close(w)
+    deadline = time.monotonic() + timeout
+    out = b""
+    with os.fdopen(r, "rb", buffering=0) as pipe:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([pipe], [], [], left)[0]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                return False, f"probe timed out after {timeout}s"
+            chunk = pipe.read(65536)
+            if not chunk:
+                break
+            out += chunk
+    try:
+        code = proc.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return False, f"probe timed out after {timeout}s"
+    return code == 0, out.decode(errors="replace").strip()
 
 
 @dataclass

@@ -358,7 +358,8 @@ def run(config_path: str, env: dict[str, str]) -> int:
         node.listening = True
         _log(
             tag,
-            f"listening; domain={settings.domain!r} nodes={settings.nodes_path} "
+            f"listening at {time.time():.3f}; domain={settings.domain!r} "
+            f"nodes={settings.nodes_path} "
             f"hosts={settings.hosts_path} cmd={settings.cmd_ip}:{settings.cmd_port}",
         )
         parent = os.getppid()

@@ -1,0 +1,222 @@
+"""One ComputeDomain formation split into stages, each owned by the driver, Kubernetes or the sim.
+
+Owns turning three recordings of one formation into per-node milestones and stage latencies:
+
+* pod observations (:class:`PodTimes`): wall-clock times at which an admin watch saw each pod
+  first, bound (``spec.nodeName``), ``Running`` and ``Ready`` (millisecond precision; object
+  timestamps have only whole seconds);
+* the kubelet stand-in's own records: when it called ``NodePrepareResources`` and when the call
+  returned, when it started the daemon's process, and when the simulated IMEX began listening
+  (its log line);
+* the formation trace (``OTEL_TRACES_EXPORTER=file`` JSON lines, see docs/operators.md
+  "Tracing"): per node the plugin's ``label node`` and the daemon's ``IMEX daemon`` span (it
+  starts when the daemon's loop starts) with ``join``, ``start IMEX`` and ``IMEX ready``.
+
+Per node the milestones follow one another; :data:`STAGES` names each interval and who owns
+it. ``driver`` = code of this repository (controller, kubelet plugin, IMEX daemon);
+``kubernetes`` = kube-controller-manager (DaemonSet, ResourceClaim controllers) and the
+scheduler (DRA allocation, binding); ``simulation`` = the kubelet stand-in (noticing a pod,
+calling the plugin, Prepare retries, CDI resolution, starting a process, status writes) and the
+simulated IMEX. A stage whose end comes before its start (the channel Prepare attempt is
+already waiting when the daemon turns Ready) counts as zero.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+Span = dict[str, Any]
+
+
+@dataclass
+class PodTimes:
+    """Wall-clock (epoch seconds) observations of one pod by a watch."""
+
+    namespace: str
+    name: str
+    node: str = ""
+    seen: float | None = None
+    bound: float | None = None
+    running: float | None = None
+    ready: float | None = None
+
+
+# (stage, owner, start milestone, end milestone)
+STAGES: tuple[tuple[str, str, str, str], ...] = (
+    ("workload pod bound -> kubelet calls Prepare", "simulation", "bound", "prepare_start"),
+    ("Prepare called -> node labelled", "driver", "prepare_start", "labelled"),
+    ("node labelled -> daemon pod created", "kubernetes", "labelled", "daemon_created"),
+    ("daemon pod created -> bound (claim allocated)", "kubernetes", "daemon_created",
+     "daemon_bound"),
+    ("daemon pod bound -> kubelet calls Prepare", "simulation", "daemon_bound",
+     "daemon_prepare_start"),
+    ("daemon claim Prepare (gRPC call)", "driver", "daemon_prepare_start", "daemon_prepare_end"),
+    ("daemon claim prepared -> daemon process started", "simulation", "daemon_prepare_end",
+     "daemon_process"),
+    ("daemon process -> daemon loop running", "driver", "daemon_process", "daemon_start"),
+    ("daemon loop -> joined the clique", "driver", "daemon_start", "joined"),
+    ("joined -> IMEX started", "driver", "joined", "imex_started"),
+    ("IMEX started -> simulated IMEX listening", "simulation", "imex_started", "imex_listening"),
+    ("IMEX listening -> daemon writes Ready", "driver", "imex_listening", "imex_ready"),
+    ("Ready written -> kubelet's final Prepare call", "simulation", "imex_ready",
+     "final_attempt_start"),
+    ("final channel Prepare call -> returns", "driver", "final_attempt_start", "prepare_end"),
+    ("Prepare returned -> workload pod Ready", "simulation", "prepare_end", "pod_ready"),
+)  # fmt: skip
+OWNERS = ("driver", "kubernetes", "simulation")
+
+
+@dataclass
+class NodeFormation:
+    node: str
+    milestones: dict[str, float] = field(default_factory=dict)
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Duration of each stage (0 when it overlapped the previous one; absent when unknown).
+
+        Each stage starts at the later of its own start milestone and the previous stage's end,
+        so the stages of one node add up to its bound -> Ready time."""
+        out: dict[str, float] = {}
+        cursor = self.milestones.get("bound")
+        for name, _owner, start, end in STAGES:
+            a, b = self.milestones.get(start), self.milestones.get(end)
+            if a is None or b is None or cursor is None:
+                continue
+            a = max(a, cursor)
+            out[name] = max(0.0, b - a)
+            cursor = max(cursor, b)
+        return out
+
+    def total(self) -> float | None:
+        b, r = self.milestones.get("bound"), self.milestones.get("pod_ready")
+        return None if b is None or r is None else r - b
+
+
+def span_time(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def read_spans(path: Path, trace_id: int) -> list[Span]:
+    """The spans of one trace from a ``file`` exporter's JSON lines."""
+    want = f"0x{trace_id:032x}"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            span = json.loads(line)
+        except ValueError:
+            continue  # a line being written by another process
+        if span["context"]["trace_id"] == want:
+            out.append(span)
+    return out
+
+
+def _node(span: Span) -> str:
+    return str(span["attributes"].get("k8s.node.name", ""))
+
+
+def formations(
+    spans: list[Span],
+    workload: list[PodTimes],
+    daemons: list[PodTimes],
+    harness: dict[str, dict[str, float]],
+) -> list[NodeFormation]:
+    """One :class:`NodeFormation` per workload pod's node.
+
+    ``harness`` holds, per node, the milestones the kubelet stand-in recorded itself
+    (``prepare_start``, ``final_attempt_start``, ``prepare_end``, ``daemon_prepare_start``,
+    ``daemon_prepare_end``, ``daemon_process``, ``imex_listening``); spans fill in the rest, and
+    the label time when the harness has none."""
+
+    def children(parent: Span, name: str) -> list[Span]:
+        pid = parent["context"]["span_id"]
+        return [s for s in spans if s["parent_id"] == pid and s["name"] == name]
+
+    out = []
+    daemon_pods = {p.node: p for p in daemons if p.node}
+    for pod in workload:
+        f = NodeFormation(pod.node)
+        m = f.milestones
+        for key, value in (("bound", pod.bound), ("pod_ready", pod.ready)):
+            if value is not None:
+                m[key] = value
+        d = daemon_pods.get(pod.node)
+        if d is not None:
+            for key, value in (("daemon_created", d.seen), ("daemon_bound", d.bound)):
+                if value is not None:
+                    m[key] = value
+        mine = [s for s in spans if _node(s) == pod.node]
+        attempts = sorted((s for s in mine if s["name"] == "prepare channel claim"),
+                          key=lambda s: span_time(s["start_time"]))  # fmt: skip
+        labels = [x for a in attempts for x in children(a, "label node")]
+        if labels:
+            m["labelled"] = min(span_time(x["end_time"]) for x in labels)
+        m.update(harness.get(pod.node, {}))
+        imex = sorted((s for s in mine if s["name"] == "IMEX daemon"),
+                      key=lambda s: span_time(s["start_time"]))  # fmt: skip
+        if imex:
+            m["daemon_start"] = span_time(imex[0]["start_time"])
+            for step, key in (("join", "joined"), ("start IMEX", "imex_started"),
+                              ("IMEX ready", "imex_ready")):  # fmt: skip
+                found = children(imex[0], step)
+                if found:
+                    m[key] = span_time(found[0]["end_time"])
+        out.append(f)
+    return out
+
+
+def summarize(nodes: list[NodeFormation]) -> dict[str, Any]:
+    """Per stage: median and max over nodes, and the breakdown of the last node to be Ready."""
+    complete = [n for n in nodes if n.total() is not None]
+    if not complete:
+        return {"error": "no node with both bound and Ready"}
+    last = max(complete, key=lambda n: n.milestones["pod_ready"])
+    per_stage: dict[str, dict[str, Any]] = {}
+    per_node = [n.stage_seconds() for n in complete]
+    for name, owner, _a, _b in STAGES:
+        values = [s[name] for s in per_node if name in s]
+        per_stage[name] = {
+            "owner": owner,
+            "p50": statistics.median(values) if values else None,
+            "max": max(values) if values else None,
+            "last_node": last.stage_seconds().get(name),
+        }
+    owner_totals = dict.fromkeys(OWNERS, 0.0)
+    for name, owner, _a, _b in STAGES:
+        owner_totals[owner] += last.stage_seconds().get(name) or 0.0
+    p50_owner = {
+        o: statistics.median(
+            sum(v for k, v in n.stage_seconds().items() if _owner(k) == o) for n in complete
+        )
+        for o in OWNERS
+    }
+    first_bound = min(n.milestones["bound"] for n in complete)
+    return {
+        "nodes": len(nodes),
+        "complete": len(complete),
+        "last_node": last.node,
+        "last_node_total": last.total(),
+        "all_bound_to_all_ready": last.milestones["pod_ready"]
+        - max(n.milestones["bound"] for n in complete),
+        "first_bound_to_all_ready": last.milestones["pod_ready"] - first_bound,
+        "stages": per_stage,
+        "last_node_by_owner": owner_totals,
+        "p50_node_by_owner": p50_owner,
+        "missing": sorted({k for n in nodes for k in _all_milestones() - set(n.milestones)}),
+    }
+
+
+def _owner(stage: str) -> str:
+    return next(o for n, o, _a, _b in STAGES if n == stage)
+
+
+def _all_milestones() -> set[str]:
+    return {x for _n, _o, a, b in STAGES for x in (a, b)}

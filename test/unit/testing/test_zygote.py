@@ -1,0 +1,125 @@
+"""The kubelet stand-in's fork server and the time-to-ready stage attribution (hack/)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bench.formation_stages import STAGES, NodeFormation, PodTimes, formations, summarize
+from kubeletsim.runtime import LocalContainer, ProcessSpec
+from kubeletsim.zygote import Zygote
+
+SCRIPT = """import os, sys, time
+print(sys.argv[1:], os.environ.get("FOO"), os.getcwd(), os.getpid() == os.getsid(0), flush=True)
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    d = tmp_path_factory.mktemp("zygote")
+    z = Zygote(d / "z.sock", preload=["json"]).start(d / "zygote.log")
+    yield z
+    z.stop()
+
+
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "prog.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_forked_container_gets_argv_env_cwd_own_session_and_its_exit_code(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    spec = ProcessSpec([sys.executable, str(script(tmp_path)), "3"], {"FOO": "bar"}, tmp_path,
+                       tmp_path / "c.log", zygote=zygote)  # fmt: skip
+    c = LocalContainer(spec)
+    sleeper = LocalContainer(ProcessSpec([sys.executable, str(script(tmp_path)), "sleep"], {},
+                                         tmp_path, tmp_path / "s.log", zygote=zygote))  # fmt: skip
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeper._popen.wait(0.2)
+    sleeper.stop(5)
+    assert c._popen.wait(10) == 3
+    assert f"['3'] bar {tmp_path} True" in (tmp_path / "c.log").read_text()
+
+
+def test_stop_signals_the_forked_process_group(zygote: Zygote, tmp_path: Path) -> None:
+    c = LocalContainer(ProcessSpec([sys.executable, str(script(tmp_path)), "sleep"], {},
+                                   tmp_path, tmp_path / "s.log", zygote=zygote))  # fmt: skip
+    assert c.exit_code() is None
+    assert c.stop(5) == -signal.SIGTERM
+
+
+def test_exec_probe_through_the_zygote_reports_exit_output_and_timeout(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    c = LocalContainer(ProcessSpec([sys.executable, str(script(tmp_path)), "sleep"], {"FOO": "x"},
+                                   tmp_path, tmp_path / "s.log", zygote=zygote))  # fmt: skip
+    try:
+        prog = str(script(tmp_path))
+        assert c.exec_probe([sys.executable, prog, "0"], timeout=10) == (
+            True, f"['0'] x {tmp_path} True")  # fmt: skip
+        ok, out = c.exec_probe([sys.executable, prog, "1"], timeout=10)
+        assert not ok and out.startswith("['1']")
+        assert c.exec_probe([sys.executable, prog, "sleep"], timeout=0.5) == (
+            False, "probe timed out after 0.5s")  # fmt: skip
+    finally:
+        c.stop(5)
+
+
+def test_only_scripts_of_this_interpreter_are_forked(zygote: Zygote) -> None:
+    assert zygote.forkable([sys.executable, "x.py", "run"])
+    assert not zygote.forkable(["/bin/sh", "x.py"])
+    assert not zygote.forkable([sys.executable, "-m", "mod"])
+    with pytest.raises(ValueError, match="forks only"):
+        zygote.spawn(["/bin/true"], env={}, cwd=Path("/"), stdin=0, stdout=1, stderr=2)
+
+
+def test_stages_add_up_to_bound_to_ready_and_overlaps_count_zero() -> None:
+    names = [m for _n, _o, a, b in STAGES for m in (a, b)]
+    milestones = dict.fromkeys(names, 0.0)
+    t = 100.0
+    for m in dict.fromkeys(names):  # in stage order, 0.1 s apart
+        milestones[m] = t
+        t += 0.1
+    milestones["final_attempt_start"] = milestones["prepare_start"]  # already waiting: overlap
+    node = NodeFormation("n1", milestones)
+    stages = node.stage_seconds()
+    assert stages["Ready written -> kubelet's final Prepare call"] == 0.0
+    assert sum(stages.values()) == pytest.approx(node.total())
+
+
+def test_milestones_come_from_watch_harness_and_spans() -> None:
+    def span(
+        name: str, sid: str, parent: str | None, start: float, end: float
+    ) -> dict[str, object]:
+        iso = "1970-01-01T00:00:{:06.3f}Z".format
+        return {"name": name, "context": {"span_id": sid, "trace_id": "0x1"},
+                "parent_id": parent, "start_time": iso(start), "end_time": iso(end),
+                "attributes": {"k8s.node.name": "n1"}}  # fmt: skip
+
+    spans = [span("prepare channel claim", "a", None, 1.0, 9.0),
+             span("label node", "b", "a", 1.0, 1.5),
+             span("IMEX daemon", "c", None, 4.0, 7.0), span("join", "d", "c", 4.0, 4.5),
+             span("start IMEX", "e", "c", 4.5, 5.0),
+             span("IMEX ready", "f", "c", 5.0, 7.0)]  # fmt: skip
+    workload = [PodTimes("ns", "cd-0", node="n1", bound=0.5, ready=10.0)]
+    daemons = [PodTimes("drv", "d-1", node="n1", seen=2.0, bound=2.5)]
+    harness = {"n1": {"prepare_start": 1.0, "final_attempt_start": 1.0, "prepare_end": 9.0,
+                      "daemon_prepare_start": 3.0, "daemon_prepare_end": 3.5,
+                      "daemon_process": 3.8, "imex_listening": 6.0}}  # fmt: skip
+    (f,) = formations(spans, workload, daemons, harness)
+    assert f.milestones["labelled"] == 1.5 and f.milestones["imex_ready"] == 7.0
+    summary = summarize([f])
+    assert summary["missing"] == []
+    assert summary["last_node_total"] == 9.5
+    by_owner = summary["last_node_by_owner"]
+    assert sum(by_owner.values()) == pytest.approx(9.5)
+    assert by_owner["kubernetes"] == pytest.approx(1.0)  # labelled 1.5 -> created 2.0 -> bound 2.5
