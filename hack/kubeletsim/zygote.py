@@ -214,7 +214,8 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict[str, object],
 
 
 def serve(socket_path: str, preload: Sequence[str]) -> None:
-    """Import ``preload``, then fork one child per request until SIGTERM."""
+    """Import ``preload``, then fork one child per request until SIGTERM or the parent exits."""
+    parent = os.getppid()
     for module in preload:
         importlib.import_module(module)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -232,7 +233,7 @@ def serve(socket_path: str, preload: Sequence[str]) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     children: dict[int, socket.socket] = {}
-    while not stopping:
+    while not stopping and os.getppid() == parent:  # never outlive the harness
         try:
             ready, _, _ = select.select([listener], [], [], 0.05)
         except InterruptedError:
