@@ -20,7 +20,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -216,6 +218,7 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
     admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     start = time.monotonic()
     w = create_cd(admin, ns, "cd")
+    rct_seconds = time.monotonic() - start
     load = LoadSampler().start()
     start_pods(admin, w, n, list(fleet.nodes))
     selector = f"cd-workload={w.cd_name}"
@@ -237,6 +240,14 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
     wait_for("all running with channel0", ready, timeout=600, every=0.1)
     ttr = time.monotonic() - bound
     machine = load.stop()
+    all_ready = time.monotonic()
+
+    def cd_ready() -> bool:
+        cd = admin.get(COMPUTE_DOMAINS, w.cd_name, namespace=ns)
+        return (cd.get("status") or {}).get("status") == "Ready"
+
+    wait_for("CD status Ready", cd_ready, timeout=120, every=0.05)
+    cd_ready_lag = time.monotonic() - all_ready
     stages: dict[str, Any] = {}
     if spans_file is not None:
         cd = admin.get(COMPUTE_DOMAINS, w.cd_name, namespace=ns)
@@ -268,12 +279,25 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
     pods_seen.forget(ns)
     pods_seen.forget(driver_ns)
     return {"ttr": ttr, "lifecycle": time.monotonic() - start, "machine": machine,
-            "stages": stages}  # fmt: skip
+            "stages": stages, "cd_to_rct": rct_seconds,
+            "pods_ready_to_cd_ready": cd_ready_lag}  # fmt: skip
+
+
+def start_go_controller(
+    driver: Driver, binary: Path, kubeconfig: Path, log_file: Path
+) -> subprocess.Popen[bytes]:
+    """Upstream's Go controller (see controller_vs_upstream.py) with our Deployment's env."""
+    env = driver.controller_env(kubeconfig=kubeconfig, http_port=free_port())
+    with log_file.open("ab") as out:
+        return subprocess.Popen(
+            [str(binary)], env=env, stdin=subprocess.DEVNULL, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
 
 
 def bench(
     n: int, runs: int, workdir: Path, *, probe_scale: float, imex_probe: float,
-    use_zygote: bool, trace: bool,
+    use_zygote: bool, trace: bool, go_controller: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     specs = layout([i // 18 for i in range(n)])
     audit_log = workdir / "audit.log"
@@ -291,12 +315,16 @@ def bench(
     driver: Driver | None = None
     zygote: Zygote | None = None
     watcher: PodWatcher | None = None
+    go_proc: subprocess.Popen[bytes] | None = None
     try:
         driver = Driver.deploy(cluster.kubeconfig("admin"))
         kubeconfig = cluster.kubeconfig("compute-domain-controller")
         log_file = cluster.log_path("controller")
-        driver.start_controller(kubeconfig=kubeconfig, log_file=log_file, http_port=free_port(),
-                                extra_env=tracing)  # fmt: skip
+        if go_controller is None:
+            driver.start_controller(kubeconfig=kubeconfig, log_file=log_file,
+                                    http_port=free_port(), extra_env=tracing)  # fmt: skip
+        else:  # upstream's controller, same identity and env (it has no formation trace)
+            go_proc = start_go_controller(driver, go_controller, kubeconfig, log_file)
         if use_zygote:
             zygote = Zygote(workdir / "zygote.sock").start(cluster.log_dir / "zygote.log")
         cfg = config_from_cluster(cluster, workdir / "n", plugin_env=dict(tracing))
@@ -341,6 +369,7 @@ def bench(
             "nodes": n, "runs": runs, "cliques": len({s.clique_id for s in specs}),
             "probe_period_scale": probe_scale, "imex_sim_probe_interval": imex_probe,
             "zygote": use_zygote, "idle_load": idle_load,
+            "controller": "go" if go_controller else "ours",
             "p50": statistics.median(ttrs), "max": max(ttrs), "all": ttrs,
             "lifecycles": results,
             "requests_per_lifecycle": statistics.median(sum(x.values()) for x in requests),
@@ -354,6 +383,9 @@ def bench(
             fleet.stop()
         if driver is not None:
             driver.kill_controller()
+        if go_proc is not None and go_proc.poll() is None:
+            os.killpg(go_proc.pid, signal.SIGKILL)
+            go_proc.wait(timeout=10)
         if zygote is not None:
             zygote.stop()
         cluster.stop()
@@ -407,6 +439,13 @@ def main() -> int:
         help="start every daemon and probe as a new interpreter (no fork server)",
     )
     ap.add_argument("--no-trace", action="store_true", help="no formation trace, no stages")
+    ap.add_argument(
+        "--go-controller",
+        type=Path,
+        default=None,
+        help="run this upstream Go compute-domain-controller binary instead of ours "
+        "(built by controller_vs_upstream.py; no formation trace, so no stages)",
+    )
     args = ap.parse_args()
     results = []
     for n in (int(x) for x in args.nodes.split(",")):
@@ -415,20 +454,27 @@ def main() -> int:
             results.append(bench(n, args.runs, workdir, probe_scale=args.probe_period_scale,
                                  imex_probe=args.imex_probe_interval,
                                  use_zygote=not args.no_zygote,
-                                 trace=not args.no_trace))  # fmt: skip
+                                 trace=not args.no_trace,
+                                 go_controller=args.go_controller))  # fmt: skip
             if not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
         except Exception as e:
             log(f"{n} nodes FAILED: {e!r} (logs in {workdir / 'logs'})")
             results.append({"nodes": n, "error": repr(e)})
-    print("\n| nodes | cliques | runs | p50 (s) | max (s) | driver API requests / CD lifecycle |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| controller | nodes | cliques | runs | p50 (s) | max (s) | CD -> RCT p50 (s) "
+        "| pods Ready -> CD Ready p50 (s) | driver API requests / CD lifecycle |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            print(f"| {r['nodes']} | | | failed: {r['error'][:60]} | | |")
+            print(f"| | {r['nodes']} | | | failed: {r['error'][:60]} | | | | |")
             continue
         comp = ", ".join(f"{k} {v:.0f}" for k, v in r["requests_by_component"].items())
-        print(f"| {r['nodes']} | {r['cliques']} | {r['runs']} | {r['p50']:.2f} | {r['max']:.2f} "
+        rct = statistics.median(x["cd_to_rct"] for x in r["lifecycles"])
+        lag = statistics.median(x["pods_ready_to_cd_ready"] for x in r["lifecycles"])
+        print(f"| {r['controller']} | {r['nodes']} | {r['cliques']} | {r['runs']} "
+              f"| {r['p50']:.2f} | {r['max']:.2f} | {rct:.2f} | {lag:.2f} "
               f"| {r['requests_per_lifecycle']:.0f} ({comp}) |")  # fmt: skip
     for r in results:
         if "error" not in r:
