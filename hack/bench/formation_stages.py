@@ -68,7 +68,8 @@ STAGES: tuple[tuple[str, str, str, str], ...] = (
     ("final channel Prepare call -> returns", "driver", "final_attempt_start", "prepare_end"),
     ("Prepare returned -> workload pod Ready", "simulation", "prepare_end", "pod_ready"),
 )  # fmt: skip
-OWNERS = ("driver", "kubernetes", "simulation")
+UNATTRIBUTED = "unattributed (a milestone is missing)"
+OWNERS = ("driver", "kubernetes", "simulation", "unattributed")
 
 
 @dataclass
@@ -80,15 +81,18 @@ class NodeFormation:
         """Duration of each stage (0 when it overlapped the previous one; absent when unknown).
 
         Each stage starts at the later of its own start milestone and the previous stage's end,
-        so the stages of one node add up to its bound -> Ready time."""
+        so the stages of one node add up to its bound -> Ready time. A stage whose start
+        milestone is missing runs from the previous end under the key :data:`UNATTRIBUTED`."""
         out: dict[str, float] = {}
         cursor = self.milestones.get("bound")
         for name, _owner, start, end in STAGES:
             a, b = self.milestones.get(start), self.milestones.get(end)
-            if a is None or b is None or cursor is None:
+            if b is None or cursor is None:
                 continue
-            a = max(a, cursor)
-            out[name] = max(0.0, b - a)
+            if a is None:
+                out[UNATTRIBUTED] = out.get(UNATTRIBUTED, 0.0) + max(0.0, b - cursor)
+            else:
+                out[name] = max(0.0, b - max(a, cursor))
             cursor = max(cursor, b)
         return out
 
@@ -190,8 +194,8 @@ def summarize(nodes: list[NodeFormation]) -> dict[str, Any]:
             "last_node": last.stage_seconds().get(name),
         }
     owner_totals = dict.fromkeys(OWNERS, 0.0)
-    for name, owner, _a, _b in STAGES:
-        owner_totals[owner] += last.stage_seconds().get(name) or 0.0
+    for name, seconds in last.stage_seconds().items():
+        owner_totals[_owner(name)] += seconds
     p50_owner = {
         o: statistics.median(
             sum(v for k, v in n.stage_seconds().items() if _owner(k) == o) for n in complete
@@ -215,7 +219,7 @@ def summarize(nodes: list[NodeFormation]) -> dict[str, Any]:
 
 
 def _owner(stage: str) -> str:
-    return next(o for n, o, _a, _b in STAGES if n == stage)
+    return next((o for n, o, _a, _b in STAGES if n == stage), "unattributed")
 
 
 def _all_milestones() -> set[str]:

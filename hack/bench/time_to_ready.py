@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,7 @@ from localcluster import Cluster, bin_dir  # noqa: E402
 from workloads import create_cd, delete_cd, delete_pods, start_pods  # noqa: E402
 
 from pkg.api import constants as c  # noqa: E402
+from pkg.imex.config import DEFAULT_SERVER_PORT  # noqa: E402
 from pkg.kube.client import KubeClient, RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
 from pkg.kube.resources import COMPUTE_DOMAINS, NAMESPACES, PODS  # noqa: E402
@@ -211,6 +213,17 @@ def harness_milestones(fleet: NodeFleet, ns: str, driver_ns: str) -> dict[str, d
     return out
 
 
+def imex_listening(fleet: NodeFleet) -> list[str]:
+    """Nodes where something still accepts connections on the IMEX server port."""
+    busy = []
+    for node in fleet:
+        with socket.socket() as sock:
+            sock.settimeout(1.0)
+            if sock.connect_ex((node.ip, DEFAULT_SERVER_PORT)) == 0:
+                busy.append(node.name)
+    return busy
+
+
 def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i: int, *,
                   pods_seen: PodWatcher, spans_file: Path | None) -> dict[str, Any]:  # fmt: skip
     """One create -> Ready -> delete cycle; time-to-ready, its stages and the load meanwhile."""
@@ -275,6 +288,10 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
     delete_cd(admin, w, timeout=300)
     wait_for("clean", lambda: not leak_report(admin, fleet, driver_ns, [ns]), timeout=300,
              every=0.5)  # fmt: skip
+    # The previous domain's simulated IMEX must be gone: every "pod" of a node shares the node's
+    # IP here, so a lingering one would answer the next daemon's readiness query.
+    wait_for("simulated IMEX daemons gone", lambda: not imex_listening(fleet), timeout=120,
+             every=0.2)  # fmt: skip
     admin.delete(NAMESPACES, ns)
     pods_seen.forget(ns)
     pods_seen.forget(driver_ns)

@@ -9,7 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bench.formation_stages import STAGES, NodeFormation, PodTimes, formations, summarize
+from bench.formation_stages import (
+    STAGES,
+    UNATTRIBUTED,
+    NodeFormation,
+    PodTimes,
+    formations,
+    summarize,
+)
 from kubeletsim.runtime import LocalContainer, ProcessSpec
 from kubeletsim.zygote import Zygote
 
@@ -123,3 +130,12 @@ def test_milestones_come_from_watch_harness_and_spans() -> None:
     by_owner = summary["last_node_by_owner"]
     assert sum(by_owner.values()) == pytest.approx(9.5)
     assert by_owner["kubernetes"] == pytest.approx(1.0)  # labelled 1.5 -> created 2.0 -> bound 2.5
+
+
+def test_a_missing_milestone_leaves_its_time_unattributed_not_lost() -> None:
+    node = NodeFormation("n1", {"bound": 0.0, "prepare_start": 1.0, "daemon_created": 4.0,
+                                "pod_ready": 10.0})  # fmt: skip
+    stages = node.stage_seconds()
+    assert stages["workload pod bound -> kubelet calls Prepare"] == 1.0
+    assert stages[UNATTRIBUTED] == 9.0  # labelled and everything after daemon_created missing
+    assert sum(stages.values()) == node.total()
