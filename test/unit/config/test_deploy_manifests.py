@@ -11,10 +11,12 @@ real-apiserver counterpart is ``test/e2e/test_deploy_config.py``.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,13 +56,24 @@ def kubectl() -> Path:
 
 @functools.cache
 def _render_text(rel: str) -> str:
-    proc = subprocess.run(
-        [str(kubectl()), "kustomize", str(CONFIG / rel)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    """``kubectl kustomize config/<rel>``; a kustomize Component (it may patch what it does not
+    contain) is rendered the way operators use it: ``config/default`` plus the component."""
+    with tempfile.TemporaryDirectory(prefix="kustomize-") as scratch:
+        target = CONFIG / rel
+        kustomization = yaml.safe_load((target / "kustomization.yaml").read_text())
+        if kustomization.get("kind") == "Component":
+            (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump({
+                "resources": [os.path.relpath(CONFIG / "default", scratch)],
+                "components": [os.path.relpath(target, scratch)],
+            }))  # fmt: skip
+            target = Path(scratch)
+        proc = subprocess.run(
+            [str(kubectl()), "kustomize", str(target)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
     if proc.returncode != 0:
         pytest.fail(f"kubectl kustomize config/{rel} failed:\n{proc.stderr}")
     return proc.stdout
