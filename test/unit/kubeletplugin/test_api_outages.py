@@ -7,7 +7,6 @@ crash or a permanent error.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -54,9 +53,11 @@ def slices(api: FakeApiServer) -> list[JSON]:
 def test_slice_publisher_starts_while_the_api_server_is_down(api: FakeApiServer) -> None:
     pub, factory = publisher(api)
     api.set_available(False)
+    api.clear_log()
     try:
         pub.start()  # must neither raise nor block on the Node read
-        time.sleep(0.3)  # let it try against the dead server for a while
+        # It kept trying the dead server (the log records dropped requests too).
+        eventually(lambda: len(api.request_log) >= 3)
         assert slices(api) == []
         api.set_available(True)
         [obj] = eventually(lambda: slices(api))
