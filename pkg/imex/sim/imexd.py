@@ -21,7 +21,7 @@ What it really does, so a bad configuration fails tests the way it would fail re
 - the command port's status is the node table in real ``nvidia-imex-ctl -N -j`` shape
   (:mod:`pkg.imex.ctl`): our own row has one connection per configured peer; the rows of peers
   carry only what we can see (``READY`` when connected). Simulator-only keys (``probes``,
-  ``connected``, ``reloads``, ...) are added at the top level;
+  ``connected``, ``reloads``, ``probeRounds``, ...) are added at the top level;
 - SIGTERM/SIGINT exit 0; it also exits when its parent dies, so a killed daemon never leaves an
   orphan holding the ports.
 """
@@ -154,6 +154,7 @@ class Node:
         self._ever_connected: set[str] = set()
         self._started = time.monotonic()
         self.reloads = 0
+        self.probe_rounds = 0  # completed probe_all passes (tests wait for rounds, not time)
         self.listening = False
 
     def load_nodes(self) -> None:
@@ -213,6 +214,7 @@ class Node:
         states = dict(results)
         with self._lock:
             self._states = states
+            self.probe_rounds += 1
             self._ever_connected |= {
                 str(st["address"]) for st in states.values() if st["state"] == "connected"
             }
@@ -315,6 +317,7 @@ class Node:
             "port": self.s.server_port,
             "ready": self.ready(),
             "reloads": self.reloads,
+            "probeRounds": self.probe_rounds,
             "probes": probes,
             "connected": sorted(p["address"] for p in probes if p["state"] == "connected"),
         }

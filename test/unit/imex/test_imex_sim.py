@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -171,7 +170,8 @@ def test_domain_forms_refuses_strangers_and_reloads(tmp_path: Path, nodes: list[
 
     # A new IP for slot 1 is only seen after SIGUSR1, like real IMEX.
     a0.hosts.update(nc.dns_mapping(uid_a, {0: ips[0], 1: "127.0.0.29"}, max_nodes=4))
-    time.sleep(0.3)
+    rounds = a0.status()["probeRounds"]
+    eventually(lambda: a0.status()["probeRounds"] >= rounds + 2)  # probed twice since
     assert a0.status()["probes"][1]["address"] == ips[1]
     assert a0.proc is not None
     a0.proc.send_signal(signal.SIGUSR1)
