@@ -17,7 +17,8 @@ workload: ``--cds`` ComputeDomains in ``--namespaces`` namespaces created at onc
 * peak RSS (VmHWM) and idle CPU over ``--idle`` seconds after the burst settled.
 
     .venv/bin/python hack/bench/controller_vs_upstream.py /tmp/upstream \\
-        [--nodes 1000] [--cds 200] [--namespaces 10] [--runs 2] [--qps default,100:200]
+        [--nodes 1000] [--cds 200] [--namespaces 10] [--runs 2] [--qps default,100:200] \\
+        [--who ours,go]
 """
 
 from __future__ import annotations
@@ -314,11 +315,13 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--qps", default="default,100:200", help="'default' and/or QPS:BURST")
     ap.add_argument("--idle", type=float, default=60.0, help="idle CPU window (s)")
+    ap.add_argument("--who", default="ours,go", help="controllers to run: ours and/or go")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="cd-vs-upstream-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    who_list = [w for w in ("ours", "go") if w in args.who.split(",")]
     go_binary = build_upstream(args.upstream.resolve(), workdir)
     audit_log, policy = workdir / "audit.log", workdir / "audit-policy.yaml"
     policy.write_text(AUDIT_POLICY.format(user=CONTROLLER_USER))
@@ -342,7 +345,7 @@ def main() -> int:
                                           "metadata": {"name": ns}})  # fmt: skip
         for qps in args.qps.split(","):
             for run in range(args.runs):
-                for who in ("ours", "go"):
+                for who in who_list:
                     tag = f"{who}-{qps.replace(':', '_')}-{run}"
                     log(f"run {tag}")
                     r = one_run(

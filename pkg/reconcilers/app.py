@@ -33,7 +33,7 @@ from pkg.kube.config import load_api_client
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
 from pkg.reconcilers.flags import Options
 from pkg.reconcilers.formation import FormationTracer
-from pkg.reconcilers.manager import ControllerManager
+from pkg.reconcilers.manager import ControllerManager, domain_workers
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from pkg.runtime.tracing import setup_tracing
@@ -133,6 +133,7 @@ def run(
             client=client, config=options.controller, registry=term_registry,
             tracer=tracing.tracer, clock=clock, informer_clock=RealClock(), events=recorder,
             formation=FormationTracer(tracing, clock=clock),
+            cd_workers=domain_workers(options.kube_api_qps),
         )  # fmt: skip
         state["manager"] = manager
         leading.set()

@@ -4,12 +4,23 @@ Owns ``cd.metadata.finalizers`` (our entry) and the whole of ``cd.status``; this
 the only writer of both, and the workqueue never runs two reconciles of one key at once, so
 within the process there is exactly one writer. One pass:
 
-1. domain gone from the cache → nothing to do;
+1. domain gone from the cache, or the cache not yet holding our last finalizer write (another
+   event came first; that write's own event brings the next pass) → nothing to do;
 2. ``deletionTimestamp`` set → ordered teardown (:meth:`Dependents.teardown`); the finalizer is
    removed only when nothing is pending, daemon pods included (upstream #380);
 3. invalid spec → ``Ready=False/InvalidSpec`` naming the field, a Warning Event, and a
    :class:`TerminalError` (the spec is immutable: retrying cannot help);
-4. add the finalizer, create-or-adopt dependents, then aggregate members into ``status``:
+4. critical path first: a domain without our finalizer (a new one) gets only its workload
+   ResourceClaimTemplate (the write that unblocks the user's pods) and then the finalizer; the
+   watch event of that finalizer write queues the second pass behind the domains already
+   waiting, so in a burst every new domain's template comes before any domain's status
+   (breadth-first); an orphaned template of a domain deleted between the two writes is found
+   by the orphan cleanup (it carries the domain UID label);
+5. create-or-adopt the other dependents — the daemon RCT and DaemonSet only once the domain
+   is in use (:meth:`Dependents.daemons_wanted`: a channel claim of it allocated, a node
+   labelled for it; upstream creates them with the domain), so the scheduler's allocation,
+   which also labels the node (:mod:`pkg.reconcilers.resourceclaim`), is what creates them —
+   then aggregate members into ``status``:
    a node lost for ``node_loss_grace_period`` leaves (``NodeLost`` Event; the reconcile is
    requeued for the moment the next unhealthy node would be lost), and daemons a full clique
    leaves out make the condition ``CapacityExceeded`` with a Warning Event on the domain and
@@ -106,6 +117,9 @@ class ComputeDomainReconciler:
         self._once = OnceEvents(events)
         # uid -> the last status we wrote; the cache may lag our own writes.
         self._written: dict[str, JSON] = {}
+        # key -> resourceVersion our last finalizer write replaced: while the cache still
+        # shows it, the cache is behind that write.
+        self._behind: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
@@ -114,6 +128,13 @@ class ComputeDomainReconciler:
         ctx.check()
         obj = self._caches.compute_domains.get_by_key(key)
         if obj is None:
+            with self._lock:
+                self._behind.pop(key, None)
+            return Result()
+        if self._cache_behind(key, obj):
+            # The cache does not hold our last finalizer write yet (another event came first);
+            # that write's own watch event brings the next pass. Acting now would PUT a stale
+            # resourceVersion (409) or re-remove a finalizer of a deleted domain (404).
             return Result()
         if obj.get("metadata", {}).get("deletionTimestamp"):
             return self._finalize(obj)
@@ -123,10 +144,22 @@ class ComputeDomainReconciler:
             self._events.event(obj, WARNING, "InvalidSpec", str(exc))
             self._write_status(obj, members=[], problem=Problem("InvalidSpec", str(exc)))
             raise TerminalError(f"invalid spec: {exc}") from exc
-        obj = self._ensure_finalizer(obj)
-        ctx.check()
         try:
-            problem = self._ensure_dependents(cd, obj)
+            if c.FINALIZER not in (obj["metadata"].get("finalizers") or []):
+                finalizers = list(obj["metadata"].get("finalizers") or [])
+                body = self._with_finalizers(obj, [*finalizers, c.FINALIZER])
+                self._formation.annotate(body)  # the trace context rides on the finalizer
+                problem = self._ensure_dependents(cd, body, daemons=None)
+                ctx.check()
+                obj = self._write_finalizers(obj, body)
+                if problem is None:
+                    # The second pass comes from the watch event of our finalizer write: it
+                    # queues the key behind the domains already waiting, and only once the
+                    # cache holds that write (a timed requeue could race it into a 409).
+                    return Result()
+            ctx.check()
+            daemons = self._dependents.daemons_wanted(cd.uid)
+            problem = self._ensure_dependents(cd, obj, daemons=daemons)
         except RetryLaterError as exc:
             log.info("%s", exc, extra={"key": key})
             return Result(requeue_after=1.0)
@@ -161,25 +194,39 @@ class ComputeDomainReconciler:
             return Result(requeue_after=max(found.recheck, 0.1))
         return Result()
 
-    def _ensure_dependents(self, cd: ComputeDomain, obj: JSON) -> Problem | None:
-        """:meth:`Dependents.ensure`, in a formation-trace span when this pass creates any."""
-        missing = self._missing_dependents(cd) if self._formation.enabled else []
+    def _ensure_dependents(
+        self, cd: ComputeDomain, obj: JSON, *, daemons: bool | None
+    ) -> Problem | None:
+        """:meth:`Dependents.ensure` (``daemons`` None: the workload RCT only), in a
+        formation-trace span when this pass creates any."""
+
+        def ensure() -> Problem | None:
+            if daemons is None:
+                return self._dependents.ensure_workload_rct(cd, obj)
+            return self._dependents.ensure(cd, obj, daemons=daemons)
+
+        missing = (
+            self._missing_dependents(cd, daemons=bool(daemons)) if self._formation.enabled else []
+        )
         if not missing:
-            return self._dependents.ensure(cd, obj)
+            return ensure()
         with self._formation.span(
             obj, "ensure dependents", {"dependents.missing": ",".join(missing)}
         ):
-            return self._dependents.ensure(cd, obj)
+            return ensure()
 
-    def _missing_dependents(self, cd: ComputeDomain) -> list[str]:
+    def _missing_dependents(self, cd: ComputeDomain, *, daemons: bool) -> list[str]:
         """The dependents the cache does not hold yet (what :meth:`Dependents.ensure` creates)."""
         ns, name = self._config.namespace, c.daemon_object_name(cd.uid)
-        wanted = (
+        wanted = [
             ("ResourceClaimTemplate/" + cd.resource_claim_template_name, self._caches.rcts,
              f"{cd.namespace}/{cd.resource_claim_template_name}"),
-            ("ResourceClaimTemplate/" + name, self._caches.rcts, f"{ns}/{name}"),
-            ("DaemonSet/" + name, self._caches.daemonsets, f"{ns}/{name}"),
-        )  # fmt: skip
+        ]  # fmt: skip
+        if daemons:
+            wanted += [
+                ("ResourceClaimTemplate/" + name, self._caches.rcts, f"{ns}/{name}"),
+                ("DaemonSet/" + name, self._caches.daemonsets, f"{ns}/{name}"),
+            ]
         return [what for what, cache, key in wanted if cache.get_by_key(key) is None]
 
     def _aggregate(self, uid: str) -> Aggregate:
@@ -205,14 +252,29 @@ class ComputeDomainReconciler:
 
     # -- finalizer ------------------------------------------------------------------------------
 
-    def _ensure_finalizer(self, obj: JSON) -> JSON:
-        finalizers = list(obj.get("metadata", {}).get("finalizers") or [])
-        if c.FINALIZER in finalizers:
-            return obj
+    def _cache_behind(self, key: str, obj: JSON) -> bool:
+        rv = str(obj["metadata"].get("resourceVersion", ""))
+        with self._lock:
+            replaced = self._behind.get(key)
+            if replaced is not None and replaced != rv:
+                del self._behind[key]
+            return replaced == rv
+
+    @staticmethod
+    def _with_finalizers(obj: JSON, finalizers: list[str]) -> JSON:
         body = copy.deepcopy(obj)
-        body["metadata"]["finalizers"] = [*finalizers, c.FINALIZER]
-        self._formation.annotate(body)  # the formation trace's context rides on this write
-        return self._client.update(COMPUTE_DOMAINS, body)
+        body["metadata"]["finalizers"] = finalizers
+        return body
+
+    def _write_finalizers(self, obj: JSON, body: JSON) -> JSON:
+        """PUT ``body`` (``obj`` with other finalizers); remembers what the cache will lag."""
+        written = self._client.update(COMPUTE_DOMAINS, body)
+        meta = obj["metadata"]
+        with self._lock:
+            self._behind[f"{meta.get('namespace')}/{meta['name']}"] = str(
+                meta.get("resourceVersion", "")
+            )
+        return written
 
     def _finalize(self, obj: JSON) -> Result:
         meta = obj["metadata"]
@@ -226,10 +288,9 @@ class ComputeDomainReconciler:
                 obj, NORMAL, "WaitingForDependents", "deleting; waiting for " + ", ".join(pending)
             )
             return Result(requeue_after=self._config.deletion_recheck)
-        body = copy.deepcopy(obj)
-        body["metadata"]["finalizers"] = [f for f in finalizers if f != c.FINALIZER]
+        body = self._with_finalizers(obj, [f for f in finalizers if f != c.FINALIZER])
         with contextlib.suppress(NotFoundError):
-            self._client.update(COMPUTE_DOMAINS, body)
+            self._write_finalizers(obj, body)
         self._metrics.forget(uid)
         with self._lock:
             self._written.pop(uid, None)

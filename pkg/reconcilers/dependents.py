@@ -11,7 +11,15 @@ AlreadyExists and is diagnosed with a live GET. Invariants:
   UID precondition) so the name can be reused;
 * teardown order is workload RCT → node labels → DaemonSet → wait until the daemon pods are
   gone (pods on lost nodes cannot terminate and are not waited for) → daemon RCT; it reports
-  what is still pending so the caller keeps its finalizer until the list is empty;
+  what is still pending so the caller keeps its finalizer until the list is empty; an object
+  whose DELETE this pass succeeded without leaving finalizers is gone, not pending, even while
+  the cache still shows it (so a domain without daemons is finalized in one pass);
+* an object this process created is not created again while the cache has not caught up with
+  the create (the memo is dropped once the cache shows it, and at teardown), so a re-reconcile
+  right after a create costs no AlreadyExists round trip;
+* the daemon RCT and the DaemonSet are created on demand (:meth:`Dependents.daemons_wanted`:
+  the first allocated channel claim or labelled node of the domain), so a domain no workload
+  ever uses costs two writes to create and two to delete, not six and four;
 * the upstream finalizer is stripped from dependents created by the upstream controller so a
   takeover never leaves them stuck terminating.
 """
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 
 from pkg.api import constants as c
 from pkg.api.computedomain import ComputeDomain
@@ -27,7 +36,7 @@ from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import AlreadyExistsError, ApiError, ForbiddenError, NotFoundError
 from pkg.kube.resources import DAEMONSETS, RESOURCE_CLAIM_TEMPLATES, Resource
-from pkg.reconcilers.cache import BY_DOMAIN, BY_UID, Caches
+from pkg.reconcilers.cache import BY_DOMAIN, BY_UID, Caches, ObjectCache
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.events import NORMAL, EventSink
 from pkg.reconcilers.nodecache import patch_node_metadata
@@ -66,7 +75,7 @@ def remove_domain_label(client: KubeClient, node: JSON, *, uid: str) -> bool:
 
 
 class Dependents:
-    """Ensures and tears down the dependents of one domain at a time (stateless)."""
+    """Ensures and tears down the dependents of one domain at a time."""
 
     def __init__(
         self, *, client: KubeClient, caches: Caches, config: ControllerConfig, events: EventSink
@@ -75,17 +84,63 @@ class Dependents:
         self._caches = caches
         self._config = config
         self._events = events
+        # (resource, "ns/name") of objects we created that the cache may not show yet → the
+        # owning domain UID (the daemon RCT and the DaemonSet share their name).
+        self._created: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+
+    def _cached(
+        self, resource: Resource, indexer: ObjectCache, key: str, uid: str
+    ) -> JSON | bool | None:
+        """The cached object at ``key``; True if only our own recent create says it exists."""
+        existing = indexer.get_by_key(key)
+        with self._lock:
+            if existing is not None:
+                self._created.pop((resource.plural, key), None)
+                return existing
+            return self._created.get((resource.plural, key)) == uid
+
+    def _remember(self, resource: Resource, key: str, uid: str) -> None:
+        with self._lock:
+            self._created[(resource.plural, key)] = uid
+
+    def forget(self, uid: str) -> None:
+        """Drop the create memo of the domain ``uid`` (it is being torn down)."""
+        with self._lock:
+            for key in [k for k, v in self._created.items() if v == uid]:
+                del self._created[key]
 
     def _domain_exists(self, uid: str) -> bool:
         return bool(self._caches.compute_domains.by_index(BY_UID, uid))
 
     # -- ensure ---------------------------------------------------------------------------------
 
-    def ensure(self, cd: ComputeDomain, cd_obj: JSON) -> Problem | None:
-        """Create or adopt every dependent; a Problem when the user must act first."""
-        workload = render_workload_rct(cd, owner=cd_obj)
-        problem = self._ensure_rct(cd, cd_obj, workload, what="channel")
-        if problem is not None:
+    def ensure_workload_rct(self, cd: ComputeDomain, cd_obj: JSON) -> Problem | None:
+        """Create or adopt the workload RCT only: the write that unblocks the user's pods."""
+        return self._ensure_rct(cd, cd_obj, render_workload_rct(cd, owner=cd_obj), what="channel")
+
+    def daemons_wanted(self, uid: str) -> bool:
+        """Whether the domain ``uid`` needs its IMEX daemon objects: a channel claim of it is
+        allocated, a node is labelled for it, or daemon objects (DaemonSet, daemon RCT, daemon
+        pods, cliques) already exist. Until then a domain costs no DaemonSet."""
+        caches = self._caches
+        return bool(
+            caches.claims.by_index(BY_DOMAIN, uid)
+            or caches.nodes.by_index(BY_DOMAIN, uid)
+            or caches.daemonsets.by_index(BY_DOMAIN, uid)
+            or caches.pods.by_index(BY_DOMAIN, uid)
+            or caches.cliques.by_index(BY_DOMAIN, uid)
+            or any(
+                _labels(r).get(c.TARGET_LABEL) == c.TARGET_DAEMON
+                for r in caches.rcts.by_index(BY_DOMAIN, uid)
+            )
+        )
+
+    def ensure(self, cd: ComputeDomain, cd_obj: JSON, *, daemons: bool = True) -> Problem | None:
+        """Create or adopt the workload RCT and, with ``daemons``, the daemon RCT and the
+        DaemonSet; a Problem when the user must act first."""
+        problem = self.ensure_workload_rct(cd, cd_obj)
+        if problem is not None or not daemons:
             return problem
         try:
             daemon = render_daemon_rct(cd, self._config)
@@ -106,8 +161,10 @@ class Dependents:
         self, cd: ComputeDomain, cd_obj: JSON, desired: JSON, *, what: str
     ) -> Problem | None:
         key = _key(desired)
-        existing = self._caches.rcts.get_by_key(key)
-        if existing is None:
+        existing = self._cached(RESOURCE_CLAIM_TEMPLATES, self._caches.rcts, key, cd.uid)
+        if existing is True:
+            return None
+        if not isinstance(existing, dict):
             try:
                 self._client.create(RESOURCE_CLAIM_TEMPLATES, desired)
             except AlreadyExistsError:
@@ -118,6 +175,7 @@ class Dependents:
             else:
                 # No Normal Event at creation (upstream records none; the status conditions
                 # show progress): one API write less per domain on the critical path.
+                self._remember(RESOURCE_CLAIM_TEMPLATES, key, cd.uid)
                 log.info("created %s ResourceClaimTemplate", what, extra={"key": key})
                 return None
         owner = _labels(existing).get(c.COMPUTE_DOMAIN_LABEL)
@@ -136,8 +194,10 @@ class Dependents:
     def _ensure_daemonset(self, cd: ComputeDomain, cd_obj: JSON) -> Problem | None:
         desired = render_daemonset(cd, self._config)
         key = _key(desired)
-        existing = self._caches.daemonsets.get_by_key(key)
-        if existing is None:
+        existing = self._cached(DAEMONSETS, self._caches.daemonsets, key, cd.uid)
+        if existing is True:
+            return None
+        if not isinstance(existing, dict):
             try:
                 self._client.create(DAEMONSETS, desired)
             except AlreadyExistsError:
@@ -145,6 +205,7 @@ class Dependents:
                     DAEMONSETS, desired["metadata"]["name"], namespace=self._config.namespace
                 )
             else:
+                self._remember(DAEMONSETS, key, cd.uid)
                 log.info("created IMEX daemon DaemonSet", extra={"key": key})
                 return None
         if _labels(existing).get(c.COMPUTE_DOMAIN_LABEL) != cd.uid:
@@ -169,8 +230,11 @@ class Dependents:
 
     # -- teardown -------------------------------------------------------------------------------
 
-    def delete(self, resource: Resource, obj: JSON) -> None:
-        """Delete one dependent (UID precondition), stripping an upstream finalizer."""
+    def delete(self, resource: Resource, obj: JSON) -> bool:
+        """Delete one dependent (UID precondition), stripping an upstream finalizer.
+
+        True when that object (this UID) is gone for sure: deleted without finalizers left,
+        already absent, or its name taken by a new object."""
         meta = obj.get("metadata", {})
         if c.FINALIZER in (meta.get("finalizers") or []):
             body = copy.deepcopy(obj)
@@ -178,33 +242,44 @@ class Dependents:
                 f for f in meta.get("finalizers") or [] if f != c.FINALIZER
             ]
             try:
-                self._client.update(resource, body)
+                obj = self._client.update(resource, body)
             except NotFoundError:
-                return
+                return True
+            meta = obj.get("metadata", {})
         if meta.get("deletionTimestamp"):
-            return
+            return not meta.get("finalizers")
         try:
-            self._client.delete(
+            left = self._client.delete(
                 resource, meta["name"], namespace=meta.get("namespace"), uid=meta.get("uid"),
                 propagation_policy="Background",
             )  # fmt: skip
         except NotFoundError:
-            pass
+            return True
         except ApiError as exc:
             if exc.status != 409:  # precondition failed: a new object took the name
                 raise
+            return True
+        # The API answers the deleted object, or (finalizers left) the terminating one.
+        return not (left or {}).get("metadata", {}).get("finalizers")
 
     def teardown(self, uid: str) -> list[str]:
         """One pass of ordered deletion; returns what is still pending (empty when done)."""
         caches = self._caches
+        self.forget(uid)
+        gone: set[str] = set()  # UIDs whose DELETE this pass left nothing behind
+
+        def delete(resource: Resource, obj: JSON) -> None:
+            if self.delete(resource, obj):
+                gone.add(str(obj["metadata"].get("uid")))
+
         rcts = caches.rcts.by_index(BY_DOMAIN, uid)
         for rct in rcts:
             if _labels(rct).get(c.TARGET_LABEL) != c.TARGET_DAEMON:
-                self.delete(RESOURCE_CLAIM_TEMPLATES, rct)
+                delete(RESOURCE_CLAIM_TEMPLATES, rct)
         for node in caches.nodes.by_index(BY_DOMAIN, uid):
             remove_domain_label(self._client, node, uid=uid)
         for ds in caches.daemonsets.by_index(BY_DOMAIN, uid):
-            self.delete(DAEMONSETS, ds)
+            delete(DAEMONSETS, ds)
         # Pods on lost nodes cannot terminate until the node returns; do not wait for them.
         pods = [
             p
@@ -214,8 +289,15 @@ class Dependents:
         if not pods:
             for rct in rcts:
                 if _labels(rct).get(c.TARGET_LABEL) == c.TARGET_DAEMON:
-                    self.delete(RESOURCE_CLAIM_TEMPLATES, rct)
-        pending = [f"ResourceClaimTemplate {_key(r)}" for r in caches.rcts.by_index(BY_DOMAIN, uid)]
-        pending += [f"DaemonSet {_key(d)}" for d in caches.daemonsets.by_index(BY_DOMAIN, uid)]
+                    delete(RESOURCE_CLAIM_TEMPLATES, rct)
+        pending = [
+            f"{kind} {_key(o)}"
+            for kind, objs in (
+                ("ResourceClaimTemplate", caches.rcts.by_index(BY_DOMAIN, uid)),
+                ("DaemonSet", caches.daemonsets.by_index(BY_DOMAIN, uid)),
+            )
+            for o in objs
+            if str(o["metadata"].get("uid")) not in gone
+        ]
         pending += [f"daemon pod {_key(p)}" for p in pods]
         return pending

@@ -5,10 +5,11 @@ watched slice of the API feeds the caches (:class:`pkg.reconcilers.cache.Caches`
 handlers only map objects to keys and enqueue them (never call the API); four controllers
 with their own named queues run the reconcilers:
 
-* ``computedomain`` (key ``ns/name``): from ComputeDomains, and from the DaemonSets, daemon
-  pods, cliques, RCTs and Nodes labelled with a domain UID, and from any Node that hosts a
-  daemon pod or clique entry of a domain (node health decides membership) — so status
-  aggregation is driven by membership events, with no polling;
+* ``computedomain`` (key ``ns/name``): from ComputeDomains, from their allocated channel
+  claims (the first one creates the daemon objects), from the DaemonSets, daemon pods,
+  cliques, RCTs and Nodes labelled with a domain UID, and from any Node that hosts a daemon
+  pod or clique entry of a domain (node health decides membership) — so status aggregation
+  is driven by membership events, with no polling;
 * ``resourceclaim`` (key node name): from ResourceClaims (old and new allocation node),
   Nodes, and ComputeDomains appearing after their claims;
 * ``cliquelabel`` (key node name): from ResourceSlices and Nodes;
@@ -23,6 +24,7 @@ blocks until then); :meth:`stop` stops the queues, the sweep and the informers, 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -39,7 +41,14 @@ from pkg.informers.informer import SharedInformer
 from pkg.informers.snapshot import factory_snapshot
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
-from pkg.reconcilers.cache import BY_NODE, BY_UID, INDEXES, Caches, allocated_node
+from pkg.reconcilers.cache import (
+    BY_NODE,
+    BY_UID,
+    INDEXES,
+    Caches,
+    allocated_node,
+    channel_domain_id,
+)
 from pkg.reconcilers.cleanup import OrphanCleaner
 from pkg.reconcilers.cliquelabel import CliqueLabelReconciler
 from pkg.reconcilers.cliqueprune import CliquePruneReconciler
@@ -53,7 +62,7 @@ from pkg.reconcilers.nodecache import NodeView, as_node_metadata
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
 from pkg.reconcilers.slim import slim_node, slim_object
 
-__all__ = ["ControllerManager"]
+__all__ = ["ControllerManager", "domain_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +70,16 @@ Mapper = Callable[[JSON], Iterable[str]]
 # No periodic resync: every handler is level-triggered from watch events, and a resync would
 # re-run every reconcile every period on an idle cluster (client-go's default is 0 too).
 RESYNC_PERIOD = 0.0
+
+
+def domain_workers(qps: float) -> int:
+    """Workers of the ``computedomain`` queue for a client limit of ``qps`` per API group.
+
+    A reconcile is I/O-bound: one worker waits ~50-100 ms per request on a busy node, so it
+    issues at most ~10-20 requests/s. One worker per 5 QPS (at least 8, at most 64) keeps
+    enough requests in flight that the client's limiter, not the worker count, bounds a burst
+    of new domains; idle workers cost only a blocked thread each."""
+    return max(8, min(64, math.ceil(qps / 5)))
 
 
 def _unwrap(obj: JSON | DeletedFinalStateUnknown) -> JSON:
@@ -137,7 +156,7 @@ class ControllerManager:
         )
         self.controllers = [
             # Reconciles are I/O-bound: enough workers that the client's QPS (per API group),
-            # not the worker count, bounds a burst of new domains.
+            # not the worker count, bounds a burst of new domains (see domain_workers).
             controller("computedomain", self.domains, cd_workers),
             controller("resourceclaim", self.claims, 1),
             controller("cliquelabel", self.cliques, 1),
@@ -156,6 +175,13 @@ class ControllerManager:
 
     def _domain_keys(self, obj: JSON) -> list[str]:
         uid = (obj["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
+        if not uid:
+            return []
+        return [_key(cd) for cd in self.caches.compute_domains.by_index(BY_UID, uid)]
+
+    def _domain_keys_of_claim(self, claim: JSON) -> list[str]:
+        """The domain an allocated channel claim belongs to (it creates the daemon objects)."""
+        uid = channel_domain_id(claim)
         if not uid:
             return []
         return [_key(cd) for cd in self.caches.compute_domains.by_index(BY_UID, uid)]
@@ -226,6 +252,8 @@ class ControllerManager:
         self._watch(inf["cliques"], prune_ctl, lambda o: [_key(o)])
         self._watch(inf["pods"], prune_ctl, self.prune.keys_for_pod)
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
+        # The first allocated channel claim of a domain makes it create its daemon objects.
+        self._watch(inf["claims"], cd_ctl, self._domain_keys_of_claim)
         self._watch(inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])])
         self._watch(inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])])
         self._watch(

@@ -250,3 +250,37 @@ def resource_slice(node_name: str, *, clique_id: str | None, qualified: bool = F
             "devices": [{"name": c.CHANNEL_DEVICE_NAME, "attributes": attrs}],
         },
     }
+
+
+class LaggingCache:
+    """`ObjectCache` that, once :meth:`freeze` is called, answers from that snapshot: an
+    informer that has not yet delivered the writes made since."""
+
+    def __init__(self, live: LiveCache, name: str) -> None:
+        self._live = live
+        self._indexes = INDEXES[name]
+        self._snapshot: builtins.list[JSON] | None = None
+
+    def freeze(self) -> None:
+        self._snapshot = self._live.list()
+
+    def thaw(self) -> None:
+        """The informer caught up."""
+        self._snapshot = None
+
+    def get_by_key(self, key: str) -> JSON | None:
+        if self._snapshot is None:
+            return self._live.get_by_key(key)
+        for obj in self._snapshot:
+            meta = obj["metadata"]
+            if f"{meta.get('namespace')}/{meta['name']}" in (key, f"None/{key}"):
+                return obj
+        return None
+
+    def list(self) -> builtins.list[JSON]:
+        return self._live.list() if self._snapshot is None else list(self._snapshot)
+
+    def by_index(self, index: str, value: str) -> builtins.list[JSON]:
+        if self._snapshot is None:
+            return self._live.by_index(index, value)
+        return [o for o in self._snapshot if value in self._indexes[index](o)]

@@ -6,7 +6,15 @@ import threading
 from dataclasses import replace
 
 import pytest
-from cdctl_fakes import DRIVER_NS, RecordedEvents, compute_domain, daemon_pod, node  # type: ignore[import-not-found, unused-ignore]
+from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
+    DRIVER_NS,
+    LaggingCache,
+    RecordedEvents,
+    channel_claim,
+    compute_domain,
+    daemon_pod,
+    node,
+)
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
@@ -40,6 +48,7 @@ def setup_domain(
     server: FakeApiServer, reconciler: ComputeDomainReconciler, *, node_ready: str = "True"
 ) -> str:
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    reconciler.reconcile("team/cd1")  # workload template and finalizer
     reconciler.reconcile("team/cd1")
     server.seed(res.NODES, node("a", ready=node_ready, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
     server.seed(res.PODS, daemon_pod(uid, "a", clique=""))
@@ -89,7 +98,10 @@ def test_upstream_finalizers_on_dependents_are_stripped(
     server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler
 ) -> None:
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    reconciler.reconcile("team/cd1")  # workload template and finalizer
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
     reconciler.reconcile("team/cd1")
+    assert len(server.objects(res.DAEMONSETS)) == 1
     for resource in (res.DAEMONSETS, res.RESOURCE_CLAIM_TEMPLATES):
         for obj in server.objects(resource):
             obj["metadata"]["finalizers"] = [c.FINALIZER]
@@ -101,6 +113,34 @@ def test_upstream_finalizers_on_dependents_are_stripped(
     assert server.objects(res.RESOURCE_CLAIM_TEMPLATES) == []
     assert server.objects(res.COMPUTE_DOMAINS) == []
     assert uid
+
+
+def test_domain_without_daemons_is_finalized_in_one_pass_though_the_cache_lags(
+    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+) -> None:  # fmt: skip
+    rcts = LaggingCache(caches.rcts, "rcts")  # type: ignore[arg-type, unused-ignore]
+    daemonsets = LaggingCache(caches.daemonsets, "daemonsets")  # type: ignore[arg-type, unused-ignore]
+    reconciler = ComputeDomainReconciler(
+        client=client, caches=replace(caches, rcts=rcts, daemonsets=daemonsets), config=config,
+        events=events, metrics=DomainMetrics(registry), clock=clock,
+    )  # fmt: skip
+    uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
+    reconciler.reconcile("team/cd1")
+    reconciler.reconcile("team/cd1")
+    assert len(server.objects(res.DAEMONSETS)) == 1
+    rcts.freeze()  # the informers will still show every dependent after its DELETE
+    daemonsets.freeze()
+    client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")
+    events.items.clear()
+    # Every DELETE answered "gone" (no finalizers left): nothing is pending, so the finalizer
+    # goes in the same pass: no WaitingForDependents Event, no recheck.
+    assert reconciler.reconcile("team/cd1").requeue_after == 0
+    assert server.objects(res.COMPUTE_DOMAINS) == []
+    assert server.objects(res.RESOURCE_CLAIM_TEMPLATES) == []
+    assert server.objects(res.DAEMONSETS) == []
+    assert events.reasons() == []
 
 
 def test_deleted_domain_without_our_finalizer_is_ignored(

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     DRIVER_NS,
+    LaggingCache,
     RecordedEvents,
+    channel_claim,
     clique,
     compute_domain,
     daemon_entry,
@@ -60,10 +62,46 @@ def writes(server: FakeApiServer) -> list[tuple[str, str]]:
     return [(m, p) for m, p in server.request_log if m in ("POST", "PUT", "PATCH", "DELETE")]
 
 
-def created_domain(server: FakeApiServer, reconciler: ComputeDomainReconciler, **spec: Any) -> str:
+def allocate_a_claim(server: FakeApiServer, uid: str) -> None:
+    """The scheduler allocated a channel claim of domain ``uid``: the domain is in use."""
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
+
+
+def created_domain(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, *, in_use: bool = True,
+    **spec: Any,
+) -> str:  # fmt: skip
+    """A new domain through both passes: the critical one (requeued) and the full one, with
+    (``in_use``) a channel claim allocated in between."""
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain(**spec))["metadata"]["uid"])
     reconciler.reconcile("team/cd1")
+    if in_use:
+        allocate_a_claim(server, uid)
+    reconciler.reconcile("team/cd1")
     return uid
+
+
+def test_new_domain_gets_its_workload_template_first_then_the_rest(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler
+) -> None:
+    uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
+    allocate_a_claim(server, uid)
+    server.clear_log()
+    result = reconciler.reconcile("team/cd1")
+    # Critical path first: the template that unblocks the user's pods, then the finalizer;
+    # the daemon objects and the status wait for the requeued second pass.
+    assert writes(server) == [
+        ("POST", "/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates"),
+        ("PUT", "/apis/resource.nvidia.com/v1beta1/namespaces/team/computedomains/cd1"),
+    ]
+    assert result.requeue_after == 0  # the finalizer's watch event brings the second pass
+    assert server.objects(res.DAEMONSETS) == []
+    assert "status" not in get_cd(server) or not get_cd(server)["status"]
+    server.clear_log()
+    assert reconciler.reconcile("team/cd1").requeue_after == 0
+    assert [p.rsplit("/", 1)[-1] for _, p in writes(server)] == [
+        "resourceclaimtemplates", "daemonsets", "status",
+    ]  # fmt: skip
 
 
 def test_creation_renders_every_dependent_and_reports_waiting(
@@ -98,6 +136,72 @@ def test_creation_renders_every_dependent_and_reports_waiting(
     assert cd["status"]["nodeCount"] == 0
     # no Normal Event at creation (as upstream): dependents are logged, status shows progress
     assert [i[2] for i in events.items if i[1] == "Normal"] == []
+
+
+@pytest.mark.parametrize("use", ["claim", "node label"])
+def test_daemon_objects_wait_until_the_domain_is_in_use(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, use: str
+) -> None:
+    uid = created_domain(server, reconciler, in_use=False)
+    assert get_cd(server)["status"]["status"] == "NotReady"
+    assert [o["metadata"]["name"] for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)] == [
+        "cd1-channel"
+    ]
+    assert server.objects(res.DAEMONSETS) == []
+    server.clear_log()
+    reconciler.reconcile("team/cd1")
+    assert writes(server) == []  # not in use: nothing to do
+    if use == "claim":  # the scheduler allocated a channel claim of the domain
+        allocate_a_claim(server, uid)
+    else:  # the kubelet plugin labelled a node at Prepare (claim not seen by this process)
+        server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+    reconciler.reconcile("team/cd1")
+    (ds,) = server.objects(res.DAEMONSETS)
+    assert ds["metadata"]["name"] == f"computedomain-daemon-{uid}"
+    assert len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 2
+
+
+def test_a_cache_behind_our_own_creates_costs_no_second_create(
+    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+) -> None:  # fmt: skip
+    rcts = LaggingCache(caches.rcts, "rcts")  # type: ignore[arg-type, unused-ignore]
+    daemonsets = LaggingCache(caches.daemonsets, "daemonsets")  # type: ignore[arg-type, unused-ignore]
+    rcts.freeze()
+    daemonsets.freeze()
+    reconciler = ComputeDomainReconciler(
+        client=client, caches=replace(caches, rcts=rcts, daemonsets=daemonsets), config=config,
+        events=events, metrics=DomainMetrics(registry), clock=clock,
+    )  # fmt: skip
+    uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
+    allocate_a_claim(server, uid)
+    server.clear_log()
+    for _ in range(3):
+        reconciler.reconcile("team/cd1")
+    creates = [p.rsplit("/", 1)[-1] for m, p in server.request_log if m == "POST"]
+    assert creates == ["resourceclaimtemplates", "resourceclaimtemplates", "daemonsets"]
+    assert [p for m, p in server.request_log if m == "GET"] == []  # no AlreadyExists GETs
+
+
+def test_a_pass_before_the_cache_has_our_finalizer_write_waits_for_its_event(
+    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+) -> None:  # fmt: skip
+    domains = LaggingCache(caches.compute_domains, "compute_domains")  # type: ignore[arg-type, unused-ignore]
+    reconciler = ComputeDomainReconciler(
+        client=client, caches=replace(caches, compute_domains=domains), config=config,
+        events=events, metrics=DomainMetrics(registry), clock=clock,
+    )  # fmt: skip
+    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    domains.freeze()  # the informer will not deliver the finalizer write for a while
+    reconciler.reconcile("team/cd1")
+    server.clear_log()
+    # e.g. the workload template's ADDED event came first: no stale PUT (a 409), no writes
+    assert reconciler.reconcile("team/cd1").requeue_after == 0
+    assert server.request_log == []
+    domains.thaw()
+    reconciler.reconcile("team/cd1")  # the finalizer's event: the second pass
+    assert get_cd(server)["status"]["status"] == "NotReady"
 
 
 def test_rereconcile_is_idempotent_and_writes_nothing(
@@ -249,11 +353,13 @@ def test_missing_driver_namespace_is_reported_and_retried_slowly(
     server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
 ) -> None:
     uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
+    allocate_a_claim(server, uid)
     server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
         "metadata": {"name": "cd1-channel", "namespace": "team", "labels": {
             c.COMPUTE_DOMAIN_LABEL: uid, c.TARGET_LABEL: c.TARGET_WORKLOAD}},
         "spec": {"spec": {}},
     })  # fmt: skip
+    reconciler.reconcile("team/cd1")  # adopts it, adds the finalizer
     server.inject_error("POST", res.RESOURCE_CLAIM_TEMPLATES, 404, count=1)
     result = reconciler.reconcile("team/cd1")
     assert result.requeue_after == 60.0
@@ -271,6 +377,7 @@ def test_status_conflict_is_retried_on_a_fresh_read(
     with pytest.raises(ConflictError):
         reconciler.reconcile("team/cd1")  # the finalizer PUT hits the 409: retried by the queue
     uid = get_cd(server)["metadata"]["uid"]
+    reconciler.reconcile("team/cd1")
     reconciler.reconcile("team/cd1")
     server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
     server.seed(res.PODS, daemon_pod(uid, "a", clique=""))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cdctl_fakes import DRIVER_NS, compute_domain  # type: ignore[import-not-found, unused-ignore]
+from cdctl_fakes import DRIVER_NS, channel_claim, compute_domain  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.api import constants as c
 from pkg.kube import resources as res
@@ -184,7 +184,8 @@ def test_lost_lease_steps_down_and_campaigns_again_in_the_same_process(
     eventually(lambda: holder(server) == ours, timeout=10)
     assert a.thread.is_alive() and a.rc is None
     server.seed(res.COMPUTE_DOMAINS, compute_domain("cd2"))
-    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)  # the new term reconciles
+    # the new term reconciles
+    eventually(lambda: len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 1)
     eventually(lambda: a.readyz() == 200)
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{a.port}/metrics", timeout=5).read()
     assert b"nvidia_dra_reconcile_total" in metrics  # the new term's metrics are served
@@ -210,7 +211,7 @@ def test_api_server_outage_shorter_than_the_renew_deadline_costs_nothing(
     eventually(lambda: lease_requests(server) > tried)
     server.set_available(True)
     server.seed(res.COMPUTE_DOMAINS, compute_domain())
-    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+    eventually(lambda: len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 1)
     assert a.thread.is_alive()
     lease = server.objects(res.LEASES)[0]["spec"]
     assert lease["holderIdentity"] == ours and lease["leaseTransitions"] == transitions
@@ -221,7 +222,7 @@ def test_api_server_outage_shorter_than_the_renew_deadline_costs_nothing(
     server.set_available(True)
     eventually(lambda: holder(server) == ours, timeout=10)
     server.seed(res.COMPUTE_DOMAINS, compute_domain("cd2"))
-    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 2)
+    eventually(lambda: len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 2)
     assert a.thread.is_alive() and a.rc is None
     a.stop.set()
     a.thread.join(10)
@@ -249,7 +250,7 @@ def test_binary_runs_from_any_cwd_and_exits_zero_on_sigterm(
         cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1, timeout=30)
+        eventually(lambda: len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 1, timeout=30)
         eventually(lambda: get(f"http://127.0.0.1:{port}/readyz") == 200)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
         assert b"nvidia_dra_reconcile_total" in metrics and b"workqueue_depth" in metrics
@@ -277,7 +278,7 @@ def test_without_leader_election_runs_directly_and_stops_cleanly(server: FakeApi
     )  # fmt: skip
     thread.start()
     eventually(lambda: ports and get(f"http://127.0.0.1:{ports[0]}/readyz") == 200)
-    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+    eventually(lambda: len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 1)
     assert server.objects(res.LEASES) == []
     assert get(f"http://127.0.0.1:{ports[0]}/debug/informers") == 404  # off by default
     stop.set()
@@ -288,7 +289,9 @@ def test_without_leader_election_runs_directly_and_stops_cleanly(server: FakeApi
 def test_debug_endpoint_serves_every_cache_as_keys_and_resource_versions(
     server: FakeApiServer,
 ) -> None:
-    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
+    # In use (a channel claim allocated), so the domain has its DaemonSet too.
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
     opts = parse_options(["--image-name=img", f"--namespace={DRIVER_NS}",
                           "--http-endpoint=127.0.0.1:0"], {"DEBUG_ENDPOINTS": "true"})  # fmt: skip
     assert opts.debug_endpoints and not parse_options(["--image-name=img"], {}).debug_endpoints

@@ -65,11 +65,18 @@ def test_domain_lifecycle_is_event_driven_end_to_end(
     def node_labels() -> dict[str, str]:
         return dict(server.objects(res.NODES)[0]["metadata"].get("labels") or {})
 
-    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+    # Both passes done (status written): the workload template exists, but no daemon objects
+    # while no workload uses the domain.
+    eventually(lambda: bool((cd() or {}).get("status")))
+    assert len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 1
+    assert server.objects(res.DAEMONSETS) == []
     eventually(lambda: node_labels().get(c.GPU_CLIQUE_NODE_LABEL) == "uuid.3")
-    # The scheduler allocates a workload claim on node a: the node is labelled at once.
+    # The scheduler allocates a workload claim on node a: the node is labelled at once, and
+    # the domain creates its daemon RCT and DaemonSet.
     server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
     eventually(lambda: node_labels().get(c.COMPUTE_DOMAIN_LABEL) == uid)
+    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+    assert len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 2
     # The DaemonSet's pod starts there and its daemon registers Ready in its clique.
     server.seed(res.PODS, daemon_pod(uid, "a", clique="uuid.3"))
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "uuid.3", [daemon_entry("a", index=0)]))

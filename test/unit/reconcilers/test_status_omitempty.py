@@ -52,6 +52,7 @@ def test_domain_without_members_has_no_nodes_field(
     server: FakeApiServer, reconciler: ComputeDomainReconciler
 ) -> None:
     server.seed(res.COMPUTE_DOMAINS, compute_domain(numNodes=1))
+    reconciler.reconcile("team/cd1")  # workload template and finalizer
     reconciler.reconcile("team/cd1")
     status = the_cd(server)["status"]
     assert status["status"] == "NotReady" and status["nodeCount"] == 0
