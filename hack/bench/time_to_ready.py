@@ -40,7 +40,7 @@ for p in (REPO, REPO / "hack", REPO / "test" / "e2e"):
 from bench.formation_stages import OWNERS, PodTimes, formations, read_spans, summarize  # noqa: E402
 from e2e_support import Driver, channels_seen, free_port, leak_report, wait_for  # noqa: E402
 from kubeletsim import NodeFleet, config_from_cluster, layout  # noqa: E402
-from kubeletsim.zygote import Zygote  # noqa: E402
+from kubeletsim.zygote import ZYGOTE_ENV, Zygote  # noqa: E402
 from localcluster import Cluster, bin_dir  # noqa: E402
 from workloads import create_cd, delete_cd, delete_pods, start_pods  # noqa: E402
 
@@ -342,12 +342,17 @@ def bench(
                                     http_port=free_port(), extra_env=tracing)  # fmt: skip
         else:  # upstream's controller, same identity and env (it has no formation trace)
             go_proc = start_go_controller(driver, go_controller, kubeconfig, log_file)
+        sim_env: dict[str, str] = {}
+        zclient: Path | None = None
         if use_zygote:
             zygote = Zygote(workdir / "zygote.sock").start(cluster.log_dir / "zygote.log")
-        cfg = config_from_cluster(cluster, workdir / "n", plugin_env=dict(tracing))
+            zclient = Zygote.build_client(workdir / "bin")  # None without a C compiler
+            sim_env[ZYGOTE_ENV] = str(zygote.socket_path)
+        cfg = config_from_cluster(cluster, workdir / "n", plugin_env=dict(tracing),
+                                  zipapp_interpreter=str(zclient) if zclient else None)  # fmt: skip
         cfg.commands = dataclasses.replace(
             cfg.commands,
-            env={**cfg.commands.env, **tracing, "IMEX_SIM_READY_DELAY": "0",
+            env={**cfg.commands.env, **tracing, **sim_env, "IMEX_SIM_READY_DELAY": "0",
                  "IMEX_SIM_PROBE_INTERVAL": str(imex_probe)},
             zygote=zygote,
         )  # fmt: skip

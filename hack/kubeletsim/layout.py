@@ -114,8 +114,13 @@ def layout(
 class NodeDirs:
     """The folders and fake host files of one node (created by :meth:`create`)."""
 
-    def __init__(self, root: Path, spec: NodeSpec, *, logs: Path | None = None) -> None:
+    def __init__(
+        self, root: Path, spec: NodeSpec, *, logs: Path | None = None,
+        zipapp_interpreter: str | None = None,
+    ) -> None:  # fmt: skip
+        """``zipapp_interpreter``: the IMEX zipapps' ``#!`` line (default this Python, ``-S``)."""
         self.spec = spec
+        self.zipapp_interpreter = zipapp_interpreter or f"{sys.executable} -S"
         self.root = root / spec.name
         self.plugins = self.root / "plugins"
         self.registry = self.root / "plugins_registry"
@@ -152,13 +157,13 @@ class NodeDirs:
         return self
 
     def write_driver_root(self, *, omit: Sequence[str] = ()) -> FakeDriverRoot:
-        """(Re)create the node's fake driver root; its IMEX zipapps run under this Python.
-
-        With ``-S`` (no site-packages: the zipapps carry all they import), so each simulated
-        ``nvidia-imex``/``nvidia-imex-ctl`` start costs less CPU.
+        """(Re)create the node's fake driver root; its IMEX zipapps run under
+        ``zipapp_interpreter``: by default this Python with ``-S`` (no site-packages: the
+        zipapps carry all they import, so each simulated ``nvidia-imex``/``nvidia-imex-ctl``
+        start costs less CPU), or ``zclient`` to fork them from a zygote.
         """
         return FakeDriverRoot.create(
-            self.driver_root, driver_version=FAKE_DRIVER_VERSION, python=f"{sys.executable} -S",
+            self.driver_root, driver_version=FAKE_DRIVER_VERSION, python=self.zipapp_interpreter,
             imex_mgmt_minor=FABRIC_IMEX_MGMT_MINOR, omit=omit,
         )  # fmt: skip
 

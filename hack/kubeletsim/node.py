@@ -71,6 +71,8 @@ class FleetConfig:
     lease_period: float = 10.0
     # The plugins also serve /debug/informers on their HTTP endpoint (DEBUG_ENDPOINTS).
     debug_endpoints: bool = False
+    # ``#!`` of the simulated IMEX zipapps (None: this Python with -S; see zygote/zclient.c).
+    zipapp_interpreter: str | None = None
 
     @staticmethod
     def go_cdi(binary: Path) -> CdiResolver:
@@ -90,7 +92,8 @@ class SimulatedNode:
         self.name = spec.name
         self.ip = spec.ip
         self.config = config
-        self.dirs = NodeDirs(config.root, spec, logs=config.log_dir / f"node-{spec.name}")
+        self.dirs = NodeDirs(config.root, spec, logs=config.log_dir / f"node-{spec.name}",
+                             zipapp_interpreter=config.zipapp_interpreter)  # fmt: skip
         node_api = load_api_client(str(config.node_kubeconfig(spec.name)))
         self.client: KubeClient = RestClient(node_api, user_agent=f"kubeletsim/{spec.name}")
         server, ca_data = cluster_of(config.admin_kubeconfig)

@@ -27,6 +27,7 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,7 @@ import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 _REPO = Path(__file__).resolve().parents[2]
 _HACK = _REPO / "hack"
@@ -54,6 +56,9 @@ DAEMON_PRELOAD = (
     "pkg.kube.events",
     "pkg.runtime.tracing",
 )
+# The simulated nvidia-imex / nvidia-imex-ctl (zipapps whose #! is the compiled zclient.c).
+SIM_PRELOAD = ("pkg.imex.sim.ctl", "pkg.imex.sim.imexd")
+ZYGOTE_ENV = "KUBELETSIM_ZYGOTE"  # the socket zclient connects to
 
 
 class ZygoteProcess:
@@ -99,7 +104,9 @@ class ZygoteProcess:
 class Zygote:
     """Client of one fork server; start it with :meth:`start`, end it with :meth:`stop`."""
 
-    def __init__(self, socket_path: Path, preload: Sequence[str] = DAEMON_PRELOAD) -> None:
+    def __init__(
+        self, socket_path: Path, preload: Sequence[str] = DAEMON_PRELOAD + SIM_PRELOAD
+    ) -> None:
         self.socket_path = socket_path
         self._preload = list(preload)
         self._server: subprocess.Popen[bytes] | None = None
@@ -128,6 +135,22 @@ class Zygote:
             self._server.terminate()
             self._server.wait(timeout=10)
         self.socket_path.unlink(missing_ok=True)
+
+    @staticmethod
+    def build_client(out_dir: Path) -> Path | None:
+        """Compile ``zclient.c`` (the zipapps' interpreter line) into ``out_dir``; None without
+        a C compiler. Its fallback interpreter is this Python."""
+        cc = shutil.which("gcc") or shutil.which("cc")
+        if cc is None:
+            return None
+        out_dir.mkdir(parents=True, exist_ok=True)
+        binary = out_dir / "zclient"
+        subprocess.run(
+            [cc, "-O2", "-Wall", f'-DPYTHON="{sys.executable}"', "-o", str(binary),
+             str(Path(__file__).with_name("zclient.c"))],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        return binary
 
     @staticmethod
     def forkable(argv: Sequence[str]) -> bool:
@@ -164,8 +187,8 @@ class Zygote:
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE)
 
 
-def _child(conn: socket.socket, listener: socket.socket, req: dict[str, object],
-           fds: list[int], ready: int) -> None:  # fmt: skip
+def _child(conn: socket.socket, listener: socket.socket, req: dict[str, Any],
+           fds: list[int], ready: int, *, others: Sequence[socket.socket]) -> None:  # fmt: skip
     """In the forked child: become the requested program; never returns.
 
     Starts with ``_FORWARDED`` blocked (see :func:`serve`): a SIGTERM sent right after the pid
@@ -174,6 +197,8 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict[str, object],
     try:
         listener.close()
         conn.close()
+        for other in others:  # other clients' connections: only the server holds them
+            other.close()
         os.setsid()
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
@@ -191,7 +216,7 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict[str, object],
         assert isinstance(env, dict)
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in env.items()})
-        argv = [str(a) for a in req["argv"]]  # type: ignore[attr-defined]
+        argv = [str(a) for a in req["argv"]]
         sys.argv = argv
         sys.path.insert(0, str(Path(argv[0]).resolve().parent))
         import runpy  # noqa: PLC0415 - only children run scripts
@@ -213,8 +238,35 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict[str, object],
         os._exit(code)
 
 
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request: a JSON line (Python clients) or ``B`` + length + NUL fields (zclient)."""
+    msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
+    if msg[:1] == b"B":
+        while len(msg) < 9:
+            msg += conn.recv(9 - len(msg)) or b"\0" * 9
+        need = 9 + int(msg[1:9])
+        while len(msg) < need:
+            more = conn.recv(need - len(msg))
+            if not more:
+                break
+            msg += more
+        fields = [f.decode(errors="surrogateescape") for f in msg[9:need].split(b"\0")[:-1]]
+        argc = int(fields[1])
+        env = dict(e.split("=", 1) for e in fields[2 + argc :] if "=" in e)
+        return {"cwd": fields[0], "argv": fields[2 : 2 + argc], "env": env}, fds
+    while not msg.endswith(b"\n"):
+        more = conn.recv(1 << 20)
+        if not more:
+            break
+        msg += more
+    return json.loads(msg), fds
+
+
 def serve(socket_path: str, preload: Sequence[str]) -> None:
-    """Import ``preload``, then fork one child per request until SIGTERM or the parent exits."""
+    """Import ``preload``, then fork one child per request until SIGTERM or the parent exits.
+
+    A child whose client disconnects before it exited (the client was killed) is SIGKILLed
+    with its process group, like a container whose runtime shim died."""
     parent = os.getppid()
     for module in preload:
         importlib.import_module(module)
@@ -233,19 +285,31 @@ def serve(socket_path: str, preload: Sequence[str]) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     children: dict[int, socket.socket] = {}
+    watched: dict[socket.socket, int] = {}  # client connections of live children
     while not stopping and os.getppid() == parent:  # never outlive the harness
         try:
-            ready, _, _ = select.select([listener], [], [], 0.05)
+            ready, _, _ = select.select([listener, *watched], [], [], 0.05)
         except InterruptedError:
             continue
-        if ready:
+        for sock in ready:
+            if sock is listener:
+                continue
+            try:
+                gone = not sock.recv(1 << 16)
+            except OSError:
+                gone = True
+            if gone:
+                pid = watched.pop(sock)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+        if listener in ready:
             conn, _ = listener.accept()
-            msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
-            while not msg.endswith(b"\n"):
-                more = conn.recv(1 << 20)
-                if not more:
-                    break
-                msg += more
+            try:
+                req, fds = _read_request(conn)
+            except (OSError, ValueError) as e:
+                sys.stderr.write(f"zygote: bad request: {e!r}\n")
+                conn.close()
+                continue
             sys.stdout.flush()
             sys.stderr.flush()
             r, w = os.pipe()
@@ -253,7 +317,7 @@ def serve(socket_path: str, preload: Sequence[str]) -> None:
             pid = os.fork()
             if pid == 0:
                 os.close(r)
-                _child(conn, listener, json.loads(msg), fds, w)
+                _child(conn, listener, req, fds, w, others=list(children.values()))
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
             os.close(w)
             os.read(r, 1)  # the child is in its own session (or already gone)
@@ -262,6 +326,7 @@ def serve(socket_path: str, preload: Sequence[str]) -> None:
                 os.close(fd)
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             children[pid] = conn
+            watched[conn] = pid
         while children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -271,6 +336,7 @@ def serve(socket_path: str, preload: Sequence[str]) -> None:
                 break
             waiter = children.pop(pid, None)
             if waiter is not None:
+                watched.pop(waiter, None)
                 with contextlib.suppress(OSError):
                     waiter.sendall(json.dumps({"exit": _returncode(status)}).encode() + b"\n")
                 waiter.close()

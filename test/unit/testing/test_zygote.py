@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from bench.formation_stages import (
     summarize,
 )
 from kubeletsim.runtime import LocalContainer, ProcessSpec
-from kubeletsim.zygote import Zygote
+from kubeletsim.zygote import ZYGOTE_ENV, Zygote
 
 SCRIPT = """import os, sys, time
 print(sys.argv[1:], os.environ.get("FOO"), os.getcwd(), os.getpid() == os.getsid(0), flush=True)
@@ -139,3 +141,61 @@ def test_a_missing_milestone_leaves_its_time_unattributed_not_lost() -> None:
     assert stages["workload pod bound -> kubelet calls Prepare"] == 1.0
     assert stages[UNATTRIBUTED] == 9.0  # labelled and everything after daemon_created missing
     assert sum(stages.values()) == node.total()
+
+
+@pytest.fixture(scope="module")
+def zclient(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    binary = Zygote.build_client(tmp_path_factory.mktemp("zclient"))
+    if binary is None:
+        pytest.skip("no C compiler")
+    return binary
+
+
+def test_zclient_runs_a_script_forked_by_the_zygote_with_its_exit_code(
+    zygote: Zygote, zclient: Path, tmp_path: Path
+) -> None:
+    env = {"FOO": "z", ZYGOTE_ENV: str(zygote.socket_path)}
+    out = subprocess.run([str(zclient), str(script(tmp_path)), "4"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert out.returncode == 4
+    assert out.stdout.strip() == f"['4'] z {tmp_path} True"
+
+
+def test_zclient_forwards_sigterm_and_its_death_kills_the_program(
+    zygote: Zygote, zclient: Path, tmp_path: Path
+) -> None:
+    env = {ZYGOTE_ENV: str(zygote.socket_path)}
+    pidfile = tmp_path / "pid"
+    prog = tmp_path / "pid.py"
+    prog.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                    "time.sleep(60)\n")  # fmt: skip
+    for sig, expect in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
+        pidfile.unlink(missing_ok=True)
+        proc = subprocess.Popen([str(zclient), str(prog)], env=env)
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() or not pidfile.read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        program = int(pidfile.read_text())
+        proc.send_signal(sig)
+        assert proc.wait(30) == expect
+        while _alive(program):  # the forked program ends too (forwarded, or killed for it)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_zclient_without_a_zygote_runs_the_script_with_python(
+    zclient: Path, tmp_path: Path
+) -> None:
+    out = subprocess.run([str(zclient), str(script(tmp_path)), "0"], env={"FOO": "p"},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         check=False)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.startswith("['0'] p")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
