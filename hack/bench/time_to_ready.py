@@ -9,7 +9,17 @@ CD -> wait until nothing is left. Prints p50/max and the API requests the driver
 identities made per lifecycle, counted from the apiserver's audit log (a policy that records only
 ``system:serviceaccounts:<driver ns>`` requests, at Metadata level).
 
+Per stage: every component exports the formation trace to a file; with an admin watch on all
+pods and the kubelet stand-in's own records, each node's formation is cut into stages owned by
+the driver, Kubernetes or the simulation (``formation_stages``), printed per size (median node
+and last node to be Ready), with the load average and machine CPU use during formation. The
+daemons, their exec probes and the simulated IMEX programs are forked from a fork server
+(``kubeletsim.zygote``; ``--no-zygote`` starts interpreters as before). ``--go-controller BIN``
+runs upstream's Go controller (built by ``controller_vs_upstream.py``) instead of ours, same
+harness (no formation trace then: time-to-ready, CD -> RCT and pods Ready -> CD Ready only).
+
     .venv/bin/python hack/bench/time_to_ready.py [--nodes 2,18,64] [--runs 5] [--json out.json]
+        [--imex-probe-interval 5] [--go-controller BIN] [--no-zygote] [--keep]
 """
 
 from __future__ import annotations
