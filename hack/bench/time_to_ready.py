@@ -58,7 +58,7 @@ from pkg.api import constants as c  # noqa: E402
 from pkg.imex.config import DEFAULT_SERVER_PORT  # noqa: E402
 from pkg.kube.client import KubeClient, RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
-from pkg.kube.resources import COMPUTE_DOMAINS, NAMESPACES, PODS  # noqa: E402
+from pkg.kube.resources import COMPUTE_DOMAINS, NAMESPACES, PODS, Resource  # noqa: E402
 from pkg.runtime.tracing import FILE_PATH_VAR, parse_traceparent  # noqa: E402
 
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -322,6 +322,36 @@ def start_go_controller(
         )  # fmt: skip
 
 
+UPSTREAM_DAEMON_SA = "compute-domain-daemon-service-account"  # upstream's DaemonSet template
+
+
+def alias_daemon_service_account(admin: KubeClient, ns: str) -> None:
+    """Upstream's DaemonSet names its own ServiceAccount: create it with our daemon's bindings."""
+    sa = Resource("", "v1", "serviceaccounts", "ServiceAccount", namespaced=True)
+    admin.create(
+        sa,
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": UPSTREAM_DAEMON_SA, "namespace": ns},
+        },
+        namespace=ns,
+    )
+    rbac = "rbac.authorization.k8s.io"
+    for res, where in ((Resource(rbac, "v1", "rolebindings", "RoleBinding", namespaced=True), ns),
+                       (Resource(rbac, "v1", "clusterrolebindings", "ClusterRoleBinding",
+                                 namespaced=False), None)):  # fmt: skip
+        for binding in admin.list(res, namespace=where)["items"]:
+            subjects = binding.get("subjects") or []
+            if any(x.get("kind") == "ServiceAccount" and x.get("name") == "compute-domain-daemon"
+                   for x in subjects):  # fmt: skip
+                binding["subjects"] = [
+                    *subjects,
+                    {"kind": "ServiceAccount", "name": UPSTREAM_DAEMON_SA, "namespace": ns},
+                ]
+                admin.update(res, binding)
+
+
 def bench(
     n: int, runs: int, workdir: Path, *, probe_scale: float, imex_probe: float,
     use_zygote: bool, trace: bool, go_controller: Path | None = None,
@@ -352,6 +382,9 @@ def bench(
                                     http_port=free_port(), extra_env=tracing)  # fmt: skip
         else:  # upstream's controller, same identity and env (it has no formation trace)
             go_proc = start_go_controller(driver, go_controller, kubeconfig, log_file)
+            alias_daemon_service_account(
+                RestClient(load_api_client(str(cluster.kubeconfig("admin")))), driver.namespace
+            )
         sim_env: dict[str, str] = {}
         zclient: Path | None = None
         if use_zygote:
