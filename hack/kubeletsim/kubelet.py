@@ -71,7 +71,14 @@ class Kubelet:
             if worker is not None and worker.done:
                 if type_ == "DELETED":
                     del self._workers[uid]
-                return
+                    return
+                if worker.pod_removed:
+                    return  # a late event of a pod whose final DELETE was answered
+                # The worker stopped because the pod looked gone (a relist without it), yet the
+                # API server still has it: like the kubelet's status manager, finish it again.
+                log.info("node %s: pod %s still exists after its worker finished; finalizing "
+                         "it again", self.ctx.node_name, worker.key)  # fmt: skip
+                worker = None
             if type_ == "DELETED":
                 if worker is not None:
                     worker.deleted()

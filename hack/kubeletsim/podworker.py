@@ -116,6 +116,10 @@ class PodWorker:
         self._next_status = 0.0
         self._next_finalize = 0.0
         self.finalize_failures = 0  # failed finalization attempts (tests, logs)
+        # The final DELETE was answered (or the pod was found gone/replaced): nothing of this pod
+        # is left to do. A finished worker without it only stopped because the pod looked gone.
+        self.pod_removed = False
+        self.last_error = ""  # the latest finalization failure (diagnostics)
         self._thread = threading.Thread(target=self._run, name=f"pod:{self.key}", daemon=True)
 
     # -- feeding ----------------------------------------------------------------------------
@@ -386,6 +390,7 @@ class PodWorker:
             done = self._finalize_steps(delete=delete)
         except Exception as e:  # never give up on a pod: log and retry
             log.warning("pod %s: finalization failed (retrying): %s", self.key, e)
+            self.last_error = str(e)
             done = False
         if done:
             return True
@@ -409,7 +414,8 @@ class PodWorker:
                     patch_type="strategic", subresource="status",
                 )  # fmt: skip
             except (NotFoundError, ConflictError):
-                return True  # gone, or a new pod took the name: nothing left to delete
+                self.pod_removed = True  # gone, or a new pod took the name: nothing to delete
+                return True
             self._final_status_posted = True
         # NotFound: already gone; Conflict: the UID precondition failed, not our pod any more.
         with contextlib.suppress(NotFoundError, ConflictError):
@@ -417,6 +423,7 @@ class PodWorker:
                 PODS, meta["name"], namespace=meta["namespace"], uid=self.uid,
                 grace_period_seconds=0,
             )  # fmt: skip
+        self.pod_removed = True
         return True
 
     def _terminate(self, *, grace: float) -> None:
@@ -453,5 +460,6 @@ class PodWorker:
                 self._ctx.dra.unprepared(info.ref.uid)
             except DraPluginError as e:
                 log.warning("pod %s: unprepare %s: %s", self.key, info.ref.name, e)
+                self.last_error = f"unprepare {info.ref.name}: {e}"
                 ok = False
         return ok

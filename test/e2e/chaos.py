@@ -41,7 +41,7 @@ from workloads import Workload, cd_status, create_cd, daemon_pods, start_pods
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import NotFoundError
-from pkg.kube.resources import COMPUTE_DOMAINS, PODS
+from pkg.kube.resources import COMPUTE_DOMAINS, NODES, PODS
 
 TARGETS = ("controller", "plugin", "daemon", "imex", "apiserver")
 PHASES = ("before-ready", "after-ready", "pod-deletion", "cd-deletion")
@@ -97,6 +97,39 @@ def _gone(admin: KubeClient, res: object, name: str, ns: str) -> bool:
     except NotFoundError:
         return True
     return False
+
+
+def describe_pods(env: Env, namespace: str, names: list[str]) -> dict[str, str]:
+    """What a stuck pod looks like to the API server and to its node's kubelet stand-in."""
+    out: dict[str, str] = {}
+    for name in names:
+        try:
+            pod = env.admin.get(PODS, name, namespace=namespace)
+        except Exception as e:  # a diagnostic never raises
+            out[name] = f"<{type(e).__name__}>"
+            continue
+        meta, node = pod["metadata"], pod["spec"].get("nodeName", "")
+        text = (f"phase={pod.get('status', {}).get('phase')} node={node} "
+                f"deletionTimestamp={meta.get('deletionTimestamp')}")  # fmt: skip
+        worker = env.fleet[node].kubelet.workers().get(meta["uid"]) if node in env.fleet.nodes \
+            else None  # fmt: skip
+        if worker is None:
+            text += " worker=none"
+        else:
+            text += (f" worker(done={worker.done} podRemoved={worker.pod_removed} "
+                     f"finalizeFailures={worker.finalize_failures} "
+                     f"lastError={worker.last_error[:200]!r})")  # fmt: skip
+        out[name] = text
+    return out
+
+
+def _labelled_nodes(env: Env, cd_uid: str) -> str:
+    """Which nodes still carry the domain's label (the plugins remove it at Unprepare)."""
+    try:
+        nodes = env.admin.list(NODES, label_selector=f"{c.COMPUTE_DOMAIN_LABEL}={cd_uid}")
+    except Exception as e:  # a diagnostic never raises
+        return f"nodes: <{type(e).__name__}>"
+    return f"nodes still labelled: {[n['metadata']['name'] for n in nodes.get('items', [])]}"
 
 
 def _restart_controller(env: Env) -> None:
@@ -228,10 +261,21 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
         with contextlib.suppress(NotFoundError):
             admin.delete(PODS, p, namespace=ns)
     fault("pod-deletion")
-    if not _poll(lambda: all(_gone(admin, PODS, p, ns) for p in w.pods)
-                 and not daemon_pods(admin, dns, w.cd_uid)):  # fmt: skip
+    if not _poll(lambda: all(_gone(admin, PODS, p, ns) for p in w.pods)):
         lc.stuck_pods += [p for p in w.pods if not _gone(admin, PODS, p, ns)]
-        lc.problems.append("pods or daemons not gone after deletion")
+        lc.problems.append(f"workload pods not gone after deletion: "
+                           f"{describe_pods(env, ns, lc.stuck_pods)}")  # fmt: skip
+    # The daemon pods go when kube-controller-manager's DaemonSet controller sees the node labels
+    # the plugins removed. After an API server restart it first waits until its own informer has
+    # seen its last write ("read version ... is not as new as written version"), and that
+    # informer's reconnect back-off (client-go's, up to a minute after repeated restarts) is
+    # Kubernetes', not the driver's: the same allowance as its garbage collector gets below.
+    if not _poll(lambda: not daemon_pods(admin, dns, w.cd_uid), timeout=GC_TIMEOUT):
+        left = [p["metadata"]["name"] for p in daemon_pods(admin, dns, w.cd_uid)]
+        lc.problems.append(
+            f"daemon pods not gone after the workload's deletion: "
+            f"{describe_pods(env, dns, left)}; {_labelled_nodes(env, w.cd_uid)}"
+        )
     recovered("pod-deletion")
     with contextlib.suppress(NotFoundError):
         admin.delete(COMPUTE_DOMAINS, w.cd_name, namespace=ns)

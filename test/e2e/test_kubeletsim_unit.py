@@ -415,3 +415,24 @@ def test_finalization_survives_an_api_outage_with_backoff(
     assert status["containerStatuses"][0]["state"].get("terminated"), status
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
     assert plugin.unprepared == plugin.prepared
+
+
+def test_a_pod_that_outlives_its_worker_is_finalized_again(
+    api: FakeApiServer, node: tuple[Kubelet, StubPlugin, FakeCdi]
+) -> None:
+    """A relist that missed the pod ends its worker without a final DELETE; when the pod shows up
+    again (here: its deletion), the kubelet finishes it like the kubelet's status manager would,
+    instead of ignoring every later event of that UID (a pod stuck in Terminating for good)."""
+    kubelet, plugin, _ = node
+    uid = _running_pod(api, kubelet)
+    worker = kubelet.workers()[uid]
+    worker.deleted()  # what the relist does for a pod it did not see
+    wait_for("worker finished", lambda: worker.done)
+    assert not worker.pod_removed
+    start = len(api.requests)
+    api.client().delete(PODS, "w", namespace="ns")
+    wait_for("final DELETE by a new worker", lambda: _final_deletes(api, start)[1:])
+    fresh = kubelet.workers()[uid]
+    assert fresh is not worker
+    wait_for("new worker finished", lambda: fresh.done and fresh.pod_removed)
+    assert plugin.unprepared == plugin.prepared
