@@ -114,6 +114,11 @@ class ControllerConfig:
     clique_entry_grace_period: float = 30.0
     """How long a clique ``daemons[]`` entry survives with no daemon pod of its domain on its
     node (as observed by this controller) before it is pruned; covers DaemonSet restarts."""
+    status_update_interval: float = 1.0
+    """Least time between two writes of one domain's status that only move counts and lists
+    (``readyNodes``, ``nodes[]``, condition messages); a change of ``status`` or of a
+    condition's status or reason is written at once, and the deferred state is written when the
+    interval ends. 0: every change at once (upstream)."""
     extra_daemon_labels: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> ControllerConfig:
@@ -128,5 +133,7 @@ class ControllerConfig:
             raise ValueError("node-loss-grace-period: must be >= 0")
         if self.clique_entry_grace_period < 0:
             raise ValueError("clique-entry-grace-period: must be >= 0")
+        if self.status_update_interval < 0:
+            raise ValueError("status-update-interval: must be >= 0")
         _check_extra_env(self.daemon_extra_env)
         return self

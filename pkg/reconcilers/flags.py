@@ -98,6 +98,8 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
      "backstop orphan sweep period (0: only at start and when an orphan may exist)"),
     ("clique-entry-grace-period", "CLIQUE_ENTRY_GRACE_PERIOD", parse_duration, 30.0,
      "how long a clique entry outlives its node's last daemon pod before it is pruned"),
+    ("status-update-interval", "STATUS_UPDATE_INTERVAL", parse_duration, 1.0,
+     "least time between status writes of one domain that only move counts (0: no coalescing)"),
     ("http-endpoint", "HTTP_ENDPOINT", str, "", "host:port for /metrics, /healthz, /readyz"),
     ("metrics-path", "METRICS_PATH", str, "/metrics", "metrics path"),
     ("pprof-path", "PPROF_PATH", str, "", "accepted for compatibility; ignored"),
@@ -179,6 +181,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             node_loss_grace_period=float(values["node_loss_grace_period"]),
             cleanup_interval=float(values["cleanup_interval"]),
             clique_entry_grace_period=float(values["clique_entry_grace_period"]),
+            status_update_interval=float(values["status_update_interval"]),
         ).validate()
     except ValueError as exc:
         parser.error(str(exc))

@@ -550,3 +550,73 @@ def test_full_clique_gives_capacity_exceeded_with_events_on_domain_and_pods(
     ]))  # fmt: skip
     reconciler.reconcile("team/cd1")
     assert ready_condition(get_cd(server))["reason"] == "AllNodesReady"
+
+
+def _three_node_domain(server: FakeApiServer, reconciler: ComputeDomainReconciler) -> str:
+    uid = created_domain(server, reconciler, numNodes=3)
+    for n in ("a", "b", "c"):
+        server.seed(res.NODES, node(n, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+        server.seed(res.PODS, daemon_pod(uid, n, clique="cl.1"))
+    return uid
+
+
+def _entries(server: FakeApiServer, uid: str, ready: set[str]) -> None:
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
+        daemon_entry(n, index=i, status="Ready" if n in ready else "NotReady")
+        for i, n in enumerate(("a", "b", "c"))
+    ]))  # fmt: skip
+
+
+def _status_writes(server: FakeApiServer) -> int:
+    return sum(1 for m, p in writes(server) if m == "PUT" and p.endswith("/status"))
+
+
+def test_status_writes_that_only_move_counts_are_coalesced_not_lost(
+    server: FakeApiServer, reconciler: ComputeDomainReconciler, clock: FakeClock
+) -> None:
+    """Daemons turning Ready one by one: a count-only change within ``status_update_interval``
+    (1 s) of our last write waits (the pass asks to be requeued when it is due) and is then
+    written; the domain turning Ready is written at once."""
+    uid = _three_node_domain(server, reconciler)
+    _entries(server, uid, ready=set())
+    clock.step(42)
+    reconciler.reconcile("team/cd1")
+    assert get_cd(server)["status"]["readyNodes"] == 0
+    before = _status_writes(server)
+    _entries(server, uid, ready={"a"})
+    clock.step(0.25)
+    result = reconciler.reconcile("team/cd1")
+    assert _status_writes(server) == before, "a count-only change waits for the interval"
+    assert 0 < result.requeue_after <= 0.75 + 1e-9
+    clock.step(result.requeue_after)
+    reconciler.reconcile("team/cd1")  # the requeue
+    assert _status_writes(server) == before + 1
+    assert get_cd(server)["status"]["readyNodes"] == 1
+    _entries(server, uid, ready={"a", "b", "c"})  # right after a write: Ready is not held back
+    assert reconciler.reconcile("team/cd1").requeue_after == 0
+    assert _status_writes(server) == before + 2
+    assert get_cd(server)["status"]["status"] == "Ready"
+
+
+def test_status_update_interval_zero_writes_every_change(
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
+) -> None:
+    reconciler = ComputeDomainReconciler(
+        client=client, caches=caches, config=replace(config, status_update_interval=0.0),
+        events=events, metrics=DomainMetrics(registry), clock=clock,
+    )  # fmt: skip
+    uid = _three_node_domain(server, reconciler)
+    _entries(server, uid, ready=set())
+    reconciler.reconcile("team/cd1")
+    before = _status_writes(server)
+    for ready in ({"a"}, {"a", "b"}):
+        _entries(server, uid, ready=ready)
+        reconciler.reconcile("team/cd1")
+    assert _status_writes(server) == before + 2
+    assert get_cd(server)["status"]["readyNodes"] == 2
