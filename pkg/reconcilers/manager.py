@@ -58,7 +58,7 @@ from pkg.reconcilers.controller import Controller, ReconcileMetrics, Reconciler
 from pkg.reconcilers.events import EventSink, OnceEvents
 from pkg.reconcilers.formation import FormationTracer
 from pkg.reconcilers.metrics import DomainMetrics
-from pkg.reconcilers.nodecache import NodeView, as_node_metadata
+from pkg.reconcilers.nodecache import NodeView, as_node_metadata, same_node_metadata
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
 from pkg.reconcilers.slim import slim_node, slim_object
 
@@ -84,6 +84,10 @@ def domain_workers(qps: float) -> int:
 
 def _unwrap(obj: JSON | DeletedFinalStateUnknown) -> JSON:
     return obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
+
+
+def _deleting(obj: JSON) -> bool:
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def _key(obj: JSON) -> str:
@@ -212,10 +216,17 @@ class ControllerManager:
                 keys.append(_key(cd))
         return keys
 
-    def _watch(self, informer: SharedInformer, controller: Controller, mapper: Mapper) -> None:
+    def _watch(
+        self, informer: SharedInformer, controller: Controller, mapper: Mapper,
+        *, relevant: Callable[[JSON, JSON], bool] | None = None,
+    ) -> None:  # fmt: skip
+        """Enqueue the keys ``mapper`` gives for added, deleted and updated objects; with
+        ``relevant``, only updates for which ``relevant(old, new)`` holds."""
         enqueue = controller.handler(mapper)
 
         def on_update(old: JSON, new: JSON) -> None:
+            if relevant is not None and not relevant(old, new):
+                return
             enqueue(old)
             enqueue(new)
 
@@ -233,29 +244,47 @@ class ControllerManager:
         def maybe_orphan(obj: JSON) -> None:
             self.cleaner.maybe_orphan(obj)
 
-        for name in ("daemonsets", "rcts", "nodes"):
+        for name in ("daemonsets", "rcts"):
             inf[name].add_event_handler(
                 on_add=maybe_orphan, on_update=lambda _old, new: maybe_orphan(new)
             )
+
+        # Metadata-only Nodes: an update that changed nothing cached (only the resourceVersion,
+        # e.g. a foreign annotation or status heartbeat) wakes no reconciler; with thousands
+        # of Nodes those sweeps were the controller's whole idle CPU.
+        def node_changed(old: JSON, new: JSON) -> bool:
+            return not same_node_metadata(old, new)
+
+        inf["nodes"].add_event_handler(
+            on_add=maybe_orphan,
+            on_update=lambda old, new: maybe_orphan(new) if node_changed(old, new) else None,
+        )
         self._watch(
             inf["compute_domains"], claim_ctl,
             lambda o: self.claims.nodes_of_domain(str(o["metadata"].get("uid"))),
         )  # fmt: skip
         for name in ("daemonsets", "pods", "cliques", "rcts"):
             self._watch(inf[name], cd_ctl, self._domain_keys)
-        for nodes in ("nodes", "node_health"):
-            self._watch(inf[nodes], cd_ctl, self._domain_keys_of_node)
-            self._watch(inf[nodes], prune_ctl, self.prune.keys_for_node)
+        self._watch(inf["nodes"], cd_ctl, self._domain_keys_of_node, relevant=node_changed)
+        self._watch(inf["nodes"], prune_ctl, self.prune.keys_for_node, relevant=node_changed)
+        self._watch(inf["node_health"], cd_ctl, self._domain_keys_of_node)
+        self._watch(inf["node_health"], prune_ctl, self.prune.keys_for_node)
         # Nodes that could ever join (reachability): re-check domains still waiting for nodes.
+        # That set changes only when a node appears, goes or starts being deleted.
         self._watch(inf["slices"], cd_ctl, lambda _o: self._waiting_domain_keys())
-        self._watch(inf["nodes"], cd_ctl, lambda _o: self._waiting_domain_keys())
+        self._watch(
+            inf["nodes"], cd_ctl, lambda _o: self._waiting_domain_keys(),
+            relevant=lambda old, new: _deleting(old) != _deleting(new),
+        )  # fmt: skip
         self._watch(inf["cliques"], prune_ctl, lambda o: [_key(o)])
         self._watch(inf["pods"], prune_ctl, self.prune.keys_for_pod)
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
         # The first allocated channel claim of a domain makes it create its daemon objects.
         self._watch(inf["claims"], cd_ctl, self._domain_keys_of_claim)
-        self._watch(inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])])
-        self._watch(inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])])
+        self._watch(inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])],
+                    relevant=node_changed)  # fmt: skip
+        self._watch(inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])],
+                    relevant=node_changed)  # fmt: skip
         self._watch(
             inf["slices"], clique_ctl,
             lambda o: [str(n)] if (n := (o.get("spec") or {}).get("nodeName")) else [],

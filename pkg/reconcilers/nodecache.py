@@ -3,8 +3,10 @@
 Owns how two Node informers combine into the one ``Caches.nodes`` the reconcilers read:
 
 * every Node, metadata only (PartialObjectMetadata, as client-go's metadata informers: labels
-  and annotations are all the label reconcilers read), re-typed ``v1``/``Node`` so Events
-  about a Node name the right kind;
+  and this driver's own annotations are all the label reconcilers read; other annotations are
+  dropped, so a foreign annotation sweep - kube-controller-manager's TTL controller annotates
+  every Node when the cluster grows - is an update that changes nothing we hold), re-typed
+  ``v1``/``Node`` so Events about a Node name the right kind;
 * Nodes labelled ``resource.nvidia.com/computeDomain`` (the nodes that host IMEX daemons),
   full objects slimmed to metadata, spec and ``status.conditions`` — node health (Ready
   condition, unreachable/not-ready taints) is read only for them, as upstream's controller
@@ -26,14 +28,39 @@ from pkg.kube.client import KubeClient
 from pkg.kube.resources import NODES
 from pkg.reconcilers.cache import ObjectCache
 
-__all__ = ["NodeView", "as_node_metadata", "patch_node_metadata"]
+__all__ = ["NodeView", "as_node_metadata", "patch_node_metadata", "same_node_metadata"]
+
+
+OWN_ANNOTATION_PREFIX = "resource.nvidia.com/"
 
 
 def as_node_metadata(obj: JSON) -> JSON:
-    """A PartialObjectMetadata Node without managedFields, typed ``v1``/``Node``."""
+    """A PartialObjectMetadata Node without managedFields and without annotations other than
+    ours (``resource.nvidia.com/``), typed ``v1``/``Node``."""
     out = dict(drop_managed_fields(obj))
+    meta = out.get("metadata")
+    if isinstance(meta, dict) and meta.get("annotations"):
+        meta = dict(meta)
+        ours = {k: v for k, v in meta["annotations"].items()
+                if k.startswith(OWN_ANNOTATION_PREFIX)}  # fmt: skip
+        if ours:
+            meta["annotations"] = ours
+        else:
+            del meta["annotations"]
+        out["metadata"] = meta
     out["apiVersion"], out["kind"] = "v1", "Node"
     return out
+
+
+def same_node_metadata(old: JSON, new: JSON) -> bool:
+    """Two cached metadata-only Nodes differ in nothing but their resourceVersion (an update
+    no reconciler can act on)."""
+    om, nm = dict(old.get("metadata") or {}), dict(new.get("metadata") or {})
+    om.pop("resourceVersion", None)
+    nm.pop("resourceVersion", None)
+    return om == nm and {k: v for k, v in old.items() if k != "metadata"} == {
+        k: v for k, v in new.items() if k != "metadata"
+    }
 
 
 def patch_node_metadata(

@@ -16,7 +16,7 @@ from pkg.kube import resources as res
 from pkg.kube.errors import ConflictError
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.manager import ControllerManager
-from pkg.reconcilers.nodecache import patch_node_metadata
+from pkg.reconcilers.nodecache import as_node_metadata, patch_node_metadata, same_node_metadata
 from pkg.reconcilers.status import node_problem
 from pkg.testing.fakeapiserver import FakeApiServer
 
@@ -68,3 +68,23 @@ def test_patch_node_metadata_keeps_spec_and_status_and_checks_rv(server: FakeApi
     assert stored["status"] == seeded["status"] and stored["spec"] == seeded["spec"]
     with pytest.raises(ConflictError):  # the stale cached RV is a precondition
         patch_node_metadata(client, meta_only, labels={"y": "2"})
+
+
+TTL = "node.alpha.kubernetes.io/ttl"
+MANAGED = "resource.nvidia.com/gpu.clique-managed"
+
+
+def test_node_metadata_cache_keeps_only_our_annotations() -> None:
+    meta0: dict[str, Any] = {"name": "a", "resourceVersion": "1", "managedFields": [{}],
+             "annotations": {TTL: "0", MANAGED: "true"}}  # fmt: skip
+    raw = {"metadata": meta0}
+    meta = as_node_metadata(raw)
+    assert meta["metadata"]["annotations"] == {MANAGED: "true"}
+    assert "managedFields" not in meta["metadata"]
+    assert meta0["annotations"][TTL] == "0"  # the input is not mutated
+    bare = as_node_metadata({"metadata": {"name": "b", "annotations": {"x/y": "1"}}})
+    assert "annotations" not in bare["metadata"]
+    swept = {**meta0, "resourceVersion": "2", "annotations": {TTL: "30", MANAGED: "true"}}
+    assert same_node_metadata(meta, as_node_metadata({"metadata": swept}))
+    relabelled = as_node_metadata({"metadata": {**meta0, "labels": {"k": "v"}}})
+    assert not same_node_metadata(meta, relabelled)
