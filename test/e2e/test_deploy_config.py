@@ -114,7 +114,8 @@ EXPECTED: dict[str, list[Grant]] = {
     "compute-domain-daemon": [
         ("", "pods", "patch", "driver"),
         ("", "events", "create", "driver"),
-        ("resource.nvidia.com", "computedomaincliques", "get list watch create update", "driver"),
+        ("resource.nvidia.com", "computedomaincliques", "get list watch create update patch",
+         "driver"),
     ],
 }  # fmt: skip
 

@@ -153,7 +153,7 @@ EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
         ("", "pods", ()): {"patch"},
         ("", "events", ()): {"create"},
         ("resource.nvidia.com", "computedomaincliques", ()): {
-            "get", "list", "watch", "create", "update",
+            "get", "list", "watch", "create", "update", "patch",
         },
     },
 }  # fmt: skip

@@ -29,6 +29,7 @@ from pkg.daemon.membership import (
 )
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
+from pkg.kube.errors import InvalidError
 from pkg.testing.fakeapiserver import FakeApiServer
 
 UID = "11111111-2222-3333-4444-555555555555"
@@ -327,7 +328,8 @@ def test_cached_membership_reads_no_object_and_writes_once_per_change(
     m.set_status(c.STATUS_READY)
     m.set_status(c.STATUS_READY)
     m.leave()
-    assert writes(server) == {"POST": 1, "PUT": 2}
+    # create with our entry; Ready as a patch of our own entry; leave as a guarded PUT
+    assert writes(server) == {"POST": 1, "PATCH": 1, "PUT": 1}
     assert clique_members(client) == []
 
 
@@ -338,17 +340,74 @@ def test_conflict_waits_for_the_cache_instead_of_reading(
     a = cached(ident("a", "10.0.0.1"), on_conflict=lambda: conflicts.append(1))
     b = cached(ident("b", "10.0.0.2"))
     a.join()
+    a.set_status(c.STATUS_READY)
     b.join()
     b.set_status(c.STATUS_READY)
     server.clear_log()
     conflicts.clear()
-    # a's cache may still lag behind b's writes: at most one 409, then a waits for the cache.
-    a.set_status(c.STATUS_READY)
+    # a's cache may still lag behind b's writes: at most one 409 for a's guarded write (leave),
+    # then a waits for the cache instead of reading the object.
+    a.leave()
     assert writes(server) == {"PUT": 1 + len(conflicts)}
     assert len(conflicts) <= 1
     assert {e.node_name: (e.index, e.status) for e in clique_members(client)} == {
-        "a": (0, c.STATUS_READY), "b": (1, c.STATUS_READY)
+        "b": (1, c.STATUS_READY)
     }  # fmt: skip
+
+
+def test_status_flips_patch_only_our_entry_and_never_conflict(
+    client: RestClient, server: FakeApiServer, cached: Callable[..., Membership]
+) -> None:
+    """A status or connectivity change of our own entry is a JSON patch pinned by `test`
+    operations on that entry, not a PUT of the whole list at a resourceVersion: other
+    daemons' writes in between cost no 409."""
+    conflicts: list[int] = []
+    a = cached(ident("a", "10.0.0.1"), on_conflict=lambda: conflicts.append(1))
+    b = cached(ident("b", "10.0.0.2"))
+    a.join()
+    b.join()
+    snap = a.store.read()
+    assert snap is not None
+    server.clear_log()
+    b.set_status(c.STATUS_READY)  # the object changed since a's snapshot
+    own = next(e for e in snap.entries if e.node_name == "a")
+    written = a.store.patch_entry(
+        snap, own, replace(own, status=c.STATUS_READY, connected_peers=1, unreachable_peers=())
+    )
+    assert written is not None and not conflicts
+    assert writes(server) == {"PATCH": 2}
+    got = {e.node_name: (e.index, e.status, e.connected_peers) for e in clique_members(client)}
+    assert got == {"a": (0, c.STATUS_READY, 1), "b": (1, c.STATUS_READY, None)}
+
+
+def test_a_patch_of_an_entry_that_changed_falls_back_to_the_guarded_write(
+    client: RestClient, server: FakeApiServer
+) -> None:
+    """The `test` operations fail (422) when our entry is not what the snapshot says (here the
+    snapshot is stale about our IP): the loop then decides with a guarded read-modify-write."""
+    store = CliqueStore(client, ident("a", "10.0.0.1"))
+    m = Membership(store, ident("a", "10.0.0.1"), max_nodes=18, sleep=no_sleep)
+    m.join()
+    snap = store.read()
+    assert snap is not None
+    own = next(e for e in snap.entries if e.node_name == "a")
+    stale = replace(own, ip_address="10.9.9.9")
+    with pytest.raises(InvalidError):
+        store.patch_entry(snap, stale, replace(stale, status=c.STATUS_READY))
+
+    refused: list[int] = []
+
+    def refuse_once(snap: Any, old: DaemonEntry, new: DaemonEntry) -> Any:
+        if not refused:
+            refused.append(1)
+            raise InvalidError(422, "Invalid", "test operation failed")
+        return CliqueStore.patch_entry(store, snap, old, new)
+
+    store.patch_entry = refuse_once  # type: ignore[method-assign]
+    server.clear_log()
+    m.set_status(c.STATUS_READY)
+    assert refused and writes(server)["PUT"] == 1
+    assert {e.node_name: e.status for e in clique_members(client)} == {"a": c.STATUS_READY}
 
 
 def test_18_concurrent_cached_joins_stay_within_request_budget(

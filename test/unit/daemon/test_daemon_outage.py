@@ -88,7 +88,8 @@ def test_status_flip_and_leave_retry_dropped_and_timed_out_writes(server: FakeAp
     client = server.client(request_timeout=(1.0, 0.2))
     m = membership(client, "n1", "10.0.0.1", sleep)
     m.join()
-    server.inject_error("PUT", res.COMPUTE_DOMAIN_CLIQUES, 0, count=4)  # urllib3 retries 3x
+    # The status flip is a JSON patch of our own entry (membership.CliqueStore.patch_entry).
+    server.inject_error("PATCH", res.COMPUTE_DOMAIN_CLIQUES, 0, count=4)  # urllib3 retries 3x
     m.set_status(c.STATUS_READY)
     assert entries(server) == {"n1": (0, c.STATUS_READY)}
     server.inject_stall("PUT", res.COMPUTE_DOMAIN_CLIQUES, 0.5, count=4)  # client times out
