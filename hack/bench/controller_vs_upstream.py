@@ -122,6 +122,8 @@ class RunResult:
     rss_mib: float = 0.0
     idle_cpu_pct: float = 0.0
     settled: float = 0.0  # burst start -> every domain has a status (idle window starts 5 s later)
+    quiet_wait: float = 0.0  # --quiet-idle: how long until no Node event for 15 s
+    quiet_idle_cpu_pct: float = 0.0  # --quiet-idle: idle CPU after that
     missing: int = 0
     verbs: dict[str, int] = field(default_factory=dict)
 
@@ -177,6 +179,33 @@ class RctWatcher:
                     self.seen.setdefault(f"{meta.get('namespace')}/{meta.get('name')}", time.time())
         except Exception:
             pass
+
+    def stop(self) -> None:
+        self._stream.stop()
+
+
+class QuietWatcher:
+    """Time of the last Node event an admin watch saw (kube-controller-manager's TTL controller
+    annotates every Node for minutes after thousands were created)."""
+
+    def __init__(self, client: RestClient) -> None:
+        self.last = time.monotonic()
+        rv = client.list(NODES, limit=1)["metadata"]["resourceVersion"]
+        self._stream = client.watch(NODES, resource_version=rv, timeout_seconds=3600,
+                                    allow_watch_bookmarks=False)  # fmt: skip
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(Exception):
+            for _ev in self._stream:
+                self.last = time.monotonic()
+
+    def wait_quiet(self, quiet: float, limit: float) -> float:
+        """Wait until no Node event for ``quiet`` s (at most ``limit`` s); returns the wait."""
+        t0 = time.monotonic()
+        while time.monotonic() - self.last < quiet and time.monotonic() - t0 < limit:
+            time.sleep(1.0)
+        return time.monotonic() - t0
 
     def stop(self) -> None:
         self._stream.stop()
@@ -241,6 +270,7 @@ def all_have_status(admin: RestClient, namespaces: list[str], cds: int) -> bool:
 def one_run(
     who: str, qps: str, *, admin: RestClient, driver: Driver, cluster: Cluster, go_binary: Path,
     namespaces: list[str], cds: int, idle: float, audit_log: Path, workdir: Path, tag: str,
+    quiet_idle: bool = False,
 ) -> RunResult:  # fmt: skip
     env_extra: dict[str, str] = {}
     if qps != "default":
@@ -292,6 +322,16 @@ def one_run(
         cpu0, w0 = proc_cpu_seconds(proc.pid), time.monotonic()
         time.sleep(idle)
         result.idle_cpu_pct = 100 * (proc_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - w0)
+        if quiet_idle:
+            # The same once no Node has changed for 15 s (what "idle" means on a settled
+            # cluster: no foreign write sweeps, only the lease renewals).
+            quiet = QuietWatcher(admin)
+            result.quiet_wait = quiet.wait_quiet(15.0, 900.0)
+            cpu0, w0 = proc_cpu_seconds(proc.pid), time.monotonic()
+            time.sleep(idle)
+            result.quiet_idle_cpu_pct = 100 * (proc_cpu_seconds(proc.pid) - cpu0) / (
+                time.monotonic() - w0)  # fmt: skip
+            quiet.stop()
         d0 = time.time()
 
         def delete(ns_name: tuple[str, str]) -> None:
@@ -330,6 +370,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--qps", default="default,100:200", help="'default' and/or QPS:BURST")
     ap.add_argument("--idle", type=float, default=60.0, help="idle CPU window (s)")
+    ap.add_argument("--quiet-idle", action="store_true",
+                    help="also measure idle CPU once no Node changed for 15 s")  # fmt: skip
     ap.add_argument("--who", default="ours,go", help="controllers to run: ours and/or go")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
@@ -370,7 +412,7 @@ def main() -> int:
                     r = one_run(
                         who, qps, admin=admin, driver=driver, cluster=cluster,
                         go_binary=go_binary, namespaces=namespaces, cds=args.cds, idle=args.idle,
-                        audit_log=audit_log, workdir=workdir, tag=tag,
+                        audit_log=audit_log, workdir=workdir, tag=tag, quiet_idle=args.quiet_idle,
                     )  # fmt: skip
                     log(json.dumps(r.__dict__))
                     results.append(r)
