@@ -6,8 +6,17 @@ with that gate off, in ``ComputeDomain.status.nodes`` (via the status subresourc
 behind :class:`EntryStore`, so the join/update/leave logic exists once.
 
 Invariants:
-- every write is read-modify-write of the *whole* list guarded by the object's resourceVersion,
-  so no daemon ever overwrites another's entry (upstream #1050). With a :class:`CacheView` (the
+- no daemon ever overwrites another's entry (upstream #1050): a write is either a
+  read-modify-write of the *whole* list guarded by the object's resourceVersion, or (clique
+  only) a JSON patch guarded by `test` operations instead - a join appends our entry only if
+  the list still ends with the entry our view ended with and ours lands right after it (the
+  API server's list-map key validation refuses a second entry of our node); a status or
+  connectivity change replaces fields of our own entry only if it is still at its position
+  with our node, IP, clique and index. Other daemons' in-place status patches break neither
+  guard, so daemons turning Ready together do not fail each other. A 422 from an append is
+  handled like a 409 (a few times, then the guarded write); from a status patch, the guarded
+  write decides at once. No write acts on a cached view older than our own last write
+  (:func:`not_older_than`). With a :class:`CacheView` (the
   daemon's informer on the object) the read is the cached object, not a GET: a stale cache only
   costs a 409, never an entry. After a 409 (or our own write) the RV we wrote against is known
   stale; after a 409 the loop first waits for the cache to move past it (a GET only if it does
@@ -140,6 +149,11 @@ class EntryStore(Protocol):
         other entries in between do not conflict); the written object, or None when this store
         cannot (the caller then uses :meth:`write`). InvalidError (422) if the entry is no
         longer where and what ``snap`` says."""
+
+    def append_entry(self, snap: Snapshot, entry: DaemonEntry) -> JSON | None:
+        """Append ``entry`` (a join) without the object's resourceVersion, guarded by the list's
+        shape instead: the last entry of ``snap`` is still last and ours lands right after
+        it. None when this store cannot; InvalidError (422) when the list changed shape."""
 
 
 def _entry(item: Any, *, name_key: str) -> DaemonEntry | None:
@@ -278,6 +292,38 @@ class CliqueStore:
             patch_type="json",
         )  # fmt: skip
 
+    def append_entry(self, snap: Snapshot, entry: DaemonEntry) -> JSON | None:
+        """A JSON patch that appends our entry only if the list still ends with the entry
+        ``snap`` ended with (`test` of its node, IP, clique and index at that position) and
+        ours lands right after it: entries are only ever appended, changed in place or
+        removed, so that holds only if no entry was added or removed since ``snap``, and the
+        index ``snap`` showed free is still free. Status patches of other entries (in place)
+        do not break it. Not for an empty list, nor before our pod owns the clique unless
+        its ownerReferences can take us."""
+        raw = snap.obj.get("daemons")
+        if not isinstance(raw, list) or not raw or not isinstance(raw[-1], dict):
+            return None
+        n, last = len(raw), raw[-1]
+        ops: list[JSON] = [
+            {"op": "test", "path": f"/daemons/{n - 1}/{key}", "value": last[key]}
+            for key in ("nodeName", "ipAddress", "cliqueID", "index")
+            if key in last
+        ]
+        ops += [
+            {"op": "add", "path": "/daemons/-", "value": _encode(entry, name_key="nodeName")},
+            {"op": "test", "path": f"/daemons/{n}/nodeName", "value": entry.node_name},
+        ]
+        owners = (snap.obj.get("metadata") or {}).get("ownerReferences")
+        refs = owners if isinstance(owners, list) else []
+        missing = self._owner_refs(refs)[len(refs) :]
+        if missing and not refs:
+            return None  # no list to append to: the guarded write sets it
+        ops += [{"op": "add", "path": "/metadata/ownerReferences/-", "value": r} for r in missing]
+        return self._client.patch(
+            res.COMPUTE_DOMAIN_CLIQUES, self.name, ops, namespace=self.namespace,
+            patch_type="json",
+        )  # fmt: skip
+
 
 class StatusStore:
     """Entries in ``ComputeDomain.status.nodes`` (gate ``ComputeDomainCliques`` off)."""
@@ -325,6 +371,11 @@ class StatusStore:
     def patch_entry(self, snap: Snapshot, old: DaemonEntry, new: DaemonEntry) -> JSON | None:
         """Not for ``status.nodes`` (upstream's layout, written whole): always None."""
         del snap, old, new
+        return None
+
+    def append_entry(self, snap: Snapshot, entry: DaemonEntry) -> JSON | None:
+        """Not for ``status.nodes``: always None."""
+        del snap, entry
         return None
 
 
@@ -413,8 +464,33 @@ _RETRYABLE: tuple[type[Exception], ...] = (ConflictError, NotFoundError, *TRANSI
 _ABSENT = ""  # the "resourceVersion" of a missing object
 
 
+_APPEND_PATCHES = 8  # shape-guarded join patches refused (422) before the guarded update
+
+
+def _appends_me(entries: list[DaemonEntry], new: list[DaemonEntry], me: Identity) -> bool:
+    """``new`` is ``entries`` plus our entry at the end (a join that changes nothing else)."""
+    return (
+        len(new) == len(entries) + 1 and new[:-1] == entries and new[-1].node_name == me.node_name
+    )
+
+
 def _rv(obj: JSON | None) -> str:
     return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or _ABSENT)
+
+
+def not_older_than(cached: JSON | None, written: JSON) -> bool:
+    """The cached object is our last write or newer. A write of another daemon between the
+    RV our write replaced and our write's RV is not stale by RV, yet it lacks our write: a
+    view the resourceVersion-free patches must not act on (it could re-append our entry).
+    resourceVersions are compared as the integers the API server issues (etcd revisions);
+    an opaque one trusts the cache, as before."""
+    a, b = _rv(cached), _rv(written)
+    if a == b:
+        return True
+    try:
+        return int(a) > int(b)
+    except ValueError:
+        return True
 
 
 class CacheView:
@@ -546,7 +622,7 @@ class Membership:
         stale = set(self._stale)
         obj = cache.get()
         written = self._written
-        if _rv(obj) not in stale:
+        if _rv(obj) not in stale and (written is None or not_older_than(obj, written)):
             self._written = None  # the cache caught up with (or went past) our write
         elif written is not None and _rv(written) not in stale:
             obj = written
@@ -570,6 +646,8 @@ class Membership:
     ) -> list[DaemonEntry]:
         last: Exception | None = None
         patch_ok = True  # our own entry's status/connectivity by an identity-guarded patch
+        appends_left = _APPEND_PATCHES  # joins by a shape-guarded patch (422 = list changed)
+        appending = False
         for attempt in range(self._attempts):
             rv = _ABSENT
             started = time.monotonic()
@@ -594,7 +672,11 @@ class Membership:
                 new = edit(entries)
                 if new is None or new == entries:
                     return entries
-                patched = self._patch_own(snap, entries, new) if patch_ok else None
+                appending = appends_left > 0 and _appends_me(entries, new, self.me)
+                if appending:
+                    patched = self.store.append_entry(snap, new[-1])
+                else:
+                    patched = self._patch_own(snap, entries, new) if patch_ok else None
                 self._wrote(rv, patched if patched is not None else self.store.write(snap, new))
                 log.debug("membership %s done after %d attempt(s)", what, attempt + 1)
                 return new
@@ -611,13 +693,20 @@ class Membership:
                     self._on_conflict()
                 self._backoff(attempt, time.monotonic() - started)
             except InvalidError as err:
-                if not patch_ok or rv == _ABSENT:
+                if rv == _ABSENT or not (appending or patch_ok):
                     raise MembershipError(f"membership {what}: {err}") from err
-                # Our entry moved or changed since the snapshot: the guarded write decides.
-                patch_ok = False
                 last = err
                 self._mark_stale(rv)
                 self._written = None
+                if appending:
+                    # Another daemon appended (or one left) first: as a 409, wait for the
+                    # cache to show it and back off; after a few, the guarded write decides.
+                    appends_left -= 1
+                    self._on_conflict()
+                    self._catch_up()
+                    self._backoff(attempt, time.monotonic() - started)
+                else:
+                    patch_ok = False  # our entry moved or changed: the guarded write decides
             except ApiError as err:
                 raise MembershipError(f"membership {what}: {err}") from err
         raise MembershipError(f"membership {what}: gave up after {self._attempts} attempts: {last}")

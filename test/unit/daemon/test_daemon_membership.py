@@ -23,6 +23,7 @@ from pkg.daemon.membership import (
     MembershipError,
     StatusStore,
     lowest_free_index,
+    not_older_than,
     upsert,
     with_status,
     without_me,
@@ -444,3 +445,35 @@ def test_18_concurrent_cached_joins_stay_within_request_budget(
     print(f"\n{n} concurrent join+Ready: {sum(counts.values())} requests {dict(counts)}")
     assert counts["GET"] <= 2  # only if a cache lagged > 1 s behind a conflict
     assert sum(counts.values()) <= 6 * n, counts
+
+
+def test_a_join_into_an_existing_clique_is_a_shape_guarded_append(
+    client: RestClient, server: FakeApiServer, cached: Callable[..., Membership]
+) -> None:
+    """Joining appends our entry with a JSON patch that holds only if the list still ends
+    where our view ended (no resourceVersion): a concurrent status patch of another entry does
+    not refuse it; a concurrent append does (422), and the join retries on the newer view."""
+    a = cached(ident("a", "10.0.0.1"))
+    a.join()
+    b = cached(ident("b", "10.0.0.2"))
+    server.clear_log()
+    b.join()
+    assert writes(server) == {"PATCH": 1}
+    got = {e.node_name: e.index for e in clique_members(client)}
+    assert got == {"a": 0, "b": 1}
+    obj = client.get(res.COMPUTE_DOMAIN_CLIQUES, a.store.name, namespace=NS)
+    assert [r["name"] for r in obj["metadata"]["ownerReferences"]] == ["daemon-a", "daemon-b"]
+    # A stale view (before b's append) cannot append a second entry at b's index.
+    snap = b.store.check({**obj, "daemons": obj["daemons"][:1]})
+    with pytest.raises(InvalidError):
+        a.store.append_entry(snap, DaemonEntry("c", "10.0.0.3", CLIQUE, 1))
+    assert sorted(e.index for e in clique_members(client)) == [0, 1]
+
+
+def test_a_cached_view_older_than_our_own_write_is_not_acted_on() -> None:
+    def obj(rv: str) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": rv}}
+
+    assert not_older_than(obj("12"), obj("12")) and not_older_than(obj("13"), obj("12"))
+    assert not not_older_than(obj("11"), obj("12"))  # another write between ours and the one before
+    assert not_older_than(obj("opaque-b"), obj("opaque-a"))  # not integers: trust the cache
