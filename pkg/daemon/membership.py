@@ -464,7 +464,7 @@ _RETRYABLE: tuple[type[Exception], ...] = (ConflictError, NotFoundError, *TRANSI
 _ABSENT = ""  # the "resourceVersion" of a missing object
 
 
-_APPEND_PATCHES = 8  # shape-guarded join patches refused (422) before the guarded update
+_APPEND_PATCHES = 32  # shape-guarded join patches refused (422) before the guarded update
 
 
 def _appends_me(entries: list[DaemonEntry], new: list[DaemonEntry], me: Identity) -> bool:
