@@ -589,6 +589,23 @@ def test_create_in_a_missing_namespace_is_not_found(server: ApiTarget) -> None:
         server.client().create(r.PODS, pod("a", f"{server.ns}-missing"))
 
 
+@pytest.mark.fake_gap("custom resources are not validated: no list-map key uniqueness")
+def test_a_second_clique_entry_of_one_node_is_refused(server: ApiTarget) -> None:
+    """The daemons' shape-guarded join patch (pkg.daemon.membership) relies on this: the
+    clique's ``daemons`` list is ``x-kubernetes-list-type: map`` keyed by ``nodeName``, so a
+    JSON patch appending a second entry of a node is a 422, whatever its index."""
+    c, ns = server.client(), server.ns
+    entry = {"nodeName": "n1", "ipAddress": "10.0.0.1", "cliqueID": "u.1", "index": 0}
+    c.create(r.COMPUTE_DOMAIN_CLIQUES, {
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainClique",
+        "metadata": {"name": "uid.u.1", "namespace": ns}, "daemons": [entry],
+    }, namespace=ns)  # fmt: skip
+    with pytest.raises(InvalidError):
+        c.patch(r.COMPUTE_DOMAIN_CLIQUES, "uid.u.1",
+                [{"op": "add", "path": "/daemons/-", "value": {**entry, "index": 1}}],
+                namespace=ns, patch_type="json")  # fmt: skip
+
+
 @pytest.mark.fake_gap("no graceful deletion: deleting a pod is one write (unit tests count it)")
 def test_deleting_a_pod_marks_it_first(server: ApiTarget) -> None:
     c, ns = server.client(), server.ns
