@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from cdctl_fakes import DRIVER_NS, RecordedEvents, live_caches  # type: ignore[import-not-found, unused-ignore]
@@ -10,7 +11,9 @@ from prometheus_client import CollectorRegistry
 
 from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
+from pkg.reconcilers.metrics import DomainMetrics
 from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
@@ -56,3 +59,28 @@ def config() -> ControllerConfig:
         feature_gates="ComputeDomainCliques=true,IMEXDaemonsWithDNSNames=true",
         image_pull_secret_names=("pull",),
     ).validate()
+
+
+@pytest.fixture
+def make_reconciler(
+    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
+    clock: FakeClock, registry: CollectorRegistry,
+) -> Callable[..., ComputeDomainReconciler]:  # fmt: skip
+    """A ComputeDomainReconciler on this test's fakes; keyword arguments replace any of its
+    dependencies (e.g. ``config=replace(config, ...)`` or lagging ``caches``)."""
+
+    def make(**overrides: Any) -> ComputeDomainReconciler:
+        deps: dict[str, Any] = {
+            "client": client, "caches": caches, "config": config, "events": events,
+            "clock": clock,
+        }  # fmt: skip
+        if "metrics" not in overrides:  # one DomainMetrics per registry
+            deps["metrics"] = DomainMetrics(registry)
+        return ComputeDomainReconciler(**{**deps, **overrides})
+
+    return make
+
+
+@pytest.fixture
+def reconciler(make_reconciler: Callable[..., ComputeDomainReconciler]) -> ComputeDomainReconciler:
+    return make_reconciler()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -24,20 +25,8 @@ from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.cleanup import OrphanCleaner
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
-from pkg.reconcilers.metrics import DomainMetrics
 from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
-
-
-@pytest.fixture
-def reconciler(
-    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: FakeClock, registry: CollectorRegistry,
-) -> ComputeDomainReconciler:  # fmt: skip
-    return ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=events,
-        metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
 
 
 def names(server: FakeApiServer, resource: res.Resource) -> list[str]:
@@ -118,13 +107,11 @@ def test_upstream_finalizers_on_dependents_are_stripped(
 def test_domain_without_daemons_is_finalized_in_one_pass_though_the_cache_lags(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
     events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:  # fmt: skip
     rcts = LaggingCache(caches.rcts, "rcts")  # type: ignore[arg-type, unused-ignore]
     daemonsets = LaggingCache(caches.daemonsets, "daemonsets")  # type: ignore[arg-type, unused-ignore]
-    reconciler = ComputeDomainReconciler(
-        client=client, caches=replace(caches, rcts=rcts, daemonsets=daemonsets), config=config,
-        events=events, metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+    reconciler = make_reconciler(caches=replace(caches, rcts=rcts, daemonsets=daemonsets))
     uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
     server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
     reconciler.reconcile("team/cd1")

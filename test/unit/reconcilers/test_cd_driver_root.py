@@ -7,6 +7,8 @@ status, which is all the controller sees.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     RecordedEvents,
     clique,
@@ -24,7 +26,6 @@ from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
-from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.status import aggregate, render_status
 from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
@@ -66,11 +67,9 @@ def test_a_daemon_that_never_joined_is_a_not_ready_member_with_the_reason() -> N
 def test_condition_and_event_name_the_node_and_the_missing_binary(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
     events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:  # fmt: skip
-    reconciler = ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=events,
-        metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+    reconciler = make_reconciler()
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
     reconciler.reconcile("team/cd1")
     server.seed(res.PODS, crash_looping(uid, "b"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     RecordedEvents,
     clique,
@@ -13,17 +12,12 @@ from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     daemon_pod,
     node,
 )
-from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
 from pkg.base.types import JSON
 from pkg.kube import resources as res
-from pkg.kube.client import RestClient
-from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
-from pkg.reconcilers.config import ControllerConfig
-from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.status import (
     clique_condition,
     collect_members,
@@ -31,7 +25,6 @@ from pkg.reconcilers.status import (
     connectivity_condition,
     render_status,
 )
-from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
@@ -108,17 +101,6 @@ def test_conditions_appear_go_unknown_and_leave_ready_alone() -> None:
                             now="T3")  # fmt: skip
     assert conds(healthy)["SingleClique"] == ("True", "SingleClique")
     assert condition_events(None, healthy) == []  # appearing True is no transition
-
-
-@pytest.fixture
-def reconciler(
-    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: FakeClock, registry: CollectorRegistry,
-) -> ComputeDomainReconciler:  # fmt: skip
-    return ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=events,
-        metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
 
 
 def test_reconciler_writes_conditions_with_one_event_per_transition(

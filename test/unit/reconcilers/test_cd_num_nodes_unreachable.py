@@ -6,6 +6,8 @@ plugin runs there) and existing, plus nodes already hosting a member (pkg.reconc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
     RecordedEvents,
     clique,
@@ -23,7 +25,6 @@ from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
-from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.reachability import (
     NUM_NODES_UNREACHABLE,
     candidate_nodes,
@@ -65,11 +66,9 @@ def test_problem_only_when_num_nodes_exceeds_candidates_and_members() -> None:
 def test_condition_and_event_then_recovery_when_nodes_join(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
     events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:  # fmt: skip
-    reconciler = ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=events,
-        metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+    reconciler = make_reconciler()
     for name in ("a", "b"):
         server.seed(res.NODES, node(name))
         server.seed(res.RESOURCE_SLICES, resource_slice(name, clique_id="cl.1"))

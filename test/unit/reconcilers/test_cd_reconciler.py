@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -33,21 +34,6 @@ from pkg.reconcilers.controller import TerminalError
 from pkg.reconcilers.metrics import DomainMetrics
 from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
-
-
-@pytest.fixture
-def reconciler(
-    client: RestClient,
-    caches: Caches,
-    config: ControllerConfig,
-    events: RecordedEvents,
-    clock: FakeClock,
-    registry: CollectorRegistry,
-) -> ComputeDomainReconciler:
-    return ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=events,
-        metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
 
 
 def get_cd(server: FakeApiServer, name: str = "cd1") -> JSON:
@@ -164,15 +150,13 @@ def test_daemon_objects_wait_until_the_domain_is_in_use(
 def test_a_cache_behind_our_own_creates_costs_no_second_create(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
     events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:  # fmt: skip
     rcts = LaggingCache(caches.rcts, "rcts")  # type: ignore[arg-type, unused-ignore]
     daemonsets = LaggingCache(caches.daemonsets, "daemonsets")  # type: ignore[arg-type, unused-ignore]
     rcts.freeze()
     daemonsets.freeze()
-    reconciler = ComputeDomainReconciler(
-        client=client, caches=replace(caches, rcts=rcts, daemonsets=daemonsets), config=config,
-        events=events, metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+    reconciler = make_reconciler(caches=replace(caches, rcts=rcts, daemonsets=daemonsets))
     uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
     allocate_a_claim(server, uid)
     server.clear_log()
@@ -186,12 +170,10 @@ def test_a_cache_behind_our_own_creates_costs_no_second_create(
 def test_a_pass_before_the_cache_has_our_finalizer_write_waits_for_its_event(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
     events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:  # fmt: skip
     domains = LaggingCache(caches.compute_domains, "compute_domains")  # type: ignore[arg-type, unused-ignore]
-    reconciler = ComputeDomainReconciler(
-        client=client, caches=replace(caches, compute_domains=domains), config=config,
-        events=events, metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+    reconciler = make_reconciler(caches=replace(caches, compute_domains=domains))
     server.seed(res.COMPUTE_DOMAINS, compute_domain())
     domains.freeze()  # the informer will not deliver the finalizer write for a while
     reconciler.reconcile("team/cd1")
@@ -239,12 +221,13 @@ def test_adopts_existing_dependents_of_the_same_domain(
 def test_changed_config_updates_the_daemonset(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
     events: RecordedEvents, clock: FakeClock, reconciler: ComputeDomainReconciler,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:  # fmt: skip
     created_domain(server, reconciler)
-    newer = ComputeDomainReconciler(
-        client=client, caches=caches, config=replace(config, image_name="registry.local/cd:2"),
-        events=events, metrics=DomainMetrics(CollectorRegistry()), clock=clock,
-    )  # fmt: skip
+    newer = make_reconciler(
+        config=replace(config, image_name="registry.local/cd:2"),
+        metrics=DomainMetrics(CollectorRegistry()),
+    )
     newer.reconcile("team/cd1")
     (ds,) = server.objects(res.DAEMONSETS)
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/cd:2"
@@ -448,16 +431,14 @@ def test_gauge_counts_domains_already_ready_at_startup(
     server: FakeApiServer, reconciler: ComputeDomainReconciler, registry: CollectorRegistry,
     client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
     clock: FakeClock,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:  # fmt: skip
     uid = created_domain(server, reconciler)
     server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
     server.seed(res.PODS, daemon_pod(uid, "a", clique=""))
     reconciler.reconcile("team/cd1")
     fresh_registry = CollectorRegistry()
-    restarted = ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=events,
-        metrics=DomainMetrics(fresh_registry), clock=clock,
-    )  # fmt: skip
+    restarted = make_reconciler(metrics=DomainMetrics(fresh_registry))
     server.clear_log()
     restarted.reconcile("team/cd1")
     assert writes(server) == []
@@ -516,11 +497,9 @@ def test_crashed_daemon_makes_its_node_not_ready_in_the_status(
 def test_full_clique_gives_capacity_exceeded_with_events_on_domain_and_pods(
     server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
     events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:  # fmt: skip
-    reconciler = ComputeDomainReconciler(
-        client=client, caches=caches, config=replace(config, max_nodes_per_imex_domain=2),
-        events=events, metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+    reconciler = make_reconciler(config=replace(config, max_nodes_per_imex_domain=2))
     uid = created_domain(server, reconciler)
     for n in ("a", "b", "c"):
         server.seed(res.PODS, daemon_pod(uid, n, clique="cl.1"))
@@ -600,17 +579,10 @@ def test_status_writes_that_only_move_counts_are_coalesced_not_lost(
 
 def test_status_update_interval_zero_writes_every_change(
     server: FakeApiServer,
-    client: RestClient,
-    caches: Caches,
     config: ControllerConfig,
-    events: RecordedEvents,
-    clock: FakeClock,
-    registry: CollectorRegistry,
+    make_reconciler: Callable[..., ComputeDomainReconciler],
 ) -> None:
-    reconciler = ComputeDomainReconciler(
-        client=client, caches=caches, config=replace(config, status_update_interval=0.0),
-        events=events, metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+    reconciler = make_reconciler(config=replace(config, status_update_interval=0.0))
     uid = _three_node_domain(server, reconciler)
     _entries(server, uid, ready=set())
     reconciler.reconcile("team/cd1")
