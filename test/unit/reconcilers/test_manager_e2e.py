@@ -254,6 +254,9 @@ def _no_queue_adds_for_foreign_annotations(
     eventually(lambda: all(cached_rv(n) == server_rv(n) for n in names))
     cached = manager.caches.nodes.get_by_key("n0") or {}
     assert "node.alpha.kubernetes.io/ttl" not in (cached["metadata"].get("annotations") or {})
-    assert _queue_adds(registry) == before, "a foreign annotation queued reconciles"
+    # Before the filter the 20 updates queued >= 60 keys (each Node: its domains, its claim
+    # and clique-label keys, every waiting domain); a stray event of the domain's own first
+    # writes may still land after the idle check above, nothing per Node may.
+    assert _queue_adds(registry) - before <= 2, "foreign annotations queued reconciles"
     client.patch(res.NODES, "n0", {"metadata": {"labels": {"team": "a"}}})
     eventually(lambda: _queue_adds(registry) > before)  # a label change still counts
