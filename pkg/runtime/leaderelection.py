@@ -108,6 +108,7 @@ class LeaderElector:
         self._rng = rng or random.Random()
         self._observed_spec: JSON | None = None
         self._observed_rv: str | None = None
+        self._written: JSON | None = None  # the Lease as our last successful write returned it
         self._observed_at = 0.0
         self._leading = False
         self._lock = threading.Lock()
@@ -134,6 +135,8 @@ class LeaderElector:
         """
         cfg = self._config
         now_wall = self._clock.now()
+        if self._renew_optimistically(now_wall):
+            return True
         try:
             lease = self._client.get(LEASES, cfg.name, namespace=cfg.namespace)
         except NotFoundError:
@@ -168,6 +171,43 @@ class LeaderElector:
         body["spec"] = new_spec
         return self._write(lambda: self._client.update(LEASES, body))
 
+    def _renew_optimistically(self, now_wall: float) -> bool:
+        """While leading, renew with one PUT of our last write (client-go's fast path).
+
+        Saves the GET of every renewal. Only tried while our own record is still valid by
+        our clock; any failure (409 when someone else wrote, or an API error) falls back to
+        the GET-then-update path, which decides from what the server holds.
+        """
+        cfg = self._config
+        written = self._written
+        if written is None or not self.is_leader():
+            return False
+        spec = dict(written.get("spec") or {})
+        if spec.get("holderIdentity") != cfg.identity:
+            return False
+        if self._observed_at + float(cfg.lease_duration) <= self._clock.monotonic():
+            return False
+        spec["renewTime"] = format_micro_time(now_wall)
+        body = dict(written)
+        body["spec"] = spec
+        try:
+            stored = self._client.update(LEASES, body)
+        except (ConflictError, NotFoundError) as exc:
+            log.info("lease renewal raced; reading it lease=%s error=%s", cfg.name, exc)
+            self._written = None
+            return False
+        except _FAILURES as exc:
+            log.warning("lease renewal failed lease=%s error=%s", cfg.name, exc)
+            return False
+        self._record_write(stored)
+        return True
+
+    def _record_write(self, written: JSON) -> None:
+        self._written = written
+        self._observed_spec = dict(written.get("spec") or {})
+        self._observed_rv = str(written.get("metadata", {}).get("resourceVersion", ""))
+        self._observed_at = self._clock.monotonic()
+
     def _create(self, now_wall: float) -> bool:
         cfg = self._config
         stamp = format_micro_time(now_wall)
@@ -193,9 +233,7 @@ class LeaderElector:
         except _FAILURES as exc:
             log.warning("lease write failed lease=%s error=%s", self._config.name, exc)
             return False
-        self._observed_spec = dict(written.get("spec") or {})
-        self._observed_rv = str(written.get("metadata", {}).get("resourceVersion", ""))
-        self._observed_at = self._clock.monotonic()
+        self._record_write(written)
         return True
 
     def release(self) -> bool:

@@ -17,6 +17,7 @@ class LeaseStore:
         self.rv = 0
         self.fail_next = 0
         self.writes: list[JSON] = []
+        self.calls: list[str] = []  # "get" / "create" / "update", in order
         self.stale_get: JSON | None = None  # answer GETs with this (a reader that lags)
 
     def _check(self) -> None:
@@ -28,6 +29,7 @@ class LeaseStore:
         self, resource: Resource, name: str, *, namespace: str | None = None,
         subresource: str | None = None,
     ) -> JSON:  # fmt: skip
+        self.calls.append("get")
         self._check()
         if self.stale_get is not None:
             return copy.deepcopy(self.stale_get)
@@ -37,6 +39,7 @@ class LeaseStore:
         return copy.deepcopy(obj)
 
     def create(self, resource: Resource, obj: JSON, *, namespace: str | None = None) -> JSON:
+        self.calls.append("create")
         self._check()
         key = (namespace or obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         if key in self.objects:
@@ -44,6 +47,7 @@ class LeaseStore:
         return self._store(key, obj)
 
     def update(self, resource: Resource, obj: JSON, *, subresource: str | None = None) -> JSON:
+        self.calls.append("update")
         self._check()
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         cur = self.objects.get(key)
@@ -52,6 +56,12 @@ class LeaseStore:
         if obj["metadata"].get("resourceVersion") != cur["metadata"]["resourceVersion"]:
             raise ConflictError(409, "Conflict", "the object has been modified")
         return self._store(key, obj)
+
+    def write_spec(self, namespace: str, name: str, **fields: object) -> JSON:
+        """Another writer changes the Lease's spec (a new resourceVersion, as on a real server)."""
+        obj = copy.deepcopy(self.objects[(namespace, name)])
+        obj["spec"].update(fields)
+        return self._store((namespace, name), obj)
 
     def _store(self, key: tuple[str, str], obj: JSON) -> JSON:
         self.rv += 1

@@ -132,10 +132,51 @@ def test_leader_steps_down_immediately_when_someone_else_holds_the_lease() -> No
     stop = threading.Event()
 
     def started() -> None:
-        store.objects[("drv", "cd-controller")]["spec"]["holderIdentity"] = "intruder"
+        store.write_spec("drv", "cd-controller", holderIdentity="intruder")
 
     assert a.run(stop, on_started_leading=started, on_stopped_leading=lambda: None) is False
     assert sum(clock.waits) == 2.0
+
+
+def test_leader_renews_with_one_put_and_no_get() -> None:
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
+    a = elector(store, clock, "a")
+    stop = threading.Event()
+
+    def on_wait(_event: threading.Event) -> None:
+        if len(clock.waits) >= 4:
+            stop.set()
+
+    clock.on_wait = on_wait
+    a.run(stop, on_started_leading=lambda: None, on_stopped_leading=lambda: None)
+    # Acquire: GET (404) + create; 4 renewals: one PUT each; release: GET + PUT.
+    assert store.calls == ["get", "create"] + ["update"] * 4 + ["get", "update"]
+    renewals = [w["spec"]["renewTime"] for w in store.writes[1:5]]
+    assert renewals == sorted(set(renewals))
+
+
+def test_renewal_that_races_another_writer_reads_the_lease_and_respects_it() -> None:
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
+    a = elector(store, clock, "a")
+    stop = threading.Event()
+    clock.on_wait = lambda _event: None
+    assert a.acquire(stop)
+    store.write_spec("drv", "cd-controller", holderIdentity="b", renewTime="x")
+    store.calls.clear()
+    assert not a.try_acquire_or_renew()  # the PUT of our old copy is a 409; the GET shows b
+    assert store.calls == ["update", "get"]
+    assert a.observed_holder() == "b"
+    assert store.objects[("drv", "cd-controller")]["spec"]["holderIdentity"] == "b"
+
+
+def test_renewal_after_an_api_error_falls_back_to_get_then_update() -> None:
+    store, clock = LeaseStore(), FakeClock(advance_on_wait=True)
+    a = elector(store, clock, "a")
+    assert a.acquire(threading.Event())
+    store.fail_next = 1
+    store.calls.clear()
+    assert a.try_acquire_or_renew()
+    assert store.calls == ["update", "get", "update"]
 
 
 def test_acquire_returns_false_when_stopped_while_waiting() -> None:
