@@ -10,11 +10,14 @@ supervise IMEX (watchdog tick), make sure our entry exists with our IP, apply th
 IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
 
 Readiness: Ready iff the supervised IMEX runs and ``nvidia-imex-ctl -q`` prints exactly READY.
-While not ready it is polled every ``fast_interval``; once ready every ``slow_interval`` (and
-at once when the process dies). The entry's ``status`` follows it. The first pass of every
-process marks the entry NotReady *before* IMEX is started: a daemon restarted in the same pod
-(after a SIGKILL or an OOM kill, same IP) finds the entry its predecessor left ``Ready``, and
-no workload may be released against an IMEX daemon that is not up yet. (While no daemon runs
+While not ready it is polled at once after IMEX (re)starts, then after ``first_ready_poll``,
+doubling up to ``fast_interval`` (a fresh IMEX is usually ready within tens of milliseconds, and
+the Ready write releases the workload's Prepare); once ready every ``slow_interval`` (and at
+once when the process dies). Membership changes wake the loop but do not add polls. The
+entry's ``status`` follows it. The first pass of every process marks the entry NotReady
+*before* IMEX is started: a daemon restarted in the same pod (after a SIGKILL or an OOM kill,
+same IP) finds the entry its predecessor left ``Ready``, and no workload may be released
+against an IMEX daemon that is not up yet. (While no daemon runs
 at all, the controller marks the entry NotReady from the pod status.)
 
 Peer connectivity (clique mode): while Ready, every ``peer_interval`` the loop runs
@@ -106,6 +109,7 @@ WATCH_BACKOFF = informers.BackoffPolicy(initial=0.4, cap=10.0, jitter=0.25)
 @dataclass(frozen=True)
 class Timing:
     fast_interval: float = 0.5
+    first_ready_poll: float = 0.05
     slow_interval: float = 10.0
     leave_timeout: float = 10.0
     imex_stop_timeout: float = 10.0
@@ -236,6 +240,7 @@ class Daemon:
         )
         self._ready = False
         self._next_ready_check = 0.0
+        self._ready_polls = 0  # not-ready answers since IMEX last (re)started
         self._first_pass = True
         self._last_error = ""
         self._next_peer_check = 0.0
@@ -278,12 +283,18 @@ class Daemon:
 
     def _check_ready(self) -> bool:
         if not self.supervisor.running():
+            self._ready_polls, self._next_ready_check = 0, 0.0  # poll the next one at once
             return False
         now = self._clock.monotonic()
-        if self._ready and now < self._next_ready_check:
-            return True
+        if now < self._next_ready_check:
+            return self._ready
         result = self.ctl.query_ready()
-        interval = self._timing.slow_interval if result.ready else self._timing.fast_interval
+        if result.ready:
+            interval = self._timing.slow_interval
+        else:
+            t = self._timing
+            interval = min(t.fast_interval, t.first_ready_poll * 2 ** min(self._ready_polls, 16))
+            self._ready_polls += 1
         self._next_ready_check = now + interval
         if result.ready != self._ready:
             log.info("local IMEX readiness: %s (%s)", result.ready, result.detail)
@@ -312,6 +323,7 @@ class Daemon:
         self.sync.apply(entries, num_nodes=num_nodes)
         if not was_running and self.supervisor.running():
             self.formation.imex_started(started, self._clock.now())
+            self._ready_polls, self._next_ready_check = 0, 0.0  # poll the new IMEX at once
         self._ready = self._check_ready()
         self._metrics.ready.set(1 if self._ready else 0)
         want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
@@ -455,7 +467,10 @@ class Daemon:
                     self._report_once(f"cannot join {self._where()}: {err}; waiting for a slot")
                 except (MembershipError, ApiError, ConnectionFailedError, ValueError) as err:
                     log.error("update failed, will retry: %s", err)
-                wait = self._timing.fast_interval if not self._ready else 1.0
+                wait = 1.0
+                if not self._ready:  # until the next readiness poll is due
+                    due = self._next_ready_check - self._clock.monotonic()
+                    wait = min(self._timing.fast_interval, max(0.01, due))
                 if full:  # only a change of the clique (a kick) can free a slot
                     wait = self._timing.slow_interval
                 self._clock.wait(self._kick, wait)

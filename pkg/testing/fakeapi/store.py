@@ -48,6 +48,34 @@ def _rfc3339(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
+# Lists declared ``x-kubernetes-list-type: map`` in the CRDs under config/crd, by resource
+# plural: (path to the list, its list-map keys). The real API server refuses a second item
+# with the same keys (422 Duplicate value); the daemons' clique joins rely on it.
+LIST_MAPS: dict[str, tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]] = {
+    "computedomaincliques": ((("daemons",), ("nodeName",)),),
+}
+
+
+def _check_list_maps(resource: Resource, obj: JSON) -> None:
+    for path, keys in LIST_MAPS.get(resource.plural, ()):
+        items: object = obj
+        for part in path:
+            items = items.get(part) if isinstance(items, dict) else None
+        if not isinstance(items, list):
+            continue
+        seen: set[tuple[object, ...]] = set()
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                continue
+            key = tuple(repr(item.get(k)) for k in keys)
+            if key in seen:
+                dup = ", ".join(f"{k}={item.get(k)!r}" for k in keys)
+                raise InvalidError(
+                    422, "Invalid", f"{'.'.join(path)}[{i}]: Duplicate value: {{{dup}}}"
+                )
+            seen.add(key)
+
+
 def _spec_part(obj: JSON) -> JSON:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "kind", "apiVersion")}
 
@@ -160,6 +188,7 @@ class ObjectStore:
         return str(self._rv)
 
     def _store(self, resource: Resource, obj: JSON, old: JSON | None) -> JSON:
+        _check_list_maps(resource, obj)
         meta = obj["metadata"]
         meta["resourceVersion"] = self._next_rv()
         self._objects[resource][(meta.get("namespace", ""), meta["name"])] = obj

@@ -338,3 +338,34 @@ def test_full_clique_is_reported_once_and_retried_slowly(
     assert "cannot join ComputeDomainClique" in errors[0]
     assert set(clock.waits[:5]) == {Timing().slow_interval}  # no fast retry loop
     assert runner.procs == []  # IMEX never starts without a slot
+
+
+def test_readiness_of_a_fresh_imex_is_polled_at_once_then_backing_off(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """At once after IMEX starts, then 0.05, 0.1, 0.2, 0.4, 0.5 s apart; steps in between
+    (membership changes) do not query it; a restarted IMEX is polled at once again."""
+    daemon, runner, ctl, _ = make(api, options(tmp_path))
+    answers = ["NOT_READY\n"] * 6
+    polled: list[float] = []
+    clock = daemon._clock
+
+    def run(argv: Sequence[str], *, timeout: float) -> CommandResult:
+        polled.append(round(clock.monotonic() - 100.0, 3))
+        return CommandResult(0, answers.pop(0) if answers else "READY\n")
+
+    ctl.run = run  # type: ignore[method-assign]
+    daemon._write_imex_config()
+    for _ in range(3):
+        daemon.step()  # one poll (at 0): not due again within these steps
+    assert polled == [0.0] and len(runner.procs) == 1
+    while own_entry(api)["status"] != c.STATUS_READY:
+        clock.step(0.01)  # type: ignore[attr-defined]
+        daemon.step()
+    assert polled == [0.0, 0.05, 0.15, 0.35, 0.75, 1.25, 1.75]
+    runner.procs[0].code = 1  # dies: NotReady; the restarted one is polled at once
+    daemon.step()
+    daemon.supervisor._clock.step(1.0)  # type: ignore[attr-defined]
+    polled.clear()
+    daemon.step()
+    assert len(runner.procs) == 2 and polled == [round(clock.monotonic() - 100.0, 3)]

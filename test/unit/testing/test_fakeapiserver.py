@@ -589,9 +589,8 @@ def test_create_in_a_missing_namespace_is_not_found(server: ApiTarget) -> None:
         server.client().create(r.PODS, pod("a", f"{server.ns}-missing"))
 
 
-@pytest.mark.fake_gap("custom resources are not validated: no list-map key uniqueness")
 def test_a_second_clique_entry_of_one_node_is_refused(server: ApiTarget) -> None:
-    """The daemons' shape-guarded join patch (pkg.daemon.membership) relies on this: the
+    """The daemons' join patch (pkg.daemon.membership) relies on this: the
     clique's ``daemons`` list is ``x-kubernetes-list-type: map`` keyed by ``nodeName``, so a
     JSON patch appending a second entry of a node is a 422, whatever its index."""
     c, ns = server.client(), server.ns
