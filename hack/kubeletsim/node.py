@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from localcluster.processes import free_ports
 
 from pkg.base.clock import RealClock
 from pkg.kube.client import KubeClient, RestClient
@@ -80,10 +81,7 @@ class FleetConfig:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(1)[0]  # outside the ephemeral range: see localcluster.free_ports
 
 
 class SimulatedNode:

@@ -20,10 +20,13 @@ same IP) finds the entry its predecessor left ``Ready``, and no workload may be 
 against an IMEX daemon that is not up yet. (While no daemon runs
 at all, the controller marks the entry NotReady from the pod status.)
 
-Peer connectivity (clique mode): while Ready, every ``peer_interval`` the loop runs
-``nvidia-imex-ctl -N -j`` and writes into its entry how many clique peers its IMEX is connected
-to and which it cannot reach (:mod:`pkg.daemon.peers`; a peer only after two polls in a row
-that did not find it connected); a write happens only when that changed.
+Peer connectivity (clique mode): while Ready, every ``peer_interval`` (the first time one
+``peer_interval`` after IMEX turned Ready: a fresh IMEX is still connecting, so an earlier poll
+would report a partial count and cost a forming domain one more write per daemon, on the one
+object all its daemons write) the loop runs ``nvidia-imex-ctl -N -j`` and writes into its
+entry how many clique peers its IMEX is connected to and which it cannot reach
+(:mod:`pkg.daemon.peers`; a peer only after two polls in a row that did not find it
+connected); a write happens only when that changed.
 A daemon alone in its clique writes nothing (it clears a stale list of unreachable
 peers). Output IMEX cannot give (not running, unparsable) leaves the last report in place.
 The controller turns the reports into the domain's ``IMEXConnected`` condition.
@@ -324,7 +327,9 @@ class Daemon:
         if not was_running and self.supervisor.running():
             self.formation.imex_started(started, self._clock.now())
             self._ready_polls, self._next_ready_check = 0, 0.0  # poll the new IMEX at once
-        self._ready = self._check_ready()
+        was_ready, self._ready = self._ready, self._check_ready()
+        if self._ready and not was_ready:
+            self._next_peer_check = self._clock.monotonic() + self._timing.peer_interval
         self._metrics.ready.set(1 if self._ready else 0)
         want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
         if own is None or own.status != want:
@@ -468,9 +473,11 @@ class Daemon:
                 except (MembershipError, ApiError, ConnectionFailedError, ValueError) as err:
                     log.error("update failed, will retry: %s", err)
                 wait = 1.0
-                if not self._ready:  # until the next readiness poll is due
-                    due = self._next_ready_check - self._clock.monotonic()
-                    wait = min(self._timing.fast_interval, max(0.01, due))
+                if not self._ready:
+                    wait = self._timing.fast_interval
+                    if self.supervisor.running():  # until the next readiness poll is due
+                        due = self._next_ready_check - self._clock.monotonic()
+                        wait = min(wait, max(0.01, due))
                 if full:  # only a change of the clique (a kick) can free a slot
                     wait = self._timing.slow_interval
                 self._clock.wait(self._kick, wait)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from pkg.daemon.membership import DaemonEntry, Identity, holding
+from pkg.daemon.membership import DaemonEntry, Identity
 from pkg.imex import nodesconfig
 from pkg.imex.config import write_file_atomically
 from pkg.imex.hosts import HostsFile
@@ -75,10 +75,10 @@ class ImexSync:
             write_file_atomically(self._nodes_path, content)
 
     def clique_members(self, entries: list[DaemonEntry]) -> list[DaemonEntry]:
-        """Our clique's entries that hold a slot, with the index each holds (see
-        :func:`~pkg.daemon.membership.holding`), sorted by index."""
-        same = holding(entries, clique_id=self._me.clique_id, max_nodes=self._max)
-        return sorted(same, key=lambda e: e.index)
+        same = [
+            e for e in entries if e.clique_id == self._me.clique_id and 0 <= e.index < self._max
+        ]
+        return sorted(same, key=lambda e: (e.index, e.node_name != self._me.node_name))
 
     def apply(self, entries: list[DaemonEntry], *, num_nodes: int = 0) -> None:
         members = self.clique_members(entries)
@@ -95,7 +95,7 @@ class ImexSync:
     def _apply_dns(self, members: list[DaemonEntry], own: DaemonEntry) -> None:
         by_index: dict[int, str] = {}
         for e in members:
-            by_index[e.index] = e.ip_address
+            by_index.setdefault(e.index, e.ip_address)  # own entry sorts first on a tie
         mapping = nodesconfig.dns_mapping(self._me.domain_uid, by_index, max_nodes=self._max)
         changed = self._hosts.update(mapping)
         if changed:

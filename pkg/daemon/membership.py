@@ -8,14 +8,14 @@ behind :class:`EntryStore`, so the join/update/leave logic exists once.
 Invariants:
 - no daemon ever overwrites another's entry (upstream #1050): a write is either a
   read-modify-write of the *whole* list guarded by the object's resourceVersion, or (clique
-  only) a JSON patch that cannot touch other entries - a join appends our entry at the end of
-  the list (the API server's list-map key validation refuses a second entry of our node); a
-  status, connectivity or index change replaces fields of our own entry only if `test`
-  operations find it still at its position with our node, IP, clique and index. No daemon's
-  patch refuses another's, so 18 daemons joining and turning Ready together do not queue
-  behind each other. A 422 from an append (our node is in the list already: our view was
-  stale) is handled like a 409 (a few times, then the guarded write); from an entry patch,
-  the guarded write decides at once. No write acts on a cached view older than our own last write
+  only) a JSON patch guarded by `test` operations instead - a join appends our entry only if
+  the list still ends with the entry our view ended with and ours lands right after it (the
+  API server's list-map key validation refuses a second entry of our node); a status or
+  connectivity change replaces fields of our own entry only if it is still at its position
+  with our node, IP, clique and index. Other daemons' in-place status patches break neither
+  guard, so daemons turning Ready together do not fail each other. A 422 from an append is
+  handled like a 409 (a few times, then the guarded write); from a status patch, the guarded
+  write decides at once. No write acts on a cached view older than our own last write
   (:func:`not_older_than`). With a :class:`CacheView` (the
   daemon's informer on the object) the read is the cached object, not a GET: a stale cache only
   costs a 409, never an entry. After a 409 (or our own write) the RV we wrote against is known
@@ -27,16 +27,9 @@ Invariants:
   stands in for it (mutation cache);
 - a write whose result equals the current list is skipped; the clique is created with our
   entry already in it;
-- a daemon owns at most one entry, keyed by node name; it joins at the lowest index not held
-  by another entry of the same clique and below ``max_nodes``. Which index an entry *holds* is
-  a function of the list (:func:`holding`): its own unless an earlier entry holds it, else the
-  lowest one no earlier entry holds - so two daemons that appended the same index from the
-  same view agree, from the list the API server returns, which of them keeps it, and the other
-  stores the index it holds with one more patch of its own entry. Every reader (IMEX config,
-  hosts file) uses the indices held. An entry that holds no slot (it landed in a full clique)
-  is removed by its daemon, which then reports :class:`CliqueFullError`. A held index never
-  changes while the entry exists (earlier entries leaving aside, before it is stored), so a
-  restarted daemon (same node, new IP) keeps its slot;
+- a daemon owns at most one entry, keyed by node name; it joins at the lowest index not used by
+  another entry of the same clique and below ``max_nodes``; its index never changes while the
+  entry exists, so a restarted daemon (same node, new IP) keeps its slot;
 - leaving removes only our node's entry *and only if it still carries our IP*, so a shutting-down
   pod never deletes the entry its replacement on the same node already re-registered;
 - peer connectivity (``connectedPeers``, ``unreachablePeers``: what our IMEX's
@@ -54,7 +47,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -289,8 +282,6 @@ class CliqueStore:
             {"op": "test", "path": f"{at}/index", "value": old.index},
             {"op": "add", "path": f"{at}/status", "value": new.status},
         ]
-        if new.index != old.index:
-            ops.append({"op": "replace", "path": f"{at}/index", "value": new.index})
         if new.connected_peers is not None:
             ops.append({"op": "add", "path": f"{at}/connectedPeers", "value": new.connected_peers})
         if new.unreachable_peers is not None:
@@ -302,17 +293,26 @@ class CliqueStore:
         )  # fmt: skip
 
     def append_entry(self, snap: Snapshot, entry: DaemonEntry) -> JSON | None:
-        """A JSON patch that appends our entry at the end of the list, whatever was added or
-        removed since ``snap``: the API server's list-map key check refuses it (422) if our
-        node has an entry already, and which index our entry holds is decided by its place in
-        the list (:func:`holding`), so daemons joining at once do not refuse each other; the
-        response tells whether the index we chose is the one we hold. Not before our pod owns
-        the clique unless its ownerReferences can take us."""
+        """A JSON patch that appends our entry only if the list still ends with the entry
+        ``snap`` ended with (`test` of its node, IP, clique and index at that position) and
+        ours lands right after it: entries are only ever appended, changed in place or
+        removed, so that holds only if no entry was added or removed since ``snap``, and the
+        index ``snap`` showed free is still free. Status patches of other entries (in place)
+        do not break it. Not for an empty list, nor before our pod owns the clique unless
+        its ownerReferences can take us."""
+        raw = snap.obj.get("daemons")
+        if not isinstance(raw, list) or not raw or not isinstance(raw[-1], dict):
+            return None
+        n, last = len(raw), raw[-1]
         ops: list[JSON] = [
-            {"op": "add", "path": "/daemons/-", "value": _encode(entry, name_key="nodeName")},
+            {"op": "test", "path": f"/daemons/{n - 1}/{key}", "value": last[key]}
+            for key in ("nodeName", "ipAddress", "cliqueID", "index")
+            if key in last
         ]
-        if not isinstance(snap.obj.get("daemons"), list):
-            return None  # no list to append to: the guarded write sets it
+        ops += [
+            {"op": "add", "path": "/daemons/-", "value": _encode(entry, name_key="nodeName")},
+            {"op": "test", "path": f"/daemons/{n}/nodeName", "value": entry.node_name},
+        ]
         owners = (snap.obj.get("metadata") or {}).get("ownerReferences")
         refs = owners if isinstance(owners, list) else []
         missing = self._owner_refs(refs)[len(refs) :]
@@ -382,32 +382,10 @@ class StatusStore:
 # -- pure list edits (None = nothing to change) --------------------------------------------------
 
 
-def holding(entries: Sequence[DaemonEntry], *, clique_id: str, max_nodes: int) -> list[DaemonEntry]:
-    """The entries of ``clique_id`` that hold a slot, in list order, each with the index it
-    holds: its own if that is below ``max_nodes`` and no earlier entry of the clique holds it,
-    else the lowest index no earlier entry holds (none left: the entry holds no slot and is
-    left out). A function of the list alone, and of each entry's prefix only: an append never
-    changes what an earlier entry holds, so every reader agrees, and daemons that append at
-    once with the same index are told apart by the order the API server put them in."""
-    held: set[int] = set()
-    out: list[DaemonEntry] = []
-    for e in entries:
-        if e.clique_id != clique_id:
-            continue
-        index: int | None = e.index
-        if not 0 <= e.index < max_nodes or e.index in held:
-            index = next((i for i in range(max_nodes) if i not in held), None)
-        if index is None:
-            continue
-        held.add(index)
-        out.append(e if index == e.index else replace(e, index=index))
-    return out
-
-
 def lowest_free_index(entries: list[DaemonEntry], *, clique_id: str, max_nodes: int) -> int:
-    """The lowest index below ``max_nodes`` no entry of the clique holds (:func:`holding`);
-    else :class:`CliqueFullError`."""
-    used = {e.index for e in holding(entries, clique_id=clique_id, max_nodes=max_nodes)}
+    """The lowest index below ``max_nodes`` no entry of the clique uses; else
+    :class:`CliqueFullError`."""
+    used = {e.index for e in entries if e.clique_id == clique_id}
     for index in range(max_nodes):
         if index not in used:
             return index
@@ -415,34 +393,20 @@ def lowest_free_index(entries: list[DaemonEntry], *, clique_id: str, max_nodes: 
 
 
 def upsert(entries: list[DaemonEntry], me: Identity, *, max_nodes: int) -> list[DaemonEntry] | None:
-    """Ensure our entry exists with our IP and stores the index it holds (new entries: lowest
-    free index, NotReady). An entry that holds no slot (it landed in a full clique) is
-    removed: the next edit then raises :class:`CliqueFullError`."""
-    held = {
-        e.node_name: e.index for e in holding(entries, clique_id=me.clique_id, max_nodes=max_nodes)
-    }
+    """Ensure our entry exists with our IP (new entries: lowest free index, NotReady)."""
     for i, e in enumerate(entries):
         if e.node_name != me.node_name:
             continue
-        index = held.get(me.node_name) if e.clique_id == me.clique_id else None
-        if index is None:
-            # Another clique's entry, or one that holds no slot: start over; if no slot is
-            # free, take the entry back first (the edit after that write raises).
-            others = [x for j, x in enumerate(entries) if j != i]
-            try:
-                return _append(others, me, max_nodes=max_nodes)
-            except CliqueFullError:
-                return others
-        if e.ip_address == me.pod_ip and e.index == index:
+        if e.ip_address == me.pod_ip and e.clique_id == me.clique_id and 0 <= e.index < max_nodes:
             return None
-        out = list(entries)
-        if e.ip_address == me.pod_ip:
-            out[i] = replace(e, index=index)  # store the index we hold (a concurrent join)
-        else:
+        if e.clique_id == me.clique_id and 0 <= e.index < max_nodes:
             # Same node, new pod IP: keep the slot, readiness must be re-earned.
-            out[i] = replace(e, index=index, ip_address=me.pod_ip, status=c.STATUS_NOT_READY,
+            out = list(entries)
+            out[i] = replace(e, ip_address=me.pod_ip, status=c.STATUS_NOT_READY,
                              connected_peers=None, unreachable_peers=None)  # fmt: skip
-        return out
+            return out
+        others = [x for j, x in enumerate(entries) if j != i]
+        return _append(others, me, max_nodes=max_nodes)
     return _append(list(entries), me, max_nodes=max_nodes)
 
 
@@ -713,16 +677,9 @@ class Membership:
                     patched = self.store.append_entry(snap, new[-1])
                 else:
                     patched = self._patch_own(snap, entries, new) if patch_ok else None
-                written = patched if patched is not None else self.store.write(snap, new)
-                self._wrote(rv, written)
-                after = list(self.store.decode(written).entries)
-                more = edit(after)
-                if more is None or more == after:
-                    log.debug("membership %s done after %d attempt(s)", what, attempt + 1)
-                    return after
-                # The object as written still needs a change (our join landed on an index an
-                # earlier entry holds): go on from it, no read needed.
-                log.debug("membership %s: the written list needs another write", what)
+                self._wrote(rv, patched if patched is not None else self.store.write(snap, new))
+                log.debug("membership %s done after %d attempt(s)", what, attempt + 1)
+                return new
             except _RETRYABLE as err:
                 last = err
                 if isinstance(err, ConflictError | NotFoundError):
@@ -758,14 +715,14 @@ class Membership:
         self, snap: Snapshot, entries: list[DaemonEntry], new: list[DaemonEntry]
     ) -> JSON | None:
         """The store's identity-guarded patch when ``new`` differs from ``entries`` only in
-        our own entry's status/connectivity/index (same position, node, IP, clique)."""
+        our own entry's status/connectivity (same position, node, IP, clique, index)."""
         if len(new) != len(entries):
             return None
         changed = [(a, b) for a, b in zip(entries, new, strict=True) if a != b]
         if len(changed) != 1:
             return None
         old_e, new_e = changed[0]
-        same = ("node_name", "ip_address", "clique_id")
+        same = ("node_name", "ip_address", "clique_id", "index")
         if old_e.node_name != self.me.node_name or any(
             getattr(old_e, f) != getattr(new_e, f) for f in same
         ):

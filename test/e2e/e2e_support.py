@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any, TypeVar
 
 import yaml
 from kubeletsim import NodeFleet
+from localcluster.processes import free_ports
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
@@ -228,9 +228,8 @@ def channel_claim(name: str, ns: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port on 127.0.0.1 outside the ephemeral range (``localcluster.free_ports``)."""
+    return free_ports(1)[0]
 
 
 def teardown_namespace(client: KubeClient, name: str, timeout: float = 90) -> None:

@@ -369,3 +369,67 @@ def test_readiness_of_a_fresh_imex_is_polled_at_once_then_backing_off(
     polled.clear()
     daemon.step()
     assert len(runner.procs) == 2 and polled == [round(clock.monotonic() - 100.0, 3)]
+
+
+def test_loop_waits_the_fast_interval_while_imex_is_not_running(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """IP mode behind its numNodes barrier: IMEX does not run, so there is no readiness poll
+    to wait for; the loop must not spin (it did, every 10 ms, in a first version)."""
+    cd = api.seed(res.COMPUTE_DOMAINS, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"name": "cd", "namespace": "team"},
+        "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
+    })  # fmt: skip
+    gates = "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false"
+    opts = options(tmp_path, FEATURE_GATES=gates, COMPUTE_DOMAIN_UUID=cd["metadata"]["uid"])
+    daemon, runner, _, _ = make(api, opts)
+    clock = fake_clock()
+    daemon._clock = clock
+    stop = threading.Event()
+    clock.on_wait = lambda _w: stop.set() if len(clock.waits) >= 5 else None
+    ran = threading.Thread(target=daemon.run, args=(stop,))
+    ran.start()
+    ran.join(20)
+    assert not ran.is_alive() and runner.procs == []
+    assert set(clock.waits[:5]) == {Timing().fast_interval}
+
+
+def test_first_peer_poll_waits_one_interval_after_ready(api: FakeApiServer, tmp_path: Path) -> None:
+    """A fresh IMEX is still connecting to its peers: polling it at once would publish a partial
+    count (one more write per daemon while a domain forms); the first poll comes one
+    peer_interval after Ready, then every peer_interval."""
+    api.client().create(res.COMPUTE_DOMAIN_CLIQUES, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
+                     "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}},
+        "daemons": [{"nodeName": "x1", "ipAddress": "10.0.1.1", "cliqueID": CLIQUE,
+                     "index": 1, "status": "Ready"}],
+    }, namespace=NS)  # fmt: skip
+    daemon, _, ctl, _ = make(api, options(tmp_path))
+    polls: list[float] = []
+    clock = daemon._clock
+    answer = ctl.run
+
+    def run(argv: Sequence[str], *, timeout: float) -> CommandResult:
+        if "-N" in argv:
+            polls.append(round(clock.monotonic() - 100.0, 3))
+            return CommandResult(1, "")
+        return answer(argv, timeout=timeout)
+
+    ctl.run = run  # type: ignore[method-assign]
+    daemon._write_imex_config()
+    with following(daemon):
+        daemon.step()
+        assert own_entry_of(api, "n0")["status"] == c.STATUS_READY
+        ready_at = round(clock.monotonic() - 100.0, 3)
+        for _ in range(12):
+            clock.step(1.0)  # type: ignore[attr-defined]
+            daemon.step()
+    interval = Timing().peer_interval
+    assert polls == [ready_at + interval, ready_at + 2 * interval]
+
+
+def own_entry_of(api: FakeApiServer, node: str) -> dict[str, object]:
+    (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    return next(dict(e) for e in clique["daemons"] if e["nodeName"] == node)

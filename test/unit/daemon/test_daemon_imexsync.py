@@ -129,15 +129,3 @@ def test_bad_index_raises(tmp_path: Path) -> None:
     sync, _, _, _ = make(tmp_path, dns=True)
     with pytest.raises(nodesconfig.NodesConfigError):
         sync.apply([e("n0", "10.0.0.1", 0), e("n1", nodesconfig.SENTINEL_ADDRESS, 1)])
-
-
-def test_dns_mode_maps_the_indices_entries_hold_when_two_chose_the_same(tmp_path: Path) -> None:
-    """Two daemons appended index 0 at once: the earlier entry holds it, ours holds 1 - the
-    hosts file and our IMEX follow what the list says, as every other daemon's do, before
-    and after our entry stores the index it holds."""
-    sync, proc, _, hosts_path = make(tmp_path, dns=True)
-    sync.apply([e("n1", "10.0.0.2", 0), e("n0", "10.0.0.1", 0)])
-    assert proc.calls == ["start"]
-    assert (resolve(hosts_path, 0), resolve(hosts_path, 1)) == ("10.0.0.2", "10.0.0.1")
-    sync.apply([e("n1", "10.0.0.2", 0), e("n0", "10.0.0.1", 1)])  # ours stored
-    assert proc.calls == ["start"]

@@ -16,14 +16,12 @@ from pkg.api import constants as c
 from pkg.base.clock import RealClock
 from pkg.daemon.membership import (
     CacheView,
-    CliqueFullError,
     CliqueStore,
     DaemonEntry,
     Identity,
     Membership,
     MembershipError,
     StatusStore,
-    holding,
     lowest_free_index,
     not_older_than,
     upsert,
@@ -185,7 +183,7 @@ def test_concurrent_joins_get_unique_indices_and_lose_nothing(client: RestClient
     assert sorted(e.index for e in entries) == list(range(n))
     assert {e.status for e in entries} == {c.STATUS_READY}
     assert {e.ip_address for e in entries} == {f"10.1.0.{i + 1}" for i in range(n)}
-    assert not conflicts, "joins and status patches must not refuse each other"
+    assert conflicts, "the test must actually exercise write conflicts"
     assert elapsed < 20, f"{n} concurrent joins took {elapsed:.1f}s"
 
     late = ident("node-late", "10.1.0.99")
@@ -449,86 +447,27 @@ def test_18_concurrent_cached_joins_stay_within_request_budget(
     assert sum(counts.values()) <= 6 * n, counts
 
 
-def test_the_index_an_entry_holds_is_decided_by_list_order() -> None:
-    other = "other-clique"
-    listed = [
-        entry("a", 0),
-        entry("b", 0),  # appended from the same view as a: holds the lowest one a does not
-        entry("x", 0, clique=other),  # other cliques do not count
-        entry("c", 1),  # its own is held by b (c appended before seeing b's): the next one
-        entry("d", 5),
-        entry("e", 40),  # out of range
-    ]
-    held = {e.node_name: e.index for e in holding(listed, clique_id=CLIQUE, max_nodes=6)}
-    assert held == {"a": 0, "b": 1, "c": 2, "d": 5, "e": 3}
-    # Appending never changes what an earlier entry holds.
-    more = holding([*listed, entry("f", 0), entry("g", 0)], clique_id=CLIQUE, max_nodes=6)
-    assert {e.node_name: e.index for e in more} == {**held, "f": 4}  # g: no slot left
-    assert lowest_free_index(listed, clique_id=CLIQUE, max_nodes=6) == 4
-    # Our entry stores the index it holds; one that holds none is removed (full clique).
-    me_b = ident("b", "10.0.0.1")
-    fixed = upsert(listed, me_b, max_nodes=6)
-    assert fixed is not None and fixed[1] == replace(listed[1], index=1)
-    me_g = ident("g", "10.0.0.9")
-    full = [*listed, entry("f", 0), DaemonEntry("g", "10.0.0.9", CLIQUE, 0)]
-    assert upsert(full, me_g, max_nodes=6) == full[:-1]  # taken back: it holds no slot
-    with pytest.raises(CliqueFullError):
-        upsert(full[:-1], me_g, max_nodes=6)
-
-
-def test_a_join_into_an_existing_clique_is_one_append_that_others_do_not_refuse(
+def test_a_join_into_an_existing_clique_is_a_shape_guarded_append(
     client: RestClient, server: FakeApiServer, cached: Callable[..., Membership]
 ) -> None:
-    """Joining appends our entry with a JSON patch that needs no resourceVersion and no
-    particular list shape: a concurrent join does not refuse it; two daemons that chose the
-    same index from the same view both land, and the later one stores the index it holds
-    with one patch of its own entry. Only a second entry of our node is refused (422)."""
+    """Joining appends our entry with a JSON patch that holds only if the list still ends
+    where our view ended (no resourceVersion): a concurrent status patch of another entry does
+    not refuse it; a concurrent append does (422), and the join retries on the newer view."""
     a = cached(ident("a", "10.0.0.1"))
     a.join()
-    b, c_ = cached(ident("b", "10.0.0.2")), cached(ident("c", "10.0.0.3"))
-    obj = client.get(res.COMPUTE_DOMAIN_CLIQUES, a.store.name, namespace=NS)
-    view = b.store.check(obj)  # b's and c's view: only a
+    b = cached(ident("b", "10.0.0.2"))
     server.clear_log()
-    b.store.append_entry(view, DaemonEntry("b", "10.0.0.2", CLIQUE, 1))
-    c_.join()  # c's cache may lag behind b's append: index 1 or 2, settled either way
-    assert writes(server)["PATCH"] in (2, 3), writes(server)
+    b.join()
+    assert writes(server) == {"PATCH": 1}
     got = {e.node_name: e.index for e in clique_members(client)}
-    assert got == {"a": 0, "b": 1, "c": 2}
+    assert got == {"a": 0, "b": 1}
     obj = client.get(res.COMPUTE_DOMAIN_CLIQUES, a.store.name, namespace=NS)
-    owners = [r["name"] for r in obj["metadata"]["ownerReferences"]]
-    assert owners == ["daemon-a", "daemon-b", "daemon-c"]
-    # The same, deterministically: d appends index 1 on a stale view, then stores 3.
-    d = cached(ident("d", "10.0.0.4"))
-    server.clear_log()
-    written = d.store.append_entry(view, DaemonEntry("d", "10.0.0.4", CLIQUE, 1))
-    assert written is not None
-    assert [e.index for e in d.store.decode(written).entries] == [0, 1, 2, 1]
-    d._written = written  # what d's own join would have written
-    d.join()
-    assert writes(server) == {"PATCH": 2}
-    assert {e.node_name: e.index for e in clique_members(client)}["d"] == 3
-    # A stale view cannot append a second entry of a node that has one.
+    assert [r["name"] for r in obj["metadata"]["ownerReferences"]] == ["daemon-a", "daemon-b"]
+    # A stale view (before b's append) cannot append a second entry at b's index.
+    snap = b.store.check({**obj, "daemons": obj["daemons"][:1]})
     with pytest.raises(InvalidError):
-        a.store.append_entry(view, DaemonEntry("c", "10.0.0.3", CLIQUE, 5))
-    assert sorted(e.index for e in clique_members(client)) == [0, 1, 2, 3]
-
-
-def test_a_daemon_that_lands_in_a_full_clique_takes_its_entry_back(
-    client: RestClient, server: FakeApiServer
-) -> None:
-    def member(node: str, max_nodes: int = 2) -> Membership:
-        me = ident(node, f"10.0.1.{len(node)}")
-        return Membership(CliqueStore(client, me), me, max_nodes=max_nodes, sleep=no_sleep)
-
-    member("a").join()
-    late = member("late")
-    view = late.store.read()
-    assert view is not None  # a view from before b joined: one free slot
-    member("b").join()
-    late.store.append_entry(view, DaemonEntry("late", "10.0.1.4", CLIQUE, 1))
-    with pytest.raises(CliqueFullError):
-        late.join()
-    assert [e.node_name for e in clique_members(client)] == ["a", "b"]
+        a.store.append_entry(snap, DaemonEntry("c", "10.0.0.3", CLIQUE, 1))
+    assert sorted(e.index for e in clique_members(client)) == [0, 1]
 
 
 def test_a_cached_view_older_than_our_own_write_is_not_acted_on() -> None:
