@@ -5,7 +5,9 @@ membership object (field selector ``metadata.name=<object>``; its event handler 
 loop and the membership's :class:`~pkg.daemon.membership.CacheView`; both read the object through
 the informer's `Lister`, so membership writes need no GET before each attempt; resync every
 ``Timing.resync_seconds`` like upstream's 4-minute informer resync), the optional metrics
-server, and the loop itself, which does everything else in order so no two actions race:
+server, a short-lived one that labels our pod with its clique ID (retrying until it succeeds
+or we stop; on an NVLink node nothing waits for it, so the join does not queue behind it),
+and the loop itself, which does everything else in order so no two actions race:
 supervise IMEX (watchdog tick), make sure our entry exists with our IP, apply the membership to
 IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
 
@@ -437,11 +439,24 @@ class Daemon:
 
     def run(self, stop: threading.Event) -> int:
         """Run until ``stop``; the exit code (0, or `EXIT_DRIVER_ROOT_INCOMPLETE`)."""
-        self._retry(self.label_pod, stop, "label own pod")
         if not self.opts.clique_id:
+            self._retry(self.label_pod, stop, "label own pod")  # the label makes it a member
             log.info("clique ID is empty (no NVLink fabric): not starting IMEX, waiting for stop")
             stop.wait()
             return 0
+        # The label is for the controller; nothing here waits for it, so the join (which a
+        # forming domain's other daemons wait for) does not queue behind it.
+        labeller = threading.Thread(
+            target=self._retry, args=(self.label_pod, stop, "label own pod"), name="label-pod",
+            daemon=True,
+        )  # fmt: skip
+        labeller.start()
+        try:
+            return self._run_fabric(stop)
+        finally:
+            labeller.join(self._timing.leave_timeout)
+
+    def _run_fabric(self, stop: threading.Event) -> int:
         self.formation.begin()
         missing = missing_imex_programs(self.opts, self._locate)
         if missing:

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -433,3 +434,24 @@ def test_first_peer_poll_waits_one_interval_after_ready(api: FakeApiServer, tmp_
 def own_entry_of(api: FakeApiServer, node: str) -> dict[str, object]:
     (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
     return next(dict(e) for e in clique["daemons"] if e["nodeName"] == node)
+
+
+def test_the_join_does_not_wait_for_the_pod_label(api: FakeApiServer, tmp_path: Path) -> None:
+    """Labelling the pod (for the controller) runs beside the loop: a slow pod PATCH does not
+    delay the join and the Ready write that the domain's other daemons wait for."""
+    api.inject_stall("PATCH", res.PODS, 3.0)
+    daemon, _, _, _ = make(api, options(tmp_path))
+    stop = threading.Event()
+    ran = threading.Thread(target=daemon.run, args=(stop,))
+    started = time.monotonic()
+    ran.start()
+    try:
+        eventually(lambda: bool(api.objects(res.COMPUTE_DOMAIN_CLIQUES))
+                   and own_entry(api)["status"] == c.STATUS_READY, timeout=2.5)  # fmt: skip
+        assert time.monotonic() - started < 2.9
+        assert not api.objects(res.PODS)[0]["metadata"].get("labels")
+    finally:
+        stop.set()
+        ran.join(20)
+    assert not ran.is_alive()
+    assert api.objects(res.PODS)[0]["metadata"]["labels"] == {c.CLIQUE_ID_LABEL: CLIQUE}
