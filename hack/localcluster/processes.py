@@ -250,3 +250,18 @@ def wait_until(
             logs = "\n".join(f"--- {p.name} ---\n{tail(p.log_file, 20)}" for p in procs)
             raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
         time.sleep(interval)
+
+
+def teardown_on_sigterm() -> None:
+    """Make SIGTERM interrupt the process like Ctrl-C (``KeyboardInterrupt``), so a test run
+    stopped by a CI timeout or ``kill`` still runs its fixtures' teardown: stops the cluster,
+    the nodes and the driver processes (started in their own sessions, they would outlive it)
+    and undoes what the run changed on the host. Only from the main thread; idempotent."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def interrupt(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)

@@ -31,6 +31,7 @@ import pytest
 from e2e_support import Driver, free_port, leak_report, teardown_namespace, wait_for
 from kubeletsim import NodeFleet, config_from_cluster, layout
 from localcluster import Cluster, bin_dir
+from localcluster.processes import teardown_on_sigterm
 
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
@@ -40,6 +41,11 @@ REQUIRED = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 CLIQUES: list[int | None] = [0, 0, 0, 0, 1, None]
 NODE_NAMES = [s.name for s in layout(CLIQUES)]
 SESSION: dict[str, Any] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (CI timeout, ``kill``) tears the session down like Ctrl-C does."""
+    teardown_on_sigterm()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from localcluster import Cluster, bin_dir
 from localcluster.hostnet import HOST_IP
+from localcluster.processes import teardown_on_sigterm
 from localcluster.realnode import RealNodes, missing_prerequisites
 from nodeimages import PAUSE_IMAGE, build_all
 from realsupport import (
@@ -42,6 +43,11 @@ from realsupport import (
 )
 
 SESSION: dict[str, Any] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (CI timeout, ``kill``) tears the session down like Ctrl-C does."""
+    teardown_on_sigterm()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
