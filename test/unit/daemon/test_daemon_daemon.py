@@ -22,6 +22,7 @@ from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import CDI_MISSING, Options, parse
 from pkg.imex.ctl import CommandResult
 from pkg.kube import resources as res
+from pkg.kube.client import KubeClient
 from pkg.testing.clock import FakeClock
 from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
@@ -145,6 +146,17 @@ def own_entry(api: FakeApiServer) -> dict[str, object]:
     (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
     (entry,) = clique["daemons"]
     return dict(entry)
+
+
+def seed_clique(client: KubeClient, daemons: list[tuple[str, str, int]]) -> None:
+    """Our domain's clique, holding Ready entries (node, IP, index) of other daemons."""
+    client.create(res.COMPUTE_DOMAIN_CLIQUES, {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
+                     "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}},
+        "daemons": [{"nodeName": node, "ipAddress": ip, "cliqueID": CLIQUE, "index": index,
+                     "status": "Ready"} for node, ip, index in daemons],
+    }, namespace=NS)  # fmt: skip
 
 
 def test_step_joins_starts_imex_and_tracks_readiness(api: FakeApiServer, tmp_path: Path) -> None:
@@ -288,13 +300,7 @@ def test_restarted_daemon_takes_back_ready_before_it_starts_imex(
     (same IP), which finds the entry its predecessor left Ready. Until its own IMEX is up
     the plugin must not release workloads against it."""
     client = api.client()
-    client.create(res.COMPUTE_DOMAIN_CLIQUES, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
-                     "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}},
-        "daemons": [{"nodeName": "n0", "ipAddress": "10.0.0.1", "cliqueID": CLIQUE,
-                     "index": 0, "status": "Ready"}],
-    }, namespace=NS)  # fmt: skip
+    seed_clique(client, [("n0", "10.0.0.1", 0)])
     daemon, runner, _, _ = make(api, options(tmp_path))
     seen_at_start: list[object] = []
     start = runner.start
@@ -317,13 +323,7 @@ def test_restarted_daemon_takes_back_ready_before_it_starts_imex(
 def test_full_clique_is_reported_once_and_retried_slowly(
     api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    api.client().create(res.COMPUTE_DOMAIN_CLIQUES, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
-                     "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}},
-        "daemons": [{"nodeName": f"x{i}", "ipAddress": f"10.0.1.{i}", "cliqueID": CLIQUE,
-                     "index": i, "status": "Ready"} for i in range(2)],
-    }, namespace=NS)  # fmt: skip
+    seed_clique(api.client(), [(f"x{i}", f"10.0.1.{i}", i) for i in range(2)])
     daemon, runner, _, _ = make(api, options(tmp_path, MAX_NODES_PER_IMEX_DOMAIN="2"))
     clock = fake_clock()
     daemon._clock = clock
@@ -400,13 +400,7 @@ def test_first_peer_poll_waits_one_interval_after_ready(api: FakeApiServer, tmp_
     """A fresh IMEX is still connecting to its peers: polling it at once would publish a partial
     count (one more write per daemon while a domain forms); the first poll comes one
     peer_interval after Ready, then every peer_interval."""
-    api.client().create(res.COMPUTE_DOMAIN_CLIQUES, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
-                     "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}},
-        "daemons": [{"nodeName": "x1", "ipAddress": "10.0.1.1", "cliqueID": CLIQUE,
-                     "index": 1, "status": "Ready"}],
-    }, namespace=NS)  # fmt: skip
+    seed_clique(api.client(), [("x1", "10.0.1.1", 1)])
     daemon, _, ctl, _ = make(api, options(tmp_path))
     polls: list[float] = []
     clock = daemon._clock
