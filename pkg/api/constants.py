@@ -56,6 +56,10 @@ ALLOCATION_MODE_ALL: Final = "All"
 REASON_DRIVER_ROOT_INCOMPLETE: Final = "DriverRootIncomplete"
 
 DEFAULT_MAX_NODES_PER_IMEX_DOMAIN: Final = 18
+CLIQUE_JOIN_BY_CONTROLLER_ENV: Final = "CLIQUE_JOIN_BY_CONTROLLER"
+"""Daemon env our DaemonSets set to ``true``: the controller writes the daemon's clique entry
+(``pkg.reconcilers.cliquejoin``); the daemon waits a bounded while for it before joining by
+itself. Absent (upstream's DaemonSets): the daemon joins by itself at once."""
 IMEX_CHANNEL_COUNT: Final = 2048
 DEFAULT_DRIVER_NAMESPACE: Final = "nvidia-dra-driver"
 

@@ -120,6 +120,7 @@ class Timing:
     imex_stop_timeout: float = 10.0
     resync_seconds: int = 240
     peer_interval: float = 5.0
+    controller_join_grace: float = 5.0  # CLIQUE_JOIN_BY_CONTROLLER: wait this long for the entry
     watch_backoff: informers.BackoffPolicy = WATCH_BACKOFF
 
 
@@ -247,6 +248,7 @@ class Daemon:
         self._next_ready_check = 0.0
         self._ready_polls = 0  # not-ready answers since IMEX last (re)started
         self._first_pass = True
+        self._join_since: tuple[float, float] | None = None  # first pass: monotonic, wall
         self._last_error = ""
         self._next_peer_check = 0.0
         self._peer_suspects: set[str] = set()
@@ -312,8 +314,12 @@ class Daemon:
         entries, obj = snap if snap is not None else ([], None)
         own = self.membership.own_entry(entries)
         if self._first_pass:
+            if self._join_since is None:
+                self._join_since = (self._clock.monotonic(), self._clock.now())
+            if self._awaiting_controller(own):
+                return
             # Joins, or takes back a Ready left by this pod's previous container.
-            started = self._clock.now()
+            started = self._join_since[1]
             entries = self.membership.set_status(c.STATUS_NOT_READY)
             self.formation.joined(started, self._clock.now())
             own = self.membership.own_entry(entries)
@@ -341,6 +347,21 @@ class Daemon:
             self.formation.ready()
         if self._ready and own is not None and isinstance(self.store, CliqueStore):
             self._report_peers(entries, own)
+
+    def _awaiting_controller(self, own: DaemonEntry | None) -> bool:
+        """Our DaemonSet says the controller writes our clique entry and it is not there yet:
+        wait for it (an informer event wakes the loop) for ``controller_join_grace`` seconds
+        from the first pass, then join by ourselves (controller down, or busy elsewhere)."""
+        if own is not None or not self.opts.join_by_controller:
+            return False
+        if not isinstance(self.store, CliqueStore) or self._join_since is None:
+            return False
+        waited = self._clock.monotonic() - self._join_since[0]
+        if waited < self._timing.controller_join_grace:
+            return True
+        log.info("no entry from the controller in %s after %.1fs: joining by ourselves",
+                 self._where(), waited)  # fmt: skip
+        return False
 
     def _report_peers(self, entries: list[DaemonEntry], own: DaemonEntry) -> None:
         """Publish our IMEX's peer connectivity when due and changed (module docstring)."""

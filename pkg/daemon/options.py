@@ -3,8 +3,9 @@
 Owns the upstream env contract (CDI: ``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``,
 ``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``, and ours, ``TRACEPARENT``, the domain's
 formation trace when tracing is on; downward API: ``NODE_NAME``, ``POD_IP``,
-``POD_UID``, ``POD_NAME``, ``POD_NAMESPACE``; ``MAX_NODES_PER_IMEX_DOMAIN``; ``FEATURE_GATES``)
-plus our additions, each a flag with an env fallback:
+``POD_UID``, ``POD_NAME``, ``POD_NAMESPACE``; ``MAX_NODES_PER_IMEX_DOMAIN``; ``FEATURE_GATES``;
+``CLIQUE_JOIN_BY_CONTROLLER``, ours, ``true`` in our DaemonSets: the controller writes the
+clique entry) plus our additions, each a flag with an env fallback:
 
 =====================  ========================  =========================================
 flag                   env                       default
@@ -77,6 +78,7 @@ class Options:
     metrics_address: str
     kubeconfig: str | None
     traceparent: str = ""  # CDI env TRACEPARENT: the domain's formation trace (may be empty)
+    join_by_controller: bool = False  # CLIQUE_JOIN_BY_CONTROLLER=true (our DaemonSets)
 
     @property
     def config_path(self) -> str:
@@ -124,6 +126,15 @@ def _int(raw: str | int | None, *, name: str, default: int) -> int:
         return int(raw)
     except ValueError as err:
         raise OptionsError(f"{name}: {raw!r} is not an integer") from err
+
+
+def _bool(raw: str | None, *, name: str) -> bool:
+    value = (raw or "").strip().lower()
+    if value in ("", "false", "0"):
+        return False
+    if value in ("true", "1"):
+        return True
+    raise OptionsError(f"{name}={raw!r}: must be true or false")
 
 
 def _binary(flag: str | None, env_value: str | None, name: str) -> tuple[str, ...]:
@@ -181,4 +192,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         metrics_address=args.metrics_address or env.get("METRICS_ADDRESS") or "",
         kubeconfig=args.kubeconfig or env.get("KUBECONFIG") or None,
         traceparent=env.get("TRACEPARENT", ""),
+        join_by_controller=_bool(
+            env.get(c.CLIQUE_JOIN_BY_CONTROLLER_ENV), name=c.CLIQUE_JOIN_BY_CONTROLLER_ENV
+        ),
     )

@@ -38,6 +38,7 @@ DAEMON_CORE_ENV: frozenset[str] = frozenset(
         "POD_NAMESPACE",
         "NVIDIA_VISIBLE_DEVICES",
         "FEATURE_GATES",
+        c.CLIQUE_JOIN_BY_CONTROLLER_ENV,
         # Injected through CDI by the kubelet plugin from the prepared daemon claim.
         "CLIQUE_ID",
         "COMPUTE_DOMAIN_UUID",

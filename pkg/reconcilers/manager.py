@@ -2,7 +2,7 @@
 
 Owns the process-wide object graph of the ComputeDomain controller. One shared informer per
 watched slice of the API feeds the caches (:class:`pkg.reconcilers.cache.Caches`); event
-handlers only map objects to keys and enqueue them (never call the API); four controllers
+handlers only map objects to keys and enqueue them (never call the API); five controllers
 with their own named queues run the reconcilers:
 
 * ``computedomain`` (key ``ns/name``): from ComputeDomains, from their allocated channel
@@ -15,7 +15,9 @@ with their own named queues run the reconcilers:
 * ``cliquelabel`` (key node name): from ResourceSlices and Nodes;
 * ``cliqueprune`` (key clique ``ns/name``): from ComputeDomainCliques, the daemon pods of
   their domain and the Nodes their entries are on; a pending removal re-checks itself with
-  ``add_after``, never by polling.
+  ``add_after``, never by polling;
+* ``cliquejoin`` (key clique ``ns/<cdUID>.<cliqueID>``, the clique may not exist yet): from the
+  daemon pods, the cliques, ResourceSlices (a node's clique) and node health.
 
 Invariants: workers start only after every cache has synced (:meth:`ControllerManager.start`
 blocks until then); :meth:`stop` stops the queues, the sweep and the informers, in that order.
@@ -50,6 +52,7 @@ from pkg.reconcilers.cache import (
     channel_domain_id,
 )
 from pkg.reconcilers.cleanup import OrphanCleaner
+from pkg.reconcilers.cliquejoin import CliqueJoinReconciler
 from pkg.reconcilers.cliquelabel import CliqueLabelReconciler
 from pkg.reconcilers.cliqueprune import CliquePruneReconciler
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
@@ -158,6 +161,9 @@ class ControllerManager:
         self.prune = CliquePruneReconciler(
             client=client, caches=self.caches, config=config, events=events, clock=clock
         )
+        self.joins = CliqueJoinReconciler(
+            client=client, caches=self.caches, config=config, clock=clock
+        )
         self.controllers = [
             # Reconciles are I/O-bound: enough workers that the client's QPS (per API group),
             # not the worker count, bounds a burst of new domains (see domain_workers).
@@ -165,6 +171,7 @@ class ControllerManager:
             controller("resourceclaim", self.claims, 1),
             controller("cliquelabel", self.cliques, 1),
             controller("cliqueprune", self.prune, 1),
+            controller("cliquejoin", self.joins, 1),
         ]
         self.cleaner = OrphanCleaner(
             client=client, caches=self.caches, config=config, events=events, clock=clock
@@ -202,6 +209,12 @@ class ControllerManager:
             keys.update(self._domain_keys(obj))
         return sorted(keys)
 
+    def _join_keys_of_node(self, node: JSON) -> list[str]:
+        """Clique keys of the daemon pods on ``node``."""
+        name = str(node["metadata"]["name"])
+        pods = self.caches.pods.by_index(BY_NODE, name)
+        return sorted({k for pod in pods for k in self.joins.keys_for_pod(pod)})
+
     def _waiting_domain_keys(self) -> list[str]:
         """Domains whose numNodes (> 1) is not met yet: a node or slice change may decide
         whether it ever can be (``NumNodesUnreachable``)."""
@@ -235,7 +248,7 @@ class ControllerManager:
         )
 
     def _wire(self) -> None:
-        cd_ctl, claim_ctl, clique_ctl, prune_ctl = self.controllers
+        cd_ctl, claim_ctl, clique_ctl, prune_ctl, join_ctl = self.controllers
         inf = self._informers
         self._watch(inf["compute_domains"], cd_ctl, lambda o: [_key(o)])
         # Orphan sweeps are event-driven: a domain went away, or something names an unknown one.
@@ -278,6 +291,12 @@ class ControllerManager:
         )  # fmt: skip
         self._watch(inf["cliques"], prune_ctl, lambda o: [_key(o)])
         self._watch(inf["pods"], prune_ctl, self.prune.keys_for_pod)
+        # Entries for joining daemons: their pods (IP, clique label, deletion), their clique,
+        # the clique of a node whose daemon has not labelled its pod yet, node health.
+        self._watch(inf["pods"], join_ctl, self.joins.keys_for_pod)
+        self._watch(inf["cliques"], join_ctl, lambda o: [_key(o)])
+        self._watch(inf["slices"], join_ctl, self.joins.keys_for_slice)
+        self._watch(inf["node_health"], join_ctl, self._join_keys_of_node)
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
         # The first allocated channel claim of a domain makes it create its daemon objects.
         self._watch(inf["claims"], cd_ctl, self._domain_keys_of_claim)

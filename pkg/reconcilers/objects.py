@@ -159,6 +159,7 @@ def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
         {"name": "FEATURE_GATES", "value": config.feature_gates},
+        {"name": c.CLIQUE_JOIN_BY_CONTROLLER_ENV, "value": "true"},
         *({"name": name, "value": value} for name, value in config.daemon_extra_env),
     ]
     spec: JSON = {

@@ -136,7 +136,9 @@ EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
     ("Role", "compute-domain-controller"): {
         ("apps", "daemonsets", ()): {"get", "list", "watch", "create", "update", "delete"},
         ("", "pods", ()): {"list", "watch"},
-        ("resource.nvidia.com", "computedomaincliques", ()): {"list", "watch", "update"},
+        ("resource.nvidia.com", "computedomaincliques", ()): {
+            "list", "watch", "create", "update", "patch",
+        },
         ("coordination.k8s.io", "leases", ()): {"create"},
         ("coordination.k8s.io", "leases", ("compute-domain-controller",)): {"get", "update"},
     },

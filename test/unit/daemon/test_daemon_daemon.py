@@ -19,7 +19,7 @@ from pkg.api import constants as c
 from pkg.daemon.check import run_check
 from pkg.daemon.daemon import Daemon, Timing
 from pkg.daemon.metrics import DaemonMetrics
-from pkg.daemon.options import CDI_MISSING, Options, parse
+from pkg.daemon.options import CDI_MISSING, Options, OptionsError, parse
 from pkg.imex.ctl import CommandResult
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
@@ -449,3 +449,66 @@ def test_the_join_does_not_wait_for_the_pod_label(api: FakeApiServer, tmp_path: 
         ran.join(20)
     assert not ran.is_alive()
     assert api.objects(res.PODS)[0]["metadata"]["labels"] == {c.CLIQUE_ID_LABEL: CLIQUE}
+
+
+def clique_writes(api: FakeApiServer) -> list[str]:
+    return [m for m, p in api.request_log
+            if m in ("POST", "PUT", "PATCH") and "computedomaincliques" in p]  # fmt: skip
+
+
+def test_with_the_controller_writing_entries_the_daemon_waits_for_its_own(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """CLIQUE_JOIN_BY_CONTROLLER=true (our DaemonSets): no join of its own while the entry
+    is coming; the entry the controller wrote is taken as is (no write), IMEX starts, and
+    only the Ready is the daemon's write."""
+    opts = options(tmp_path, **{c.CLIQUE_JOIN_BY_CONTROLLER_ENV: "true"})
+    assert opts.join_by_controller
+    daemon, runner, _, _ = make(api, opts)
+    daemon._write_imex_config()
+    client = api.client()
+    with following(daemon):
+        api.request_log.clear()
+        daemon.step()
+        daemon.step()
+        assert clique_writes(api) == [] and runner.procs == []
+        seed_clique(client, [("n1", "10.0.0.2", 0)])
+        (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
+        clique["daemons"].append({"nodeName": "n0", "ipAddress": "10.0.0.1", "cliqueID": CLIQUE,
+                                  "index": 1, "status": "NotReady"})  # fmt: skip
+        clique["metadata"]["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Pod", "name": "daemon-n0", "uid": "pu"}
+        ]
+        daemon._kick.clear()
+        observe(daemon, client.update(res.COMPUTE_DOMAIN_CLIQUES, clique))
+        api.request_log.clear()
+        daemon.step()
+    assert len(runner.procs) == 1
+    assert clique_writes(api) == ["PATCH"]  # only its own Ready
+    entry = own_entry_of(api, "n0")
+    assert (entry["index"], entry["status"]) == (1, c.STATUS_READY)
+
+
+def test_without_an_entry_from_the_controller_the_daemon_joins_after_the_grace(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    opts = options(tmp_path, **{c.CLIQUE_JOIN_BY_CONTROLLER_ENV: "true"})
+    daemon, runner, _, _ = make(api, opts)
+    daemon._write_imex_config()
+    clock = daemon._clock
+    assert isinstance(clock, FakeClock)
+    with following(daemon):
+        daemon.step()
+        clock.step(Timing().controller_join_grace - 0.1)
+        daemon.step()
+        assert api.objects(res.COMPUTE_DOMAIN_CLIQUES) == [] and runner.procs == []
+        clock.step(0.2)
+        daemon.step()
+    assert own_entry(api)["status"] == c.STATUS_READY and len(runner.procs) == 1
+
+
+def test_join_by_controller_must_be_true_or_false(tmp_path: Path) -> None:
+    assert not options(tmp_path).join_by_controller
+    assert not options(tmp_path, **{c.CLIQUE_JOIN_BY_CONTROLLER_ENV: "false"}).join_by_controller
+    with pytest.raises(OptionsError, match=c.CLIQUE_JOIN_BY_CONTROLLER_ENV):
+        options(tmp_path, **{c.CLIQUE_JOIN_BY_CONTROLLER_ENV: "yes please"})

@@ -76,6 +76,7 @@ def test_daemonset_contract_with_the_daemon() -> None:
     assert pod["imagePullSecrets"] == [{"name": "s1"}, {"name": "s2"}]
     assert pod["serviceAccountName"] == "compute-domain-daemon"  # the SA config/rbac ships
     e = env(ds)
+    assert e[c.CLIQUE_JOIN_BY_CONTROLLER_ENV] == "true"  # the controller writes their entries
     assert (e["LOG_VERBOSITY"], e["MAX_NODES_PER_IMEX_DOMAIN"], e["FEATURE_GATES"]) == (
         "3", "18", "A=true",
     )  # fmt: skip
