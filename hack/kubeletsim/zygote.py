@@ -324,8 +324,14 @@ def serve(socket_path: str, preload: Sequence[str]) -> None:
             os.close(r)
             for fd in fds:
                 os.close(fd)
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             children[pid] = conn
+            try:
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            except OSError:  # the client went away first: nobody owns the program; end it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+                conn.close()  # still reaped below; its exit goes nowhere
+                continue
             watched[conn] = pid
         while children:
             try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -81,6 +83,27 @@ def test_exec_probe_through_the_zygote_reports_exit_output_and_timeout(
             False, "probe timed out after 0.5s")  # fmt: skip
     finally:
         c.stop(5)
+
+
+def test_a_client_that_hangs_up_before_its_pid_does_not_take_the_server_down(
+    zygote: Zygote, tmp_path: Path
+) -> None:
+    """A caller that gives up (closes) before the server reports the pid: the program is
+    ended and the server keeps forking for everyone else (it once died with EPIPE, and every
+    later container start of that run failed with ECONNREFUSED)."""
+    prog = str(script(tmp_path))
+    for _ in range(3):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(str(zygote.socket_path))
+        msg = json.dumps({"argv": [prog, "sleep"], "env": {}, "cwd": str(tmp_path)}).encode()
+        socket.send_fds(conn, [msg + b"\n"], [0, 1, 2])
+        conn.close()
+    c = LocalContainer(ProcessSpec([sys.executable, prog, "4"], {}, tmp_path,
+                                   tmp_path / "after.log", zygote=zygote))  # fmt: skip
+    deadline = time.monotonic() + 10
+    while c.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.exit_code() == 4
 
 
 def test_only_scripts_of_this_interpreter_are_forked(zygote: Zygote) -> None:
