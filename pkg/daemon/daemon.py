@@ -120,7 +120,7 @@ class Timing:
     imex_stop_timeout: float = 10.0
     resync_seconds: int = 240
     peer_interval: float = 5.0
-    controller_join_grace: float = 5.0  # CLIQUE_JOIN_BY_CONTROLLER: wait this long for the entry
+    controller_join_grace: float = 10.0  # CLIQUE_JOIN_BY_CONTROLLER: wait this long for the entry
     watch_backoff: informers.BackoffPolicy = WATCH_BACKOFF
 
 

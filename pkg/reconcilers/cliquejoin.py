@@ -57,7 +57,9 @@ __all__ = ["CliqueJoinReconciler"]
 
 log = logging.getLogger(__name__)
 
-_RETRY = 0.2  # seconds: a refused write is tried again (an event usually comes first)
+_RETRY = 2.0  # seconds: safety net after a refused write; the write that refused it is a
+# clique event, which enqueues the key again at once (retrying sooner, on a cache that has not
+# seen that write yet, is refused again: under load that was most of our requests)
 _GUARDED = ("nodeName", "ipAddress", "cliqueID", "index")
 
 
