@@ -28,7 +28,9 @@ would report a partial count and cost a forming domain one more write per daemon
 object all its daemons write) the loop runs ``nvidia-imex-ctl -N -j`` and writes into its
 entry how many clique peers its IMEX is connected to and which it cannot reach
 (:mod:`pkg.daemon.peers`; a peer only after two polls in a row that did not find it
-connected); a write happens only when that changed.
+connected); a write happens only when that changed, and progress alone (more peers connected,
+no peer newly unreachable, some still not connected) at most every ``peer_count_interval``
+(30 s): the first report, a newly unreachable peer and "all connected" are written at once.
 A daemon alone in its clique writes nothing (it clears a stale list of unreachable
 peers). Output IMEX cannot give (not running, unparsable) leaves the last report in place.
 The controller turns the reports into the domain's ``IMEXConnected`` condition.
@@ -120,6 +122,7 @@ class Timing:
     imex_stop_timeout: float = 10.0
     resync_seconds: int = 240
     peer_interval: float = 5.0
+    peer_count_interval: float = 30.0  # least time between writes of a partial connected count
     controller_join_grace: float = 10.0  # CLIQUE_JOIN_BY_CONTROLLER: wait this long for the entry
     watch_backoff: informers.BackoffPolicy = WATCH_BACKOFF
 
@@ -251,6 +254,8 @@ class Daemon:
         self._join_since: tuple[float, float] | None = None  # first pass: monotonic, wall
         self._last_error = ""
         self._next_peer_check = 0.0
+        self._peer_count_written = float("-inf")  # monotonic time of our last connectivity write
+        self._peer_reported: set[str] | None = None  # the unreachable peers it last wrote
         self._peer_suspects: set[str] = set()
         self.formation = DaemonFormation(
             tracer or trace.NoOpTracer(), opts.traceparent, now=clock.now,
@@ -387,11 +392,25 @@ class Daemon:
         unreachable = tuple(n for n in unreachable if n in suspects)
         if (own.connected_peers, own.unreachable_peers) == (connected, unreachable):
             return
+        reported = self._peer_reported  # what we wrote last (the cache may not show it yet)
+        if reported is None and own.connected_peers is not None:
+            reported = set(own.unreachable_peers or ())
+        if (
+            reported is not None
+            and unreachable
+            and set(unreachable) <= reported
+            and now - self._peer_count_written < self._timing.peer_count_interval
+        ):
+            # Progress only (more peers connected, no new one unreachable): while a large
+            # domain forms, every daemon rewriting its count each poll was most of the writes
+            # of the shared clique. New problems and "all connected" are written at once.
+            return
         if unreachable:
             log.warning("IMEX cannot reach clique peers: %s", ", ".join(unreachable))
         elif own.unreachable_peers:
             log.info("IMEX reaches all %d clique peers again", connected)
         self.membership.set_connectivity(connected, unreachable)
+        self._peer_count_written, self._peer_reported = now, set(unreachable)
 
     def _write_imex_config(self) -> None:
         cfg = ImexConfig(

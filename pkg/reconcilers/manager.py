@@ -171,7 +171,9 @@ class ControllerManager:
             controller("resourceclaim", self.claims, 1),
             controller("cliquelabel", self.cliques, 1),
             controller("cliqueprune", self.prune, 1),
-            controller("cliquejoin", self.joins, 1),
+            # One worker per clique being formed at once: a slow write to one clique (an API
+            # server busy with a large domain) must not hold back the joins of the others.
+            controller("cliquejoin", self.joins, 4),
         ]
         self.cleaner = OrphanCleaner(
             client=client, caches=self.caches, config=config, events=events, clock=clock

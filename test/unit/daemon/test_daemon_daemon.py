@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -512,3 +513,48 @@ def test_join_by_controller_must_be_true_or_false(tmp_path: Path) -> None:
     assert not options(tmp_path, **{c.CLIQUE_JOIN_BY_CONTROLLER_ENV: "false"}).join_by_controller
     with pytest.raises(OptionsError, match=c.CLIQUE_JOIN_BY_CONTROLLER_ENV):
         options(tmp_path, **{c.CLIQUE_JOIN_BY_CONTROLLER_ENV: "yes please"})
+
+
+def test_progress_of_the_connected_count_is_rewritten_at_most_every_peer_count_interval(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """While peers keep connecting, each poll sees one more; rewriting the shared clique for
+    each was most of a large domain's writes. The first report, a newly unreachable peer and
+    "all connected" are written at once; progress alone at most every peer_count_interval."""
+    peers = [(f"x{i}", f"10.0.1.{i}", i) for i in range(1, 6)]
+    seed_clique(api.client(), peers)
+    daemon, _, ctl, _ = make(api, options(tmp_path))
+    clock = daemon._clock
+    assert isinstance(clock, FakeClock)
+    connected = [0]
+    answer = ctl.run
+
+    def run(argv: Sequence[str], *, timeout: float) -> CommandResult:
+        if "-N" in argv:
+            conns = {str(i): {"host": ip, "status": "CONNECTED"}
+                     for i, (_, ip, _) in enumerate(peers[: connected[0]])}  # fmt: skip
+            own = {"host": "10.0.0.1", "connections": conns}
+            return CommandResult(0, json.dumps({"nodes": {"0": own}}))
+        return answer(argv, timeout=timeout)
+
+    ctl.run = run  # type: ignore[method-assign]
+    daemon._write_imex_config()
+    interval = Timing().peer_interval
+
+    def poll(count: int) -> tuple[object, object]:
+        connected[0] = count
+        clock.step(interval)
+        daemon.step()
+        entry = own_entry_of(api, "n0")
+        return entry.get("connectedPeers"), entry.get("unreachablePeers")
+
+    with following(daemon):
+        daemon.step()
+        assert poll(1) == (1, [])  # first report: at once (not-connected peers are suspects)
+        assert poll(2) == (2, ["x3", "x4", "x5"])  # newly unreachable: at once
+        assert poll(3) == (2, ["x3", "x4", "x5"])  # progress only: held back
+        assert poll(4) == (2, ["x3", "x4", "x5"])
+        assert poll(5) == (5, [])  # all connected: at once
+        assert poll(4) == (4, [])  # x5 dropped: a suspect first, none unreachable: at once
+        assert poll(4) == (4, ["x5"])  # newly unreachable: at once
+    assert Timing().peer_count_interval > 4 * interval
