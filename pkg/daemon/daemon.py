@@ -28,9 +28,10 @@ would report a partial count and cost a forming domain one more write per daemon
 object all its daemons write) the loop runs ``nvidia-imex-ctl -N -j`` and writes into its
 entry how many clique peers its IMEX is connected to and which it cannot reach
 (:mod:`pkg.daemon.peers`; a peer only after two polls in a row that did not find it
-connected); a write happens only when that changed, and progress alone (more peers connected,
-no peer newly unreachable, some still not connected) at most every ``peer_count_interval``
-(30 s): the first report, a newly unreachable peer and "all connected" are written at once.
+connected; only Ready peers can be unreachable); a write happens only when that changed, and a
+change of the count alone (no peer newly unreachable, no problem resolved, not all connected)
+at most every ``peer_count_interval`` (30 s): the first report, a newly unreachable peer, the
+last one reachable again and "all connected" are written at once.
 A daemon alone in its clique writes nothing (it clears a stale list of unreachable
 peers). Output IMEX cannot give (not running, unparsable) leaves the last report in place.
 The controller turns the reports into the domain's ``IMEXConnected`` condition.
@@ -256,6 +257,7 @@ class Daemon:
         self._next_peer_check = 0.0
         self._peer_count_written = float("-inf")  # monotonic time of our last connectivity write
         self._peer_reported: set[str] | None = None  # the unreachable peers it last wrote
+        self._peer_written: tuple[int, tuple[str, ...]] | None = None  # and the whole report
         self._peer_suspects: set[str] = set()
         self.formation = DaemonFormation(
             tracer or trace.NoOpTracer(), opts.traceparent, now=clock.now,
@@ -386,24 +388,32 @@ class Daemon:
                 log.debug("no peer connectivity from nvidia-imex-ctl -N: %s", err)
                 return
         connected, unreachable = peer_report(peers, connections)
+        # Only a Ready peer can be unreachable: one whose IMEX is not Ready (yet) cannot be
+        # connected, and the domain's IMEXConnected condition judges Ready members only.
+        ready = {p.node_name for p in peers if p.status == c.STATUS_READY}
+        unreachable = tuple(n for n in unreachable if n in ready)
         # A peer counts as unreachable only on two polls in a row: a member that just joined is
         # not connected until IMEX reloaded its node list and said hello.
         suspects, self._peer_suspects = self._peer_suspects, set(unreachable)
         unreachable = tuple(n for n in unreachable if n in suspects)
-        if (own.connected_peers, own.unreachable_peers) == (connected, unreachable):
-            return
+        report = (connected, unreachable)
+        if (own.connected_peers, own.unreachable_peers) == report and self._peer_written in (
+            None, report,
+        ):  # fmt: skip
+            return  # (a cache that has not seen our last write yet does not count)
         reported = self._peer_reported  # what we wrote last (the cache may not show it yet)
         if reported is None and own.connected_peers is not None:
             reported = set(own.unreachable_peers or ())
         if (
             reported is not None
-            and unreachable
             and set(unreachable) <= reported
+            and (unreachable or not reported)
+            and connected < len(peers)
             and now - self._peer_count_written < self._timing.peer_count_interval
         ):
-            # Progress only (more peers connected, no new one unreachable): while a large
-            # domain forms, every daemon rewriting its count each poll was most of the writes
-            # of the shared clique. New problems and "all connected" are written at once.
+            # Only the count moved (peers still joining, none newly unreachable, no problem
+            # resolved): while a large domain forms, every daemon rewriting it each poll was
+            # most of the writes of the shared clique. The rest is written at once.
             return
         if unreachable:
             log.warning("IMEX cannot reach clique peers: %s", ", ".join(unreachable))
@@ -411,6 +421,7 @@ class Daemon:
             log.info("IMEX reaches all %d clique peers again", connected)
         self.membership.set_connectivity(connected, unreachable)
         self._peer_count_written, self._peer_reported = now, set(unreachable)
+        self._peer_written = report
 
     def _write_imex_config(self) -> None:
         cfg = ImexConfig(

@@ -555,6 +555,39 @@ def test_progress_of_the_connected_count_is_rewritten_at_most_every_peer_count_i
         assert poll(3) == (2, ["x3", "x4", "x5"])  # progress only: held back
         assert poll(4) == (2, ["x3", "x4", "x5"])
         assert poll(5) == (5, [])  # all connected: at once
-        assert poll(4) == (4, [])  # x5 dropped: a suspect first, none unreachable: at once
+        assert poll(4) == (5, [])  # x5 dropped: a suspect first, only the count moved: held
         assert poll(4) == (4, ["x5"])  # newly unreachable: at once
+        assert poll(5) == (5, [])  # resolved: at once
     assert Timing().peer_count_interval > 4 * interval
+
+
+def test_a_peer_that_is_not_ready_is_never_reported_unreachable(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """A NotReady peer's IMEX cannot be connected (yet); listing it as unreachable was a
+    write per daemon for every member still starting."""
+    seed_clique(api.client(), [("x1", "10.0.1.1", 1), ("x2", "10.0.1.2", 2)])
+    (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
+    clique["daemons"][1]["status"] = c.STATUS_NOT_READY
+    api.client().update(res.COMPUTE_DOMAIN_CLIQUES, clique)
+    daemon, _, ctl, _ = make(api, options(tmp_path))
+    clock = daemon._clock
+    assert isinstance(clock, FakeClock)
+    answer = ctl.run
+
+    def run(argv: Sequence[str], *, timeout: float) -> CommandResult:
+        if "-N" in argv:
+            conns = {"1": {"host": "10.0.1.1", "status": "CONNECTED"}}
+            own = {"host": "10.0.0.1", "connections": conns}
+            return CommandResult(0, json.dumps({"nodes": {"0": own}}))
+        return answer(argv, timeout=timeout)
+
+    ctl.run = run  # type: ignore[method-assign]
+    daemon._write_imex_config()
+    with following(daemon):
+        daemon.step()
+        for _ in range(4):
+            clock.step(Timing().peer_interval)
+            daemon.step()
+    entry = own_entry_of(api, "n0")
+    assert (entry["connectedPeers"], entry["unreachablePeers"]) == (1, [])
