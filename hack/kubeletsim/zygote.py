@@ -80,7 +80,10 @@ class ZygoteProcess:
             if not ready:
                 return
             chunk = self._conn.recv(4096)
-            if not chunk:  # the server went away: treat like a killed process
+            if not chunk:  # the server went away: nobody will report this program's exit or
+                # end it at teardown (it runs in its own session), so end it now
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
                 self.returncode = -signal.SIGKILL
                 self._conn.close()
                 return

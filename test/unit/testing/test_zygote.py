@@ -106,6 +106,30 @@ def test_a_client_that_hangs_up_before_its_pid_does_not_take_the_server_down(
     assert c.exit_code() == 4
 
 
+def test_a_program_whose_fork_server_died_is_ended_not_leaked(
+    tmp_path: Path,
+) -> None:
+    """The server reports each program's exit; when it dies, nothing would ever end its
+    programs (own sessions): a run once left 12 daemons polling a deleted cluster."""
+    z = Zygote(tmp_path / "z.sock", preload=["json"]).start(tmp_path / "zygote.log")
+    c = LocalContainer(ProcessSpec([sys.executable, str(script(tmp_path)), "sleep"], {},
+                                   tmp_path, tmp_path / "s.log", zygote=z))  # fmt: skip
+    pid = c.pid
+    assert _running(pid)
+    assert z._server is not None
+    z._server.kill()
+    z._server.wait(10)
+    deadline = time.monotonic() + 10
+    while c.exit_code() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.exit_code() == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not _running(pid)
+    z.stop()
+
+
 def test_only_scripts_of_this_interpreter_are_forked(zygote: Zygote) -> None:
     assert zygote.forkable([sys.executable, "x.py", "run"])
     assert not zygote.forkable(["/bin/sh", "x.py"])
@@ -222,3 +246,12 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan waits for whoever reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
