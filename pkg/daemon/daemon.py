@@ -256,8 +256,7 @@ class Daemon:
         self._last_error = ""
         self._next_peer_check = 0.0
         self._peer_count_written = float("-inf")  # monotonic time of our last connectivity write
-        self._peer_reported: set[str] | None = None  # the unreachable peers it last wrote
-        self._peer_written: tuple[int, tuple[str, ...]] | None = None  # and the whole report
+        self._peer_written: tuple[int, tuple[str, ...]] | None = None  # our last report
         self._peer_suspects: set[str] = set()
         self.formation = DaemonFormation(
             tracer or trace.NoOpTracer(), opts.traceparent, now=clock.now,
@@ -401,9 +400,11 @@ class Daemon:
             None, report,
         ):  # fmt: skip
             return  # (a cache that has not seen our last write yet does not count)
-        reported = self._peer_reported  # what we wrote last (the cache may not show it yet)
-        if reported is None and own.connected_peers is not None:
-            reported = set(own.unreachable_peers or ())
+        # What we wrote last (the cache may not show it yet), else what our entry says.
+        last = self._peer_written
+        if last is None and own.connected_peers is not None:
+            last = (own.connected_peers, own.unreachable_peers or ())
+        reported = None if last is None else set(last[1])
         if (
             reported is not None
             and set(unreachable) <= reported
@@ -420,8 +421,7 @@ class Daemon:
         elif own.unreachable_peers:
             log.info("IMEX reaches all %d clique peers again", connected)
         self.membership.set_connectivity(connected, unreachable)
-        self._peer_count_written, self._peer_reported = now, set(unreachable)
-        self._peer_written = report
+        self._peer_count_written, self._peer_written = now, report
 
     def _write_imex_config(self) -> None:
         cfg = ImexConfig(
