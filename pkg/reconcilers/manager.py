@@ -274,9 +274,12 @@ class ControllerManager:
             on_add=maybe_orphan,
             on_update=lambda old, new: maybe_orphan(new) if node_changed(old, new) else None,
         )
+        # A domain's claims re-check its nodes when it appears, goes or starts being deleted;
+        # its status writes (dozens while it forms) change nothing the claim reconciler reads.
         self._watch(
             inf["compute_domains"], claim_ctl,
             lambda o: self.claims.nodes_of_domain(str(o["metadata"].get("uid"))),
+            relevant=lambda old, new: _deleting(old) != _deleting(new),
         )  # fmt: skip
         for name in ("daemonsets", "pods", "cliques", "rcts"):
             self._watch(inf[name], cd_ctl, self._domain_keys)

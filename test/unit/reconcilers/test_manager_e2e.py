@@ -260,3 +260,46 @@ def _no_queue_adds_for_foreign_annotations(
     assert _queue_adds(registry) - before <= 2, "foreign annotations queued reconciles"
     client.patch(res.NODES, "n0", {"metadata": {"labels": {"team": "a"}}})
     eventually(lambda: _queue_adds(registry) > before)  # a label change still counts
+
+
+def _adds_of(registry: CollectorRegistry, queue: str) -> float:
+    return sum(
+        s.value
+        for metric in registry.collect()
+        if metric.name == "workqueue_adds"
+        for s in metric.samples
+        if s.name == "workqueue_adds_total" and s.labels.get("name") == queue
+    )
+
+
+def test_status_writes_of_a_domain_do_not_requeue_its_nodes_claims(
+    server: FakeApiServer, client: RestClient, manager: ControllerManager,
+    registry: CollectorRegistry,
+) -> None:  # fmt: skip
+    """Every status write of a forming domain queued a resourceclaim pass for each of its
+    nodes (18 nodes: ~300 passes per formation); only the domain's appearance and deletion
+    matter to that reconciler."""
+    cd = client.create(res.COMPUTE_DOMAINS, compute_domain(), namespace="team")
+    uid = cd["metadata"]["uid"]
+    for name in ("a", "b", "c"):
+        server.seed(res.NODES, node(name))
+        server.seed(
+            res.RESOURCE_CLAIMS, channel_claim(f"w-{name}", ns="team", uid=uid, node_name=name)
+        )
+    assert manager.start(sync_timeout=10)
+    eventually(lambda: all(
+        (n["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL) == uid
+        for n in server.objects(res.NODES)
+    ))  # fmt: skip
+    eventually(lambda: _queues_idle(registry))
+    before = _adds_of(registry, "resourceclaim")
+    for i in range(5):
+        obj = client.get(res.COMPUTE_DOMAINS, "cd1", namespace="team")
+        obj.setdefault("metadata", {}).setdefault("annotations", {})["test/touch"] = str(i)
+        client.update(res.COMPUTE_DOMAINS, obj)
+    eventually(lambda: (manager.caches.compute_domains.get_by_key("team/cd1") or {})
+               .get("metadata", {}).get("annotations", {}).get("test/touch") == "4")  # fmt: skip
+    eventually(lambda: _queues_idle(registry))
+    assert _adds_of(registry, "resourceclaim") == before
+    client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")
+    eventually(lambda: _adds_of(registry, "resourceclaim") >= before + 3)
