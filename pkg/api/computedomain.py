@@ -141,6 +141,34 @@ def parse_compute_domain(obj: JSON) -> ComputeDomain:
     )
 
 
+def daemon_items(clique: JSON | None) -> list[JSON]:
+    """The raw ``daemons[]`` items of a ComputeDomainClique that are objects."""
+    return [d for d in (clique or {}).get("daemons") or [] if isinstance(d, dict)]
+
+
+_TAIL_KEYS = ("nodeName", "ipAddress", "cliqueID", "index")
+
+
+def guarded_append_ops(items: list[JSON], new: list[JSON]) -> list[JSON]:
+    """JSON-patch operations appending ``new`` to a non-empty ``daemons[]`` list ``items`` only
+    if the list still ends with ``items[-1]`` (``test`` of its node, IP, clique and index at
+    that position) and each new entry lands right after it. Entries are only ever appended,
+    changed in place or removed, so the guard holds only if no entry was added or removed
+    since ``items`` was read; in-place status patches of other entries do not break it, and
+    the API server's list-map key check refuses a second entry of a node."""
+    n, last = len(items), items[-1]
+    ops: list[JSON] = [
+        {"op": "test", "path": f"/daemons/{n - 1}/{k}", "value": last[k]}
+        for k in _TAIL_KEYS
+        if k in last
+    ]
+    for i, entry in enumerate(new):
+        ops.append({"op": "add", "path": "/daemons/-", "value": entry})
+        ops.append({"op": "test", "path": f"/daemons/{n + i}/nodeName",
+                    "value": entry["nodeName"]})  # fmt: skip
+    return ops
+
+
 def clique_daemons(clique: JSON) -> list[NodeEntry]:
     """The ``daemons[]`` of a ComputeDomainClique, skipping malformed items."""
     out = []

@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pkg.api import constants as c
+from pkg.api.computedomain import guarded_append_ops
 from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
@@ -63,6 +64,7 @@ from pkg.kube.errors import (
     InvalidError,
     NotFoundError,
 )
+from pkg.kube.versions import not_older_than, resource_version
 
 log = logging.getLogger(__name__)
 
@@ -303,16 +305,7 @@ class CliqueStore:
         raw = snap.obj.get("daemons")
         if not isinstance(raw, list) or not raw or not isinstance(raw[-1], dict):
             return None
-        n, last = len(raw), raw[-1]
-        ops: list[JSON] = [
-            {"op": "test", "path": f"/daemons/{n - 1}/{key}", "value": last[key]}
-            for key in ("nodeName", "ipAddress", "cliqueID", "index")
-            if key in last
-        ]
-        ops += [
-            {"op": "add", "path": "/daemons/-", "value": _encode(entry, name_key="nodeName")},
-            {"op": "test", "path": f"/daemons/{n}/nodeName", "value": entry.node_name},
-        ]
+        ops = guarded_append_ops(raw, [_encode(entry, name_key="nodeName")])
         owners = (snap.obj.get("metadata") or {}).get("ownerReferences")
         refs = owners if isinstance(owners, list) else []
         missing = self._owner_refs(refs)[len(refs) :]
@@ -475,22 +468,12 @@ def _appends_me(entries: list[DaemonEntry], new: list[DaemonEntry], me: Identity
 
 
 def _rv(obj: JSON | None) -> str:
-    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or _ABSENT)
+    return resource_version(obj) or _ABSENT
 
 
-def not_older_than(cached: JSON | None, written: JSON) -> bool:
-    """The cached object is our last write or newer. A write of another daemon between the
-    RV our write replaced and our write's RV is not stale by RV, yet it lacks our write: a
-    view the resourceVersion-free patches must not act on (it could re-append our entry).
-    resourceVersions are compared as the integers the API server issues (etcd revisions);
-    an opaque one trusts the cache, as before."""
-    a, b = _rv(cached), _rv(written)
-    if a == b:
-        return True
-    try:
-        return int(a) > int(b)
-    except ValueError:
-        return True
+# A write of another daemon between the RV our write replaced and our write's RV is not stale
+# by RV, yet it lacks our write: a view the resourceVersion-free patches must not act on (it
+# could re-append our entry); :func:`not_older_than` tells.
 
 
 class CacheView:

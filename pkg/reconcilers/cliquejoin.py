@@ -40,11 +40,13 @@ import logging
 import threading
 
 from pkg.api import constants as c
+from pkg.api.computedomain import daemon_items, guarded_append_ops
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import AlreadyExistsError, ConflictError, InvalidError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES
+from pkg.kube.versions import not_older_than
 from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, Caches
 from pkg.reconcilers.cliquelabel import slice_clique_ids
 from pkg.reconcilers.config import ControllerConfig
@@ -60,17 +62,6 @@ log = logging.getLogger(__name__)
 _RETRY = 2.0  # seconds: safety net after a refused write; the write that refused it is a
 # clique event, which enqueues the key again at once (retrying sooner, on a cache that has not
 # seen that write yet, is refused again: under load that was most of our requests)
-_GUARDED = ("nodeName", "ipAddress", "cliqueID", "index")
-
-
-def _daemons(clique: JSON | None) -> list[JSON]:
-    return [d for d in (clique or {}).get("daemons") or [] if isinstance(d, dict)]
-
-
-def _rv(obj: JSON) -> int:
-    """The resourceVersion as a number (etcd revisions; -1 if not numeric: never newer)."""
-    raw = str(obj.get("metadata", {}).get("resourceVersion") or "")
-    return int(raw) if raw.isdigit() else -1
 
 
 def _owner_ref(pod: JSON) -> JSON:
@@ -120,15 +111,15 @@ class CliqueJoinReconciler:
         return [f"{meta.get('namespace') or self._namespace}/"
                 f"{c.clique_object_name(str(uid), clique_id)}"]  # fmt: skip
 
+    def keys_for_node(self, node_name: str) -> list[str]:
+        """Clique keys of the daemon pods on ``node_name`` (node health, its slices)."""
+        pods = self._caches.pods.by_index(BY_NODE, node_name)
+        return sorted({k for pod in pods for k in self.keys_for_pod(pod)})
+
     def keys_for_slice(self, slice_: JSON) -> list[str]:
         """Clique keys of the daemon pods on the slice's node (for the slice event handler)."""
         node_name = (slice_.get("spec") or {}).get("nodeName")
-        if not node_name:
-            return []
-        return sorted(
-            {k for pod in self._caches.pods.by_index(BY_NODE, str(node_name))
-             for k in self.keys_for_pod(pod)}
-        )  # fmt: skip
+        return self.keys_for_node(str(node_name)) if node_name else []
 
     # -- reconcile ---------------------------------------------------------------------------
 
@@ -144,7 +135,7 @@ class CliqueJoinReconciler:
         labels = ((clique or {}).get("metadata") or {}).get("labels") or {}
         if clique is not None and labels.get(c.COMPUTE_DOMAIN_LABEL) != uid:
             return Result()  # not a clique of that domain: not ours to write
-        entries = _daemons(clique)
+        entries = daemon_items(clique)
         pods = self._joining(uid, clique_id, {str(d.get("nodeName")) for d in entries})
         if not pods:
             return Result()
@@ -192,7 +183,7 @@ class CliqueJoinReconciler:
             written = self._written.get(key)
             if written is None:
                 return cached
-            if cached is not None and _rv(cached) >= _rv(written):
+            if cached is not None and not_older_than(cached, written):
                 del self._written[key]
                 return cached
             return written
@@ -249,16 +240,7 @@ class CliqueJoinReconciler:
         return self._client.update(COMPUTE_DOMAIN_CLIQUES, body)
 
     def _append(self, clique: JSON, entries: list[JSON], pods: list[JSON], new: list[JSON]) -> JSON:
-        n, last = len(entries), entries[-1]
-        ops: list[JSON] = [
-            {"op": "test", "path": f"/daemons/{n - 1}/{k}", "value": last[k]}
-            for k in _GUARDED
-            if k in last
-        ]
-        for i, entry in enumerate(new):
-            ops.append({"op": "add", "path": "/daemons/-", "value": entry})
-            ops.append({"op": "test", "path": f"/daemons/{n + i}/nodeName",
-                        "value": entry["nodeName"]})  # fmt: skip
+        ops = guarded_append_ops(entries, new)
         refs = [r for r in (clique["metadata"].get("ownerReferences") or []) if isinstance(r, dict)]
         missing = self._missing_owners(refs, pods)
         if missing and not clique["metadata"].get("ownerReferences"):

@@ -41,7 +41,7 @@ import threading
 from dataclasses import dataclass, field
 
 from pkg.api import constants as c
-from pkg.api.computedomain import NodeEntry
+from pkg.api.computedomain import NodeEntry, daemon_items
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
@@ -69,10 +69,6 @@ def _entry_id(entry: JSON) -> EntryId:
         str(entry.get("ipAddress") or ""),
         index if isinstance(index, int) else -1,
     )
-
-
-def _daemons(clique: JSON) -> list[JSON]:
-    return [d for d in clique.get("daemons") or [] if isinstance(d, dict)]
 
 
 @dataclass
@@ -178,7 +174,7 @@ class CliquePruneReconciler:
         with self._lock:
             previous = self._absent_since.get(key, {})
             current: dict[EntryId, float] = {}
-            for entry in _daemons(clique):
+            for entry in daemon_items(clique):
                 ident = _entry_id(entry)
                 node_name = ident[0]
                 if not node_name:
@@ -225,7 +221,7 @@ class CliquePruneReconciler:
         for attempt in range(_WRITE_ATTEMPTS):
             if obj is None:
                 return
-            daemons = _daemons(obj)
+            daemons = daemon_items(obj)
             edited = [
                 {**d, "status": c.STATUS_NOT_READY}
                 if _entry_id(d) in verdict.down and d.get("status") == c.STATUS_READY

@@ -211,12 +211,6 @@ class ControllerManager:
             keys.update(self._domain_keys(obj))
         return sorted(keys)
 
-    def _join_keys_of_node(self, node: JSON) -> list[str]:
-        """Clique keys of the daemon pods on ``node``."""
-        name = str(node["metadata"]["name"])
-        pods = self.caches.pods.by_index(BY_NODE, name)
-        return sorted({k for pod in pods for k in self.joins.keys_for_pod(pod)})
-
     def _waiting_domain_keys(self) -> list[str]:
         """Domains whose numNodes (> 1) is not met yet: a node or slice change may decide
         whether it ever can be (``NumNodesUnreachable``)."""
@@ -301,7 +295,8 @@ class ControllerManager:
         self._watch(inf["pods"], join_ctl, self.joins.keys_for_pod)
         self._watch(inf["cliques"], join_ctl, lambda o: [_key(o)])
         self._watch(inf["slices"], join_ctl, self.joins.keys_for_slice)
-        self._watch(inf["node_health"], join_ctl, self._join_keys_of_node)
+        self._watch(inf["node_health"], join_ctl,
+                    lambda o: self.joins.keys_for_node(str(o["metadata"]["name"])))  # fmt: skip
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
         # The first allocated channel claim of a domain makes it create its daemon objects.
         self._watch(inf["claims"], cd_ctl, self._domain_keys_of_claim)

@@ -23,7 +23,6 @@ from pkg.daemon.membership import (
     MembershipError,
     StatusStore,
     lowest_free_index,
-    not_older_than,
     upsert,
     with_status,
     without_me,
@@ -31,6 +30,7 @@ from pkg.daemon.membership import (
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.kube.errors import InvalidError
+from pkg.kube.versions import not_older_than
 from pkg.testing.fakeapiserver import FakeApiServer
 
 UID = "11111111-2222-3333-4444-555555555555"
