@@ -457,8 +457,10 @@ def test_watch_bookmark_arrives_before_the_timeout(server: ApiTarget) -> None:
 
 def test_watch_from_zero_starts_with_the_current_state(server: ApiTarget) -> None:
     c, ns = server.client(), server.ns
-    for name in ("b", "a"):
-        c.create(r.PODS, pod(name, ns))
+    created = [c.create(r.PODS, pod(name, ns)) for name in ("b", "a")]
+    # "0" is whatever the watch cache holds: a LIST at the last create's resourceVersion (not
+    # older than) waits until it holds both, or a loaded real server may send "a" as a change.
+    c.list(r.PODS, namespace=ns, resource_version=created[-1]["metadata"]["resourceVersion"])
     events = _collect(c, namespace=ns, resource_version="0", timeout_seconds=1,
                       allow_watch_bookmarks=False)  # fmt: skip
     assert events == [("ADDED", "a"), ("ADDED", "b")]
