@@ -3,14 +3,19 @@
 Owns turning three recordings of one formation into per-node milestones and stage latencies:
 
 * pod observations (:class:`PodTimes`): wall-clock times at which an admin watch saw each pod
-  first, bound (``spec.nodeName``), ``Running`` and ``Ready`` (millisecond precision; object
-  timestamps have only whole seconds);
+  first, bound (``spec.nodeName``), with a ``podIP``, ``Running`` and ``Ready`` (millisecond
+  precision; object timestamps have only whole seconds). The controller writes a daemon's
+  clique entry once the kubelet has reported the daemon pod's IP, so the join is split there:
+  the wait for that status write is the kubelet's (here its stand-in's), the rest the
+  driver's;
 * the kubelet stand-in's own records: when it called ``NodePrepareResources`` and when the call
   returned, when it started the daemon's process, and when the simulated IMEX began listening
   (its log line);
 * the formation trace (``OTEL_TRACES_EXPORTER=file`` JSON lines, see docs/operators.md
   "Tracing"): per node the plugin's ``label node`` and the daemon's ``IMEX daemon`` span (it
-  starts when the daemon's loop starts) with ``join``, ``start IMEX`` and ``IMEX ready``.
+  starts when the daemon's loop starts) with ``join``, ``start IMEX``, ``IMEX ready on the
+  node`` (the node-local readiness record the plugin also accepts) and ``IMEX ready`` (the
+  entry says Ready); the daemon has signalled Ready at the earlier of the two.
 
 Per node the milestones follow one another; :data:`STAGES` names each interval and who owns
 it. ``driver`` = code of this repository (controller, kubelet plugin, IMEX daemon);
@@ -42,6 +47,7 @@ class PodTimes:
     node: str = ""
     seen: float | None = None
     bound: float | None = None
+    ip: float | None = None  # first seen with ``status.podIP`` (the kubelet's status write)
     running: float | None = None
     ready: float | None = None
 
@@ -59,11 +65,13 @@ STAGES: tuple[tuple[str, str, str, str], ...] = (
     ("daemon claim prepared -> daemon process started", "simulation", "daemon_prepare_end",
      "daemon_process"),
     ("daemon process -> daemon loop running", "driver", "daemon_process", "daemon_start"),
-    ("daemon loop -> joined the clique", "driver", "daemon_start", "joined"),
+    ("daemon loop -> kubelet reported the daemon pod's IP", "simulation", "daemon_start",
+     "daemon_ip"),
+    ("pod IP reported -> joined the clique", "driver", "daemon_ip", "joined"),
     ("joined -> IMEX started", "driver", "joined", "imex_started"),
     ("IMEX started -> simulated IMEX listening", "simulation", "imex_started", "imex_listening"),
-    ("IMEX listening -> daemon writes Ready", "driver", "imex_listening", "imex_ready"),
-    ("Ready written -> kubelet's final Prepare call", "simulation", "imex_ready",
+    ("IMEX listening -> daemon signals Ready", "driver", "imex_listening", "imex_ready"),
+    ("Ready signalled -> kubelet's final Prepare call", "simulation", "imex_ready",
      "final_attempt_start"),
     ("final channel Prepare call -> returns", "driver", "final_attempt_start", "prepare_end"),
     ("Prepare returned -> workload pod Ready", "simulation", "prepare_end", "pod_ready"),
@@ -154,7 +162,8 @@ def formations(
                 m[key] = value
         d = daemon_pods.get(pod.node)
         if d is not None:
-            for key, value in (("daemon_created", d.seen), ("daemon_bound", d.bound)):
+            for key, value in (("daemon_created", d.seen), ("daemon_bound", d.bound),
+                               ("daemon_ip", d.ip)):  # fmt: skip
                 if value is not None:
                     m[key] = value
         mine = [s for s in spans if _node(s) == pod.node]
@@ -169,10 +178,12 @@ def formations(
         if imex:
             m["daemon_start"] = span_time(imex[0]["start_time"])
             for step, key in (("join", "joined"), ("start IMEX", "imex_started"),
+                              ("IMEX ready on the node", "imex_ready"),
                               ("IMEX ready", "imex_ready")):  # fmt: skip
                 found = children(imex[0], step)
-                if found:
-                    m[key] = span_time(found[0]["end_time"])
+                if found:  # Ready: the node-local record, else the entry, whichever came first
+                    end = span_time(found[0]["end_time"])
+                    m[key] = min(end, m.get(key, end))
         out.append(f)
     return out
 

@@ -140,6 +140,8 @@ class PodWatcher:
                 t = self.pods[key] = PodTimes(meta["namespace"], meta["name"], seen=now)
             if spec.get("nodeName") and t.bound is None:
                 t.node, t.bound = spec["nodeName"], now
+            if status.get("podIP") and t.ip is None:
+                t.ip = now
             if status.get("phase") == "Running" and t.running is None:
                 t.running = now
             conds = {x["type"]: x["status"] for x in status.get("conditions") or []}

@@ -16,7 +16,12 @@ While not ready it is polled at once after IMEX (re)starts, then after ``first_r
 doubling up to ``fast_interval`` (a fresh IMEX is usually ready within tens of milliseconds, and
 the Ready write releases the workload's Prepare); once ready every ``slow_interval`` (and at
 once when the process dies). Membership changes wake the loop but do not add polls. The
-entry's ``status`` follows it. The first pass of every process marks the entry NotReady
+entry's ``status`` follows it. On the node, the readiness record of :mod:`pkg.api.localready`
+(``daemon-ready.json`` in the config directory, which the kubelet plugin mounts) follows it
+too, written just *before* ``Ready`` is published through the API server and withdrawn before
+``NotReady`` is, at process start and at shutdown: the plugin releases a waiting workload on
+either, so on a forming domain a workload does not wait for its daemon's write to the clique
+all daemons write. The first pass of every process marks the entry NotReady
 *before* IMEX is started: a daemon restarted in the same pod (after a SIGKILL or an OOM kill,
 same IP) finds the entry its predecessor left ``Ready``, and no workload may be released
 against an IMEX daemon that is not up yet. (While no daemon runs
@@ -59,6 +64,7 @@ Ready publishes this daemon's spans of the domain's formation trace (:mod:`pkg.d
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -72,7 +78,10 @@ from opentelemetry import trace
 
 from pkg import informers
 from pkg.api import constants as c
+from pkg.api import localready
+from pkg.api.localready import LocalReady
 from pkg.base.clock import Clock, RealClock
+from pkg.base.files import write_file_atomically
 from pkg.base.types import JSON
 from pkg.daemon.formation import DaemonFormation
 from pkg.daemon.imexsync import ImexSync
@@ -92,7 +101,7 @@ from pkg.daemon.options import Options
 from pkg.daemon.peers import clique_peers, peer_report
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES
 from pkg.imex import nodesconfig
-from pkg.imex.config import ImexConfig, write_file_atomically
+from pkg.imex.config import ImexConfig
 from pkg.imex.ctl import CommandRunner, ImexCtl, peer_connections
 from pkg.imex.hosts import HostsFile
 from pkg.imex.supervisor import ProcessRunner, Supervisor
@@ -249,6 +258,8 @@ class Daemon:
             on_delete=lambda _obj: self._changed(),
         )
         self._ready = False
+        self._local_ready = False  # our node-local readiness record is written
+        self.local = localready.Publisher(opts.config_dir)
         self._next_ready_check = 0.0
         self._ready_polls = 0  # not-ready answers since IMEX last (re)started
         self._first_pass = True
@@ -345,6 +356,7 @@ class Daemon:
         if self._ready and not was_ready:
             self._next_peer_check = self._clock.monotonic() + self._timing.peer_interval
         self._metrics.ready.set(1 if self._ready else 0)
+        self._signal_node(own)
         want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
         if own is None or own.status != want:
             entries = self.membership.set_status(want)
@@ -353,6 +365,43 @@ class Daemon:
             self.formation.ready()
         if self._ready and own is not None and isinstance(self.store, CliqueStore):
             self._report_peers(entries, own)
+
+    def _signal_node(self, own: DaemonEntry | None) -> None:
+        """Keep the node-local readiness record (:mod:`pkg.api.localready`) in step with our
+        IMEX: written when it turns READY while our entry carries our IP, before the entry's
+        ``Ready`` goes to the API server (the plugin releases the workload on either), and
+        withdrawn before anything else is published. A record that cannot be written only
+        costs the shortcut (tried once per READY); one that cannot be withdrawn is disowned by
+        giving up the lock, so no plugin believes it."""
+        ours = own is not None and own.ip_address == self.me.pod_ip
+        want = self._ready and ours and self.local.holding
+        if want == self._local_ready:
+            return
+        self._local_ready = want
+        start = self._clock.now()
+        try:
+            if want:
+                record = LocalReady(self.me.domain_uid, self.me.node_name, self.me.pod_ip)
+                self.local.publish(record)
+                self.formation.ready_on_node(start, self._clock.now())
+            else:
+                self.local.withdraw()
+        except OSError as err:
+            log.warning("cannot %s the node-local readiness record in %s: %s",
+                        "write" if want else "remove", self.opts.config_dir, err)  # fmt: skip
+            if not want:
+                self.local.abandon()
+
+    def _take_local_lock(self) -> None:
+        """Hold the node-local record's lock for this process's life; a record a predecessor
+        left is withdrawn with it, before our IMEX starts."""
+        try:
+            if not self.local.acquire():
+                log.info("another daemon process holds %s; publishing readiness through the "
+                         "API server only", self.opts.config_dir)  # fmt: skip
+        except OSError as err:
+            log.warning("cannot take the node-local readiness lock in %s: %s",
+                        self.opts.config_dir, err)  # fmt: skip
 
     def _awaiting_controller(self, own: DaemonEntry | None) -> bool:
         """Our DaemonSet says the controller writes our clique entry and it is not there yet:
@@ -514,6 +563,7 @@ class Daemon:
             self.report_incomplete_driver_root(missing)
             self.formation.end(f"{c.REASON_DRIVER_ROOT_INCOMPLETE}: {' and '.join(missing)}")
             return EXIT_DRIVER_ROOT_INCOMPLETE
+        self._take_local_lock()
         self._write_imex_config()
         if self.opts.metrics_address:
             host, port = self._metrics.serve(self.opts.metrics_address)
@@ -550,6 +600,8 @@ class Daemon:
                 self._kick.clear()
         finally:
             self.formation.end("stopped before its IMEX daemon was Ready")
+            with contextlib.suppress(OSError):
+                self.local.release()  # the record goes before the entry
             self._leave()  # while the informer still runs: a 409 waits for it, not for a GET
             self.informers.shutdown()
             self.cache.close()

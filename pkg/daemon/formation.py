@@ -4,7 +4,8 @@ Owns the spans a daemon process contributes under the ``traceparent`` the kubele
 injected (CDI env ``TRACEPARENT``): a span ``IMEX daemon`` from :meth:`DaemonFormation.begin`
 (process start) to the first time this process published its entry ``Ready``, with children
 ``join`` (the first write of our entry), ``start IMEX`` (the pass that started the IMEX
-process) and ``IMEX ready`` (IMEX started → ``Ready`` published). All are timed by the
+process), ``IMEX ready on the node`` (the node-local readiness record written) and ``IMEX
+ready`` (IMEX started → ``Ready`` published). All are timed by the
 injected clock's wall time.
 
 Invariants: without a valid ``traceparent`` (or with tracing off) nothing is recorded; each
@@ -81,6 +82,12 @@ class DaemonFormation:
         if self._imex_started_at is None:
             self._imex_started_at = end
         self._child("start IMEX", start, end, None)
+
+    def ready_on_node(self, start: float, end: float) -> None:
+        """The node-local readiness record was written between ``start`` and ``end``
+        (child ``IMEX ready on the node``; the ``IMEX daemon`` span stays open until the entry
+        says Ready)."""
+        self._child("IMEX ready on the node", start, end, None)
 
     def ready(self, attributes: Attributes | None = None) -> None:
         """Our entry now says Ready: record ``IMEX ready`` and end the ``IMEX daemon`` span."""

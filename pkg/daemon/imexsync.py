@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from pkg.base.files import write_file_atomically
 from pkg.daemon.membership import DaemonEntry, Identity
 from pkg.imex import nodesconfig
-from pkg.imex.config import write_file_atomically
 from pkg.imex.hosts import HostsFile
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ writer and the readers cannot disagree about the format (``KEY=VALUE``, ``#`` co
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -139,29 +138,3 @@ def parse_config(text: str) -> dict[str, str]:
 def read_config(path: str | os.PathLike[str]) -> dict[str, str]:
     """Parse the config file at ``path``."""
     return parse_config(Path(path).read_text(encoding="utf-8"))
-
-
-def write_file_atomically(path: str | os.PathLike[str], content: str) -> bool:
-    """Replace ``path`` with ``content`` via temp file + fsync + rename; False if unchanged.
-
-    Readers (IMEX re-reading its config on SIGUSR1) therefore never see a half-written file.
-    """
-    target = Path(path)
-    try:
-        if target.read_text(encoding="utf-8") == content:
-            return False
-    except FileNotFoundError:
-        pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True

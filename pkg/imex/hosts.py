@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from pkg.imex.config import write_file_atomically
+from pkg.base.files import write_file_atomically
 
 BEGIN_MARKER: Final = "# BEGIN compute-domain-daemon mappings (managed, do not edit)"
 END_MARKER: Final = "# END compute-domain-daemon mappings"

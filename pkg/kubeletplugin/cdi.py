@@ -21,14 +21,13 @@ CDI libraries inside runtimes reject newer versions); deleting a missing spec is
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from pkg.api.constants import CDI_VENDOR
+from pkg.base.files import atomic_write
 
 CLASS_DEVICE: Final = "device"
 CLASS_CLAIM: Final = "claim"
@@ -159,23 +158,3 @@ class CdiWriter:
     def _write(self, path: Path, spec: dict[str, Any]) -> None:
         self._root.mkdir(mode=0o755, parents=True, exist_ok=True)
         atomic_write(path, json.dumps(spec, indent=2).encode())
-
-
-def atomic_write(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so readers see the old or the new content, never a mix."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)

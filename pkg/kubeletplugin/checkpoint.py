@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pkg.kubeletplugin.cdi import atomic_write
+from pkg.base.files import atomic_write
 from pkg.kubeletplugin.checkpointformat import (
     ClaimEntry,
     ClaimState,

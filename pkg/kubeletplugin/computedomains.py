@@ -7,10 +7,13 @@ Owns three things:
 * readiness of this node's IMEX daemon for a domain: the ComputeDomainClique
   ``<cdUID>.<cliqueID>`` in the driver namespace (a second informer, scoped to that namespace)
   has ``daemons[nodeName == me].status == Ready``; on a node without a clique (or when no clique
-  object says so) the fallback is ``cd.status.nodes[name == me].status == Ready``. Both
+  object says so) the fallback is ``cd.status.nodes[name == me].status == Ready``; or, sooner,
+  the daemon's node-local readiness record (:mod:`pkg.api.localready`) names that entry's node
+  and IP. Both
   informers' event handlers only notify one condition variable; a waiter re-checks its predicate
   against the listers under that condition, so a Ready transition releases it within one event -
-  there is no sleep-polling - and the wait is bounded by the caller's deadline (on the injected
+  the only polling is of the local record, every ``local_poll`` while a Prepare waits - and
+  the wait is bounded by the caller's deadline (on the injected
   `pkg.base.Clock`). No event is lost: an informer updates its cache before it
   queues the notification, and the handler must take the condition the waiter holds while
   checking. `daemon_readiness` answers the same question with a reason and a third answer
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
+from pkg.api.localready import LocalReady
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.draplugin.errors import RetryableError
@@ -80,7 +84,12 @@ class DomainTracker:
         clock: Clock,
         domain_grace: float = 2.0,
         transient_backoff: tuple[float, ...] = _TRANSIENT_BACKOFF,
+        local_ready: Callable[[str], LocalReady | None] | None = None,
+        local_poll: float = 0.05,
     ) -> None:
+        """``local_ready`` reads the node-local readiness record of a domain's daemon
+        (:mod:`pkg.api.localready`), polled every ``local_poll`` seconds while a Prepare waits;
+        without it only the membership entry counts."""
         self._client = client
         self._informers = informers
         self._node = node_name
@@ -89,6 +98,8 @@ class DomainTracker:
         self._clock = clock
         self._grace = domain_grace
         self._transient_backoff = transient_backoff
+        self._local_ready = local_ready
+        self._local_poll = local_poll
         self._cond = threading.Condition()
         self._domains: SharedInformer = informers.informer_for(COMPUTE_DOMAINS)
         with contextlib.suppress(ValueError):  # another user of this informer added it already
@@ -153,14 +164,18 @@ class DomainTracker:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _wait(self, predicate: Callable[[], Any], deadline: float) -> Any:
+    def _wait(
+        self, predicate: Callable[[], Any], deadline: float, *, poll: float | None = None
+    ) -> Any:
         with self._cond:
             while True:
                 result = predicate()
                 remaining = deadline - self._clock.monotonic()
                 if result or remaining <= 0:
                     return result
-                self._clock.wait_condition(self._cond, remaining)
+                self._clock.wait_condition(
+                    self._cond, remaining if poll is None else min(remaining, poll)
+                )
 
     def _domain(self, uid: str) -> JSON | None:
         found = self._domain_lister.by_index(BY_UID, uid)
@@ -178,19 +193,30 @@ class DomainTracker:
         """This node's daemon for the domain is Ready."""
         return self._ready(cd_uid)
 
-    def _ready(self, cd_uid: str) -> bool:
+    def _entry(self, cd_uid: str) -> JSON | None:
+        """This node's membership entry for the domain: its clique's, else the domain
+        status's."""
         if self._clique_id:
             clique = self._clique_lister.get(
                 clique_object_name(cd_uid, self._clique_id), self._namespace
             )
             for daemon in (clique or {}).get("daemons") or []:
                 if daemon.get("nodeName") == self._node:
-                    return bool(daemon.get("status") == STATUS_READY)
+                    return dict(daemon)
         cd = self._domain(cd_uid) or {}
         for node in (cd.get("status") or {}).get("nodes") or []:
             if node.get("name") == self._node:
-                return bool(node.get("status") == STATUS_READY)
-        return False
+                return dict(node)
+        return None
+
+    def _ready(self, cd_uid: str) -> bool:
+        entry = self._entry(cd_uid)
+        if entry is None:
+            return False
+        if entry.get("status") == STATUS_READY:
+            return True
+        record = self._local_ready(cd_uid) if self._local_ready is not None else None
+        return record is not None and record.speaks_for(cd_uid, self._node, entry.get("ipAddress"))
 
     def daemon_readiness(self, cd_uid: str) -> DaemonReadiness:
         """Whether this node's IMEX daemon serves the domain, and why (for device health).
@@ -224,7 +250,11 @@ class DomainTracker:
         return DaemonReadiness(False, f"node {me} is not a member of ComputeDomain {cd_uid}")
 
     def wait_ready(self, cd_uid: str, *, deadline: float) -> bool:
-        return bool(self._wait(lambda: self._ready(cd_uid), deadline))
+        """Wait until this node's daemon for the domain is Ready (its membership entry says so,
+        or its node-local record speaks for that entry), at most until ``deadline``
+        (monotonic); whether it is."""
+        poll = self._local_poll if self._local_ready is not None else None
+        return bool(self._wait(lambda: self._ready(cd_uid), deadline, poll=poll))
 
     def _with_retries(self, what: str, step: Callable[[], bool]) -> None:
         """Run ``step`` until it reports done (True); conflicts and outages retry.

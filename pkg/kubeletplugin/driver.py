@@ -26,6 +26,7 @@ from typing import Final
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
+from pkg.api import localready
 from pkg.api.constants import DRIVER_NAME, IMEX_CHANNEL_COUNT
 from pkg.base.clock import Clock, RealClock
 from pkg.base.types import JSON
@@ -47,7 +48,7 @@ from pkg.kubeletplugin.devicehealth import DeviceHealthMonitor
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.driverroot import BINARY_DIRS, DriverFiles, DriverRoot, management_edits
 from pkg.kubeletplugin.metrics import PluginMetrics
-from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup
+from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup, domain_dir
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ class KubeletPlugin:
             client=client, informers=self.informers, node_name=config.node_name,
             driver_namespace=config.namespace, clique_id=devices.clique_id, clock=self.clock,
             domain_grace=config.domain_grace,
+            local_ready=lambda uid: localready.read(domain_dir(config.plugin_dir, uid)),
         )  # fmt: skip
         self.device_health = DeviceHealthMonitor(
             readiness=self.domains.daemon_readiness, clock=self.clock

@@ -77,6 +77,11 @@ from pkg.runtime.tracing import (
 log = logging.getLogger(__name__)
 
 
+def domain_dir(plugin_dir: Path, domain_id: str) -> Path:
+    """The per-domain directory a daemon claim's CDI spec mounts at ``/imexd``."""
+    return plugin_dir / "domains" / domain_id
+
+
 class Domains(Protocol):
     """What DeviceState needs from `computedomains.DomainTracker`."""
 
@@ -355,7 +360,7 @@ class DeviceState:
         return ContainerEdits(env=env, device_nodes=nodes, mounts=(mount,))
 
     def _domain_dir(self, domain_id: str) -> Path:
-        return self._setup.plugin_dir / "domains" / domain_id
+        return domain_dir(self._setup.plugin_dir, domain_id)
 
     # -- unprepare ------------------------------------------------------------------------------
 

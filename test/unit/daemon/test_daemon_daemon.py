@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from pkg.api import constants as c
+from pkg.api import localready
 from pkg.daemon.check import run_check
 from pkg.daemon.daemon import Daemon, Timing
+from pkg.daemon.membership import DaemonEntry
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import CDI_MISSING, Options, OptionsError, parse
 from pkg.imex.ctl import CommandResult
@@ -591,3 +593,87 @@ def test_a_peer_that_is_not_ready_is_never_reported_unreachable(
             daemon.step()
     entry = own_entry_of(api, "n0")
     assert (entry["connectedPeers"], entry["unreachablePeers"]) == (1, [])
+
+
+def record_path(tmp: Path) -> Path:
+    return tmp / "imexd" / localready.FILE_NAME
+
+
+def test_the_node_local_record_precedes_ready_and_follows_not_ready(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The plugin releases a workload on the record or the entry: the record goes out before
+    the entry says Ready and is gone before it says anything else."""
+    daemon, runner, _, _ = make(api, options(tmp_path))
+    seen: list[tuple[str, bool]] = []
+    set_status = daemon.membership.set_status
+
+    def recording(status: str) -> Any:
+        seen.append((status, record_path(tmp_path).exists()))
+        return set_status(status)
+
+    daemon.membership.set_status = recording  # type: ignore[method-assign]
+    daemon._take_local_lock()  # what run() does first
+    daemon._write_imex_config()
+    daemon.step()
+    assert seen == [(c.STATUS_NOT_READY, False), (c.STATUS_READY, True)]
+    assert localready.read(tmp_path / "imexd") == localready.LocalReady(UID, "n0", "10.0.0.1")
+
+    seen.clear()
+    runner.procs[0].code = 1  # IMEX crashes
+    daemon.step()
+    assert seen == [(c.STATUS_NOT_READY, False)]
+    daemon.supervisor._clock.step(1.0)  # type: ignore[attr-defined]
+    daemon.step()
+    daemon.step()
+    assert seen[-1] == (c.STATUS_READY, True) and len(runner.procs) == 2
+
+
+def test_no_record_while_the_entry_carries_another_ip(api: FakeApiServer, tmp_path: Path) -> None:
+    """A record speaks for the entry with our IP; while ours is not written yet, none."""
+    daemon, _, _, _ = make(api, options(tmp_path))
+    daemon._ready = True
+    own = DaemonEntry("n0", "10.0.0.1", CLIQUE, 0, c.STATUS_NOT_READY)
+    daemon._signal_node(own)
+    assert not record_path(tmp_path).exists()  # no lock, no record
+    daemon._take_local_lock()
+    daemon._signal_node(None)
+    assert not record_path(tmp_path).exists()
+    daemon._signal_node(DaemonEntry("n0", "10.9.9.9", CLIQUE, 0, c.STATUS_NOT_READY))
+    assert not record_path(tmp_path).exists()
+    daemon._signal_node(own)
+    assert localready.read(tmp_path / "imexd") == localready.LocalReady(UID, "n0", "10.0.0.1")
+    daemon.local.abandon()  # the process is gone: the lock is free, the record counts no more
+    assert record_path(tmp_path).exists() and localready.read(tmp_path / "imexd") is None
+
+
+def test_a_new_process_withdraws_the_record_it_finds_and_shutdown_withdraws_its_own(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """A daemon restarted in the same pod finds its predecessor's record: it must not speak
+    for an IMEX that is not up yet."""
+    predecessor = localready.Publisher(tmp_path / "imexd")
+    assert predecessor.acquire()
+    predecessor.publish(localready.LocalReady(UID, "n0", "10.0.0.1"))
+    predecessor.abandon()  # killed: its record stays behind
+    daemon, runner, _, _ = make(api, options(tmp_path))
+    at_start: list[bool] = []
+    start = runner.start
+
+    def recording_start(argv: Sequence[str], *, env: Mapping[str, str] | None) -> FakeProcess:
+        at_start.append(record_path(tmp_path).exists())
+        return start(argv, env=env)
+
+    runner.start = recording_start  # type: ignore[method-assign]
+    stop = threading.Event()
+    ran = threading.Thread(target=daemon.run, args=(stop,))
+    ran.start()
+    try:
+        eventually(lambda: at_start == [False])
+        eventually(record_path(tmp_path).exists)  # ours, once its IMEX is READY
+    finally:
+        stop.set()
+        daemon.wake()
+        ran.join(20)
+    assert not ran.is_alive()
+    assert not record_path(tmp_path).exists()

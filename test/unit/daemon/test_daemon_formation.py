@@ -69,6 +69,7 @@ def test_first_ready_records_join_imex_start_and_ready(api: FakeApiServer, tmp_p
     assert ids is not None
     daemon, runner = traced(api, options(tmp_path, TRACEPARENT=value), exporter)
     daemon.formation.begin()  # what run() does once the node has a clique
+    daemon._take_local_lock()
     daemon._write_imex_config()
     with following(daemon):
         daemon.step()
@@ -86,13 +87,15 @@ def test_first_ready_records_join_imex_start_and_ready(api: FakeApiServer, tmp_p
         assert exporter.get_finished_spans() == ()
 
     spans = by_name(formation)
-    assert set(spans) == {"IMEX daemon", "join", "start IMEX", "IMEX ready"}
+    assert set(spans) == {
+        "IMEX daemon", "join", "start IMEX", "IMEX ready on the node", "IMEX ready",
+    }  # fmt: skip
     top = spans["IMEX daemon"]
     assert top.parent is not None and top.context is not None
     assert (top.context.trace_id, top.parent.span_id) == (ids.trace_id, ids.span_id)
     assert top.attributes is not None and top.attributes["k8s.node.name"] == "n0"
     assert top.attributes["imex.clique.id"] == "cl.1"
-    for name in ("join", "start IMEX", "IMEX ready"):
+    for name in ("join", "start IMEX", "IMEX ready on the node", "IMEX ready"):
         child = spans[name]
         assert child.parent is not None and child.parent.span_id == top.context.span_id
         assert top.start_time is not None and top.end_time is not None
@@ -100,6 +103,10 @@ def test_first_ready_records_join_imex_start_and_ready(api: FakeApiServer, tmp_p
         assert top.start_time <= child.start_time <= child.end_time <= top.end_time
     assert spans["join"].end_time <= spans["start IMEX"].start_time  # type: ignore[operator]
     assert spans["start IMEX"].end_time == spans["IMEX ready"].start_time
+    # The node-local record goes out before the entry's Ready.
+    local = spans["IMEX ready on the node"]
+    assert spans["start IMEX"].end_time <= local.start_time  # type: ignore[operator]
+    assert local.end_time <= spans["IMEX ready"].end_time  # type: ignore[operator]
     assert top.status.status_code != StatusCode.ERROR
 
 

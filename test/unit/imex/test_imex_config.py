@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from pkg.base.files import write_file_atomically
 from pkg.imex.config import (
     AuthConfig,
     ImexConfig,
     ImexConfigError,
     parse_config,
-    write_file_atomically,
 )
 
 GOLDEN = Path(__file__).parent / "golden"

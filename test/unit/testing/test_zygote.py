@@ -148,7 +148,7 @@ def test_stages_add_up_to_bound_to_ready_and_overlaps_count_zero() -> None:
     milestones["final_attempt_start"] = milestones["prepare_start"]  # already waiting: overlap
     node = NodeFormation("n1", milestones)
     stages = node.stage_seconds()
-    assert stages["Ready written -> kubelet's final Prepare call"] == 0.0
+    assert stages["Ready signalled -> kubelet's final Prepare call"] == 0.0
     assert sum(stages.values()) == pytest.approx(node.total())
 
 
@@ -165,14 +165,19 @@ def test_milestones_come_from_watch_harness_and_spans() -> None:
              span("label node", "b", "a", 1.0, 1.5),
              span("IMEX daemon", "c", None, 4.0, 7.0), span("join", "d", "c", 4.0, 4.5),
              span("start IMEX", "e", "c", 4.5, 5.0),
+             span("IMEX ready on the node", "g", "c", 6.2, 6.3),
              span("IMEX ready", "f", "c", 5.0, 7.0)]  # fmt: skip
     workload = [PodTimes("ns", "cd-0", node="n1", bound=0.5, ready=10.0)]
-    daemons = [PodTimes("drv", "d-1", node="n1", seen=2.0, bound=2.5)]
+    daemons = [PodTimes("drv", "d-1", node="n1", seen=2.0, bound=2.5, ip=4.2)]
     harness = {"n1": {"prepare_start": 1.0, "final_attempt_start": 1.0, "prepare_end": 9.0,
                       "daemon_prepare_start": 3.0, "daemon_prepare_end": 3.5,
                       "daemon_process": 3.8, "imex_listening": 6.0}}  # fmt: skip
     (f,) = formations(spans, workload, daemons, harness)
-    assert f.milestones["labelled"] == 1.5 and f.milestones["imex_ready"] == 7.0
+    # Ready is signalled by the earlier of the node-local record and the entry.
+    assert f.milestones["labelled"] == 1.5 and f.milestones["imex_ready"] == 6.3
+    stages = f.stage_seconds()
+    assert stages["daemon loop -> kubelet reported the daemon pod's IP"] == pytest.approx(0.2)
+    assert stages["pod IP reported -> joined the clique"] == pytest.approx(0.3)
     summary = summarize([f])
     assert summary["missing"] == []
     assert summary["last_node_total"] == 9.5

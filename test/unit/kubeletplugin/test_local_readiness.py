@@ -1,0 +1,167 @@
+"""Prepare's wait for this node's IMEX daemon with the node-local readiness record.
+
+`DomainTracker.wait_ready` releases a channel Prepare on a Ready membership entry *or* on a
+live daemon's record (:mod:`pkg.api.localready`) that names the entry's node and IP; every
+other record (dead writer, other IP, other domain, no entry) leaves the decision to the entry.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pkg.api import constants as c
+from pkg.api import localready
+from pkg.api.localready import LocalReady, Publisher
+from pkg.base.clock import RealClock
+from pkg.base.types import JSON
+from pkg.informers import SharedInformerFactory
+from pkg.kube import resources as res
+from pkg.kubeletplugin.computedomains import DomainTracker
+from pkg.kubeletplugin.state import domain_dir
+from pkg.testing.fakeapiserver import FakeApiServer
+
+NODE = "node-a"
+NS = "nvidia-dra-driver"
+UID = "cd-uid-1"
+IP = "10.0.0.1"
+
+
+def clique(status: str, ip: str = IP, node: str = NODE) -> JSON:
+    return {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {"name": f"{UID}.cl.1", "namespace": NS},
+        "daemons": [{"nodeName": node, "ipAddress": ip, "cliqueID": "cl.1", "index": 0,
+                     "status": status}],
+    }  # fmt: skip
+
+
+def domain(nodes: list[JSON]) -> JSON:
+    return {
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"name": "cd", "namespace": "team", "uid": UID},
+        "spec": {"numNodes": 1}, "status": {"nodes": nodes},
+    }  # fmt: skip
+
+
+@pytest.fixture
+def api() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as srv:
+        yield srv
+
+
+def tracker(api: FakeApiServer, plugin_dir: Path, *, clique_id: str = "cl.1") -> DomainTracker:
+    client = api.client()
+    t = DomainTracker(
+        client=client, informers=SharedInformerFactory(client, clock=RealClock()),
+        node_name=NODE, driver_namespace=NS, clique_id=clique_id, clock=RealClock(),
+        local_ready=lambda uid: localready.read(domain_dir(plugin_dir, uid)),
+        local_poll=0.02,
+    )  # fmt: skip
+    t.start()
+    assert t.wait_synced(5)
+    return t
+
+
+def daemon(plugin_dir: Path, record: LocalReady | None = None, uid: str = UID) -> Publisher:
+    """A live daemon process's side of the record (its lock held)."""
+    pub = Publisher(domain_dir(plugin_dir, uid))
+    assert pub.acquire()
+    if record is not None:
+        pub.publish(record)
+    return pub
+
+
+def soon() -> float:
+    return time.monotonic() + 0.3
+
+
+def test_a_live_daemons_record_releases_the_wait_before_its_entry_says_ready(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(c.STATUS_NOT_READY))
+    t = tracker(api, tmp_path)
+    pub = daemon(tmp_path)
+    try:
+        assert not t.wait_ready(UID, deadline=soon())
+        released = threading.Event()
+
+        def prepare() -> None:
+            if t.wait_ready(UID, deadline=time.monotonic() + 10):
+                released.set()
+
+        waiter = threading.Thread(target=prepare)
+        waiter.start()
+        time.sleep(0.1)  # the waiter is waiting; no API event will come
+        pub.publish(LocalReady(UID, NODE, IP))
+        waiter.join(5)
+        assert released.is_set()
+        pub.withdraw()  # IMEX lost READY: the entry (NotReady) decides again
+        assert not t.wait_ready(UID, deadline=soon())
+    finally:
+        pub.release()
+        t.stop()
+
+
+def test_a_dead_daemons_record_holds_prepare_like_its_not_ready_entry(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The controller marks the entry of a daemon whose container died NotReady; the record
+    that daemon left behind must not release workloads against it."""
+    api.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(c.STATUS_NOT_READY))
+    t = tracker(api, tmp_path)
+    pub = daemon(tmp_path, LocalReady(UID, NODE, IP))
+    try:
+        assert t.wait_ready(UID, deadline=soon())
+        pub.abandon()  # SIGKILL: the file stays, the lock goes
+        assert (domain_dir(tmp_path, UID) / localready.FILE_NAME).exists()
+        assert not t.wait_ready(UID, deadline=soon())
+    finally:
+        t.stop()
+
+
+@pytest.mark.parametrize(
+    ("record", "entry"),
+    [
+        (LocalReady(UID, NODE, "10.0.0.9"), clique(c.STATUS_NOT_READY)),  # replaced pod
+        (LocalReady("other-uid", NODE, IP), clique(c.STATUS_NOT_READY)),
+        (LocalReady(UID, "node-b", IP), clique(c.STATUS_NOT_READY)),
+        (LocalReady(UID, NODE, IP), clique(c.STATUS_NOT_READY, node="node-b")),  # no entry
+        (LocalReady(UID, NODE, IP), None),  # no clique, no domain status
+    ],
+)
+def test_a_record_that_does_not_speak_for_the_entry_releases_nothing(
+    api: FakeApiServer, tmp_path: Path, record: LocalReady, entry: JSON | None
+) -> None:
+    if entry is not None:
+        api.seed(res.COMPUTE_DOMAIN_CLIQUES, entry)
+    t = tracker(api, tmp_path)
+    pub = daemon(tmp_path, record)
+    try:
+        assert not t.wait_ready(UID, deadline=soon())
+    finally:
+        pub.release()
+        t.stop()
+
+
+def test_the_status_mode_entry_works_with_the_record_too(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Cliques gate off (or a node without a clique object): ``status.nodes`` holds the entry."""
+    api.seed(res.COMPUTE_DOMAINS, domain([{"name": NODE, "ipAddress": IP, "cliqueID": "cl.1",
+                                           "index": 0, "status": c.STATUS_NOT_READY}]))  # fmt: skip
+    [cd] = api.objects(res.COMPUTE_DOMAINS)
+    uid = cd["metadata"]["uid"]  # the fake API server assigns it
+    t = tracker(api, tmp_path, clique_id="")
+    pub = daemon(tmp_path, uid=uid)
+    try:
+        assert not t.wait_ready(uid, deadline=soon())
+        pub.publish(LocalReady(uid, NODE, IP))
+        assert t.wait_ready(uid, deadline=soon())
+    finally:
+        pub.release()
+        t.stop()
