@@ -12,7 +12,8 @@ Owns three things:
   and IP. Both
   informers' event handlers only notify one condition variable; a waiter re-checks its predicate
   against the listers under that condition, so a Ready transition releases it within one event -
-  the only polling is of the local record, every ``local_poll`` while a Prepare waits - and
+  the only polling is of the local record, every ``local_poll`` while a Prepare waits on an
+  entry that exists and is not Ready (before the join no record can count) - and
   the wait is bounded by the caller's deadline (on the injected
   `pkg.base.Clock`). No event is lost: an informer updates its cache before it
   queues the notification, and the handler must take the condition the waiter holds while
@@ -88,8 +89,9 @@ class DomainTracker:
         local_poll: float = 0.05,
     ) -> None:
         """``local_ready`` reads the node-local readiness record of a domain's daemon
-        (:mod:`pkg.api.localready`), polled every ``local_poll`` seconds while a Prepare waits;
-        without it only the membership entry counts."""
+        (:mod:`pkg.api.localready`), polled every ``local_poll`` seconds while a Prepare waits
+        on this node's entry that exists and is not Ready; without it only the membership
+        entry counts."""
         self._client = client
         self._informers = informers
         self._node = node_name
@@ -164,18 +166,14 @@ class DomainTracker:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _wait(
-        self, predicate: Callable[[], Any], deadline: float, *, poll: float | None = None
-    ) -> Any:
+    def _wait(self, predicate: Callable[[], Any], deadline: float) -> Any:
         with self._cond:
             while True:
                 result = predicate()
                 remaining = deadline - self._clock.monotonic()
                 if result or remaining <= 0:
                     return result
-                self._clock.wait_condition(
-                    self._cond, remaining if poll is None else min(remaining, poll)
-                )
+                self._clock.wait_condition(self._cond, remaining)
 
     def _domain(self, uid: str) -> JSON | None:
         found = self._domain_lister.by_index(BY_UID, uid)
@@ -210,7 +208,9 @@ class DomainTracker:
         return None
 
     def _ready(self, cd_uid: str) -> bool:
-        entry = self._entry(cd_uid)
+        return self._readiness_of(cd_uid, self._entry(cd_uid))
+
+    def _readiness_of(self, cd_uid: str, entry: JSON | None) -> bool:
         if entry is None:
             return False
         if entry.get("status") == STATUS_READY:
@@ -253,8 +253,19 @@ class DomainTracker:
         """Wait until this node's daemon for the domain is Ready (its membership entry says so,
         or its node-local record speaks for that entry), at most until ``deadline``
         (monotonic); whether it is."""
-        poll = self._local_poll if self._local_ready is not None else None
-        return bool(self._wait(lambda: self._ready(cd_uid), deadline, poll=poll))
+        with self._cond:
+            while True:
+                entry = self._entry(cd_uid)
+                if self._readiness_of(cd_uid, entry):
+                    return True
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    return False
+                # A record can only speak for an entry that exists: until the daemon has
+                # joined, only an event can change the answer, so only then is there a poll.
+                if self._local_ready is not None and entry is not None:
+                    remaining = min(remaining, self._local_poll)
+                self._clock.wait_condition(self._cond, remaining)
 
     def _with_retries(self, what: str, step: Callable[[], bool]) -> None:
         """Run ``step`` until it reports done (True); conflicts and outages retry.

@@ -23,6 +23,8 @@ from pkg.informers import SharedInformerFactory
 from pkg.kube import resources as res
 from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.kubeletplugin.state import domain_dir
+from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 NODE = "node-a"
@@ -164,4 +166,29 @@ def test_the_status_mode_entry_works_with_the_record_too(
         assert t.wait_ready(uid, deadline=soon())
     finally:
         pub.release()
+        t.stop()
+
+
+def test_the_record_is_polled_only_while_an_entry_it_could_speak_for_exists(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Before the daemon has joined no record can count: the wait sleeps until an event."""
+    client = api.client()
+    clock = FakeClock(advance_on_wait=True)
+    t = DomainTracker(
+        client=client, informers=SharedInformerFactory(client, clock=RealClock()),
+        node_name=NODE, driver_namespace=NS, clique_id="cl.1", clock=clock,
+        local_ready=lambda uid: localready.read(domain_dir(tmp_path, uid)), local_poll=0.05,
+    )  # fmt: skip
+    t.start()
+    try:
+        assert t.wait_synced(5)
+        assert not t.wait_ready(UID, deadline=clock.monotonic() + 10)
+        assert clock.waits == [10.0]  # one wait for an event, no polling
+        api.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(c.STATUS_NOT_READY))
+        eventually(lambda: t._entry(UID) is not None)
+        clock.waits.clear()
+        assert not t.wait_ready(UID, deadline=clock.monotonic() + 1)
+        assert len(clock.waits) == 20 and all(w == pytest.approx(0.05) for w in clock.waits)
+    finally:
         t.stop()
