@@ -47,6 +47,10 @@ LIBRARIES: Final = ("libnvidia-ml", "libcuda", "libnvidia-cfg", "libnvidia-ptxji
 # Modules of ``pkg`` the simulator imports (checked by the unit test that runs the zipapps).
 SIM_MODULES: Final = (
     "__init__.py",
+    "base/__init__.py",
+    "base/clock.py",
+    "base/files.py",
+    "base/types.py",
     "imex/__init__.py",
     "imex/config.py",
     "imex/hosts.py",

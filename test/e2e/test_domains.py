@@ -38,6 +38,7 @@ from workloads import (
 )
 
 from pkg.api import constants as c
+from pkg.api import localready
 from pkg.kube.client import KubeClient
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES, NAMESPACES, PODS, RESOURCE_CLAIMS
 
@@ -94,6 +95,14 @@ def test_two_namespaces_same_clique_never_peer(
         for node, w, mine in (("gpu-node-1", a, nodes_a), ("gpu-node-3", b, nodes_b)):
             peers = set(imex_peers(fleet, node, w.cd_uid))
             assert peers <= {ips[n] for n in mine}, (node, peers)
+        # Each running daemon stands behind its node-local readiness record (the plugin's
+        # shortcut to Ready), for its own domain only.
+        for w, mine in ((a, nodes_a), (b, nodes_b)):
+            for node in mine:
+                folder = fleet[node].dirs.plugins / c.DRIVER_NAME / "domains" / w.cd_uid
+                assert localready.read(folder) == localready.LocalReady(
+                    w.cd_uid, node, ips[node]
+                ), node
     finally:
         teardown_namespace(admin, other)
         admin.delete(NAMESPACES, other)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pkg.testing.fakedriverroot import LIBRARIES, FakeDriverRoot, main
+from pkg.testing.fakedriverroot import LIBRARIES, PROGRAMS, FakeDriverRoot, main
 
 
 def test_layout_is_a_driver_installation(tmp_path: Path) -> None:
@@ -47,6 +47,12 @@ def test_imex_programs_are_self_contained(tmp_path: Path) -> None:
     )  # fmt: skip
     assert ctl.returncode == 1 and "IMEX daemon not reachable" in ctl.stderr
     assert made.binary("nvidia-imex").read_bytes().startswith(f"#!{sys.executable}\n".encode())
+    # Every module either program imports is inside (--help above exits before most imports).
+    for program, module in PROGRAMS.items():
+        code = f"import sys; sys.path.insert(0, {str(made.binary(program))!r}); import {module}"
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", code], env={}, cwd="/",
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
 
 
 def test_default_interpreter_is_the_containers_python3(tmp_path: Path) -> None:
