@@ -145,7 +145,8 @@ class ClaimFanOut:
         ) as span:
             try:
                 ref.validate()
-                claim = fetch_claim(self._client, ref)
+                with self._tracer.start_as_current_span("get ResourceClaim"):
+                    claim = fetch_claim(self._client, ref)
                 devices = self._driver.prepare_claim(claim, deadline=deadline)
                 return PrepareOutcome(devices=tuple(devices))
             except Exception as err:

@@ -23,6 +23,9 @@ The node lock is an in-process mutex plus ``flock(<plugin dir>/pu.lock)`` so a s
 instance during a rolling update is serialised too; claims of one request run in parallel
 outside it.
 
+Steps 2 and 4 are spans ``record PrepareStarted`` and ``write CDI spec, record
+PrepareCompleted`` (both include the wait for the node lock) under the current span, the
+plugin library's ``NodePrepareResource`` (beside its ``get ResourceClaim``).
 Step 3 is traced when the domain carries a formation ``traceparent`` annotation: a span
 ``prepare <kind> claim`` under the domain's root with ``label node`` and ``wait for IMEX daemon``
 inside it (one per attempt, so kubelet retries show), and a daemon claim's CDI env hands the
@@ -218,7 +221,7 @@ class DeviceState:
             status = canonical_status(claim.get("status"))
         except SchemaError as err:
             raise PermanentError(f"cannot record the claim's status: {err}") from err
-        with self._lock.held():
+        with self._tracer.start_as_current_span("record PrepareStarted"), self._lock.held():
             entries = self._store.entries()
             existing = entries.get(ref.uid)
             if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
@@ -249,7 +252,10 @@ class DeviceState:
             raise
         request = str(result.get("request", ""))
         device_name = str(result.get("device", ""))
-        with self._lock.held():
+        with (
+            self._tracer.start_as_current_span("write CDI spec, record PrepareCompleted"),
+            self._lock.held(),
+        ):
             if ref.uid not in self._store.entries():
                 raise RetryableError("claim was unprepared while it was being prepared")
             ids = self._cdi.write_claim_spec(ref.uid, [CdiDevice(device_name, edits)])

@@ -108,6 +108,14 @@ def test_prepare_spans_join_the_domain_trace(api: FakeApiServer, root: Path) -> 
     requests = spans_named(exporter, "NodePrepareResource")
     assert len(requests) == 2
     assert all(r.context is not None and r.context.trace_id != ids.trace_id for r in requests)
+    # Inside each request: the claim's GET and the two checkpointed steps around the domain's
+    # part (so a slow Prepare shows where its time went).
+    request_ids = {r.context.span_id for r in requests if r.context is not None}
+    for name in ("get ResourceClaim", "record PrepareStarted",
+                 "write CDI spec, record PrepareCompleted"):  # fmt: skip
+        steps = spans_named(exporter, name)
+        assert len(steps) == 2, name
+        assert {s.parent.span_id for s in steps if s.parent is not None} == request_ids, name
 
 
 def test_domain_without_annotation_is_not_traced(api: FakeApiServer, root: Path) -> None:
@@ -118,4 +126,7 @@ def test_domain_without_annotation_is_not_traced(api: FakeApiServer, root: Path)
         uid = daemon["metadata"]["uid"]
         assert kubelet.prepare(daemon).claims[uid].error == ""
         assert not any(e.startswith("TRACEPARENT=") for e in cdi_env(root, uid))
-    assert [s.name for s in exporter.get_finished_spans()] == ["NodePrepareResource"]
+    assert [s.name for s in exporter.get_finished_spans()] == [
+        "get ResourceClaim", "record PrepareStarted", "write CDI spec, record PrepareCompleted",
+        "NodePrepareResource",
+    ]  # fmt: skip
