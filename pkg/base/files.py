@@ -8,6 +8,7 @@ directory. A failure leaves the target untouched and no temp file behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -41,11 +42,9 @@ def write_file_atomically(path: str | os.PathLike[str], content: str) -> bool:
     """Replace ``path`` with the UTF-8 text ``content`` (creating its directory); False, and
     nothing written, when it already holds exactly that. Raises ``OSError``."""
     target = Path(path)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         if target.read_text(encoding="utf-8") == content:
             return False
-    except FileNotFoundError:
-        pass
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(target, content.encode("utf-8"))
     return True

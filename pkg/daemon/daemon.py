@@ -79,7 +79,6 @@ from opentelemetry import trace
 from pkg import informers
 from pkg.api import constants as c
 from pkg.api import localready
-from pkg.api.localready import LocalReady
 from pkg.base.clock import Clock, RealClock
 from pkg.base.files import write_file_atomically
 from pkg.base.types import JSON
@@ -381,7 +380,9 @@ class Daemon:
         start = self._clock.now()
         try:
             if want:
-                record = LocalReady(self.me.domain_uid, self.me.node_name, self.me.pod_ip)
+                record = localready.LocalReady(
+                    self.me.domain_uid, self.me.node_name, self.me.pod_ip
+                )
                 self.local.publish(record)
                 self.formation.ready_on_node(start, self._clock.now())
             else:

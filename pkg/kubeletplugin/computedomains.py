@@ -166,13 +166,24 @@ class DomainTracker:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _wait(self, predicate: Callable[[], Any], deadline: float) -> Any:
+    def _wait(
+        self,
+        predicate: Callable[[], Any],
+        deadline: float,
+        *,
+        poll: Callable[[], float | None] = lambda: None,
+    ) -> Any:
+        """``predicate`` re-checked after every event (and every ``poll()`` seconds, when it
+        gives a period) until it is truthy or ``deadline`` passes; its last result."""
         with self._cond:
             while True:
                 result = predicate()
                 remaining = deadline - self._clock.monotonic()
                 if result or remaining <= 0:
                     return result
+                period = poll()
+                if period is not None:
+                    remaining = min(remaining, period)
                 self._clock.wait_condition(self._cond, remaining)
 
     def _domain(self, uid: str) -> JSON | None:
@@ -200,11 +211,11 @@ class DomainTracker:
             )
             for daemon in (clique or {}).get("daemons") or []:
                 if daemon.get("nodeName") == self._node:
-                    return dict(daemon)
+                    return daemon  # type: ignore[no-any-return]
         cd = self._domain(cd_uid) or {}
         for node in (cd.get("status") or {}).get("nodes") or []:
             if node.get("name") == self._node:
-                return dict(node)
+                return node  # type: ignore[no-any-return]
         return None
 
     def _ready(self, cd_uid: str) -> bool:
@@ -253,19 +264,15 @@ class DomainTracker:
         """Wait until this node's daemon for the domain is Ready (its membership entry says so,
         or its node-local record speaks for that entry), at most until ``deadline``
         (monotonic); whether it is."""
-        with self._cond:
-            while True:
-                entry = self._entry(cd_uid)
-                if self._readiness_of(cd_uid, entry):
-                    return True
-                remaining = deadline - self._clock.monotonic()
-                if remaining <= 0:
-                    return False
-                # A record can only speak for an entry that exists: until the daemon has
-                # joined, only an event can change the answer, so only then is there a poll.
-                if self._local_ready is not None and entry is not None:
-                    remaining = min(remaining, self._local_poll)
-                self._clock.wait_condition(self._cond, remaining)
+
+        def poll() -> float | None:
+            # A record can only speak for an entry that exists: until the daemon has joined,
+            # only an event can change the answer, so only then is there a poll.
+            if self._local_ready is None or self._entry(cd_uid) is None:
+                return None
+            return self._local_poll
+
+        return bool(self._wait(lambda: self._ready(cd_uid), deadline, poll=poll))
 
     def _with_retries(self, what: str, step: Callable[[], bool]) -> None:
         """Run ``step`` until it reports done (True); conflicts and outages retry.
