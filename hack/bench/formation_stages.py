@@ -54,8 +54,9 @@ class PodTimes:
 
 # (stage, owner, start milestone, end milestone)
 STAGES: tuple[tuple[str, str, str, str], ...] = (
-    ("workload pod bound -> kubelet calls Prepare", "simulation", "bound", "prepare_start"),
-    ("Prepare called -> node labelled", "driver", "prepare_start", "labelled"),
+    ("workload pod bound -> kubelet calls Prepare (only if the plugin labelled the node)",
+     "simulation", "bound", "label_start"),
+    ("-> node labelled, DaemonSet present", "driver", "label_start", "labelled"),
     ("node labelled -> daemon pod created", "kubernetes", "labelled", "daemon_created"),
     ("daemon pod created -> bound (claim allocated)", "kubernetes", "daemon_created",
      "daemon_bound"),
@@ -140,13 +141,18 @@ def formations(
     workload: list[PodTimes],
     daemons: list[PodTimes],
     harness: dict[str, dict[str, float]],
+    *,
+    labelled: dict[str, float] | None = None,
+    daemon_set: float | None = None,
 ) -> list[NodeFormation]:
     """One :class:`NodeFormation` per workload pod's node.
 
     ``harness`` holds, per node, the milestones the kubelet stand-in recorded itself
     (``prepare_start``, ``final_attempt_start``, ``prepare_end``, ``daemon_prepare_start``,
-    ``daemon_prepare_end``, ``daemon_process``, ``imex_listening``); spans fill in the rest, and
-    the label time when the harness has none."""
+    ``daemon_prepare_end``, ``daemon_process``, ``imex_listening``); spans fill in the rest.
+    ``labelled`` holds, per node, when a watch first saw the node labelled for the domain with
+    the domain's DaemonSet present (the later of the two), ``daemon_set`` when that DaemonSet
+    was first seen: see :func:`label_milestones`."""
 
     def children(parent: Span, name: str) -> list[Span]:
         pid = parent["context"]["span_id"]
@@ -170,9 +176,11 @@ def formations(
         attempts = sorted((s for s in mine if s["name"] == "prepare channel claim"),
                           key=lambda s: span_time(s["start_time"]))  # fmt: skip
         labels = [x for a in attempts for x in children(a, "label node")]
-        if labels:
-            m["labelled"] = min(span_time(x["end_time"]) for x in labels)
         m.update(harness.get(pod.node, {}))
+        plugin = min((span_time(x["end_time"]) for x in labels), default=None)
+        if plugin is not None and daemon_set is not None:
+            plugin = max(plugin, daemon_set)
+        m.update(label_milestones(m, (labelled or {}).get(pod.node), plugin))
         imex = sorted((s for s in mine if s["name"] == "IMEX daemon"),
                       key=lambda s: span_time(s["start_time"]))  # fmt: skip
         if imex:
@@ -185,6 +193,29 @@ def formations(
                     end = span_time(found[0]["end_time"])
                     m[key] = min(end, m.get(key, end))
         out.append(f)
+    return out
+
+
+def label_milestones(m: dict[str, float], watched: float | None,
+                     plugin: float | None) -> dict[str, float]:  # fmt: skip
+    """``label_start`` and ``labelled`` of one node.
+
+    The DaemonSet controller creates the node's daemon pod once the node carries the domain's
+    label and the domain's DaemonSet exists. Our controller labels the node when it sees the
+    workload claim's allocation (``watched``, the first time a watch saw both); the plugin's
+    channel Prepare labels it too, as upstream's does (``plugin``: its ``label node`` span
+    ended, or the DaemonSet appeared if later; when the label was already there that span is
+    only a read, off the critical path).
+    Whichever came first labelled the node. If it was the controller, the whole wait from the
+    pod's binding is the driver's (the kubelet calling Prepare meanwhile changes nothing); if
+    it was the plugin, the wait for the kubelet's call is the simulation's."""
+    if watched is not None and (plugin is None or watched <= plugin):
+        return {"labelled": watched, "label_start": m["bound"]} if "bound" in m else {}
+    if plugin is None:
+        return {}
+    out = {"labelled": plugin}
+    if "prepare_start" in m:
+        out["label_start"] = m["prepare_start"]
     return out
 
 
@@ -226,7 +257,12 @@ def summarize(nodes: list[NodeFormation]) -> dict[str, Any]:
         "last_node_by_owner": owner_totals,
         "p50_node_by_owner": p50_owner,
         "missing": sorted({k for n in nodes for k in _all_milestones() - set(n.milestones)}),
+        "milestones": {n.node: _in_order(n.milestones) for n in nodes},
     }
+
+
+def _in_order(milestones: dict[str, float]) -> dict[str, float]:
+    return dict(sorted(milestones.items(), key=lambda kv: kv[1]))
 
 
 def _owner(stage: str) -> str:

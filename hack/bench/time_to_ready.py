@@ -58,7 +58,14 @@ from pkg.api import constants as c  # noqa: E402
 from pkg.imex.config import DEFAULT_SERVER_PORT  # noqa: E402
 from pkg.kube.client import KubeClient, RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
-from pkg.kube.resources import COMPUTE_DOMAINS, NAMESPACES, PODS, Resource  # noqa: E402
+from pkg.kube.resources import (  # noqa: E402
+    COMPUTE_DOMAINS,
+    DAEMONSETS,
+    NAMESPACES,
+    NODES,
+    PODS,
+    Resource,
+)
 from pkg.runtime.tracing import FILE_PATH_VAR, parse_traceparent  # noqa: E402
 
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -97,39 +104,79 @@ def audit_counts(path: Path, since: float, until: float) -> Counter[str]:
 
 
 class PodWatcher:
-    """Watches every pod and records, per pod, when it was first seen, bound, Running, Ready."""
+    """Admin watches that timestamp what each formation is made of: per pod when it was first
+    seen, bound, given an IP, Running and Ready; per node when it first carried each value of
+    the domain label; per driver DaemonSet when it was first seen."""
 
-    def __init__(self, admin: KubeClient) -> None:
+    def __init__(self, admin: KubeClient, driver_ns: str = "") -> None:
         self._admin = admin
         self._stop = threading.Event()
         self.pods: dict[tuple[str, str], PodTimes] = {}
+        self.node_labels: dict[tuple[str, str], float] = {}  # (node, domain UID) -> first seen
+        self.daemon_sets: dict[str, float] = {}  # domain UID -> its DaemonSet first seen
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+        self._threads = [
+            threading.Thread(target=self._run, args=(res, ns, observe), name=f"watch-{res.plural}",
+                             daemon=True)
+            for res, ns, observe in ((PODS, "", self._observe), (NODES, "", self._observe_node),
+                                     (DAEMONSETS, driver_ns, self._observe_daemon_set))
+        ]  # fmt: skip
 
     def start(self) -> PodWatcher:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _run(self) -> None:
+    def _run(self, res: Resource, ns: str, observe: Any) -> None:
         rv = ""
         while not self._stop.is_set():
             try:
                 if not rv:
-                    rv = self._admin.list(PODS)["metadata"]["resourceVersion"]
-                for ev in self._admin.watch(PODS, resource_version=rv, timeout_seconds=60):
+                    rv = self._admin.list(res, namespace=ns or None)["metadata"]["resourceVersion"]
+                for ev in self._admin.watch(res, namespace=ns or None, resource_version=rv,
+                                            timeout_seconds=60):  # fmt: skip
                     if self._stop.is_set():
                         return
                     obj = ev.object
                     rv = obj.get("metadata", {}).get("resourceVersion", rv)
                     if ev.type in ("ADDED", "MODIFIED"):
-                        self._observe(obj, time.time())
+                        observe(obj, time.time())
             except Exception as e:  # re-list on 410 or a dropped stream
-                log(f"pod watch: {e!r}; re-listing")
+                log(f"{res.plural} watch: {e!r}; re-listing")
                 rv = ""
                 time.sleep(0.2)
+
+    def _observe_node(self, node: dict[str, Any], now: float) -> None:
+        meta = node["metadata"]
+        uid = (meta.get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
+        if uid:
+            with self._lock:
+                self.node_labels.setdefault((meta["name"], uid), now)
+
+    def _observe_daemon_set(self, ds: dict[str, Any], now: float) -> None:
+        selector = ((ds.get("spec") or {}).get("template") or {}).get("spec", {}).get(
+            "nodeSelector") or {}  # fmt: skip
+        uid = selector.get(c.COMPUTE_DOMAIN_LABEL)
+        if uid:
+            with self._lock:
+                self.daemon_sets.setdefault(uid, now)
+
+    def labelled(self, uid: str) -> dict[str, float]:
+        """Per node, when the node could first get a daemon pod of domain ``uid``: labelled for
+        it and the domain's DaemonSet present (the later of the two)."""
+        with self._lock:
+            ds = self.daemon_sets.get(uid)
+            if ds is None:
+                return {}
+            return {n: max(t, ds) for (n, u), t in self.node_labels.items() if u == uid}
+
+    def daemon_set(self, uid: str) -> float | None:
+        """When domain ``uid``'s DaemonSet was first seen."""
+        with self._lock:
+            return self.daemon_sets.get(uid)
 
     def _observe(self, pod: dict[str, Any], now: float) -> None:
         meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
@@ -295,7 +342,10 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
                 spans = read_spans(spans_file, ids.trace_id)
             workload = pods_seen.in_namespace(ns, prefix=f"{w.cd_name}-")
             harness = harness_milestones(fleet, ns, driver_ns)
-            stages = summarize(formations(spans, workload, daemons, harness))
+            uid = str(cd["metadata"]["uid"])
+            stages = summarize(formations(spans, workload, daemons, harness,
+                                          labelled=pods_seen.labelled(uid),
+                                          daemon_set=pods_seen.daemon_set(uid)))  # fmt: skip
     delete_pods(admin, w, timeout=300)
     delete_cd(admin, w, timeout=300)
     wait_for("clean", lambda: not leak_report(admin, fleet, driver_ns, [ns]), timeout=300,
@@ -407,7 +457,7 @@ def bench(
         fleet.add(specs)
         log(f"{n} nodes up in {time.monotonic() - t:.1f}s")
         admin = RestClient(load_api_client(str(cluster.kubeconfig("admin"))), user_agent="bench")
-        watcher = PodWatcher(admin).start()
+        watcher = PodWatcher(admin, driver.namespace).start()
         time.sleep(10)  # the plugins' and the nodes' start-up settles
         idle_load = os.getloadavg()
         results, requests = [], []

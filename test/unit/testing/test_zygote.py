@@ -145,7 +145,7 @@ def test_stages_add_up_to_bound_to_ready_and_overlaps_count_zero() -> None:
     for m in dict.fromkeys(names):  # in stage order, 0.1 s apart
         milestones[m] = t
         t += 0.1
-    milestones["final_attempt_start"] = milestones["prepare_start"]  # already waiting: overlap
+    milestones["final_attempt_start"] = milestones["label_start"]  # already waiting: overlap
     node = NodeFormation("n1", milestones)
     stages = node.stage_seconds()
     assert stages["Ready signalled -> kubelet's final Prepare call"] == 0.0
@@ -176,6 +176,9 @@ def test_milestones_come_from_watch_harness_and_spans() -> None:
     # Ready is signalled by the earlier of the node-local record and the entry.
     assert f.milestones["labelled"] == 1.5 and f.milestones["imex_ready"] == 6.3
     stages = f.stage_seconds()
+    # No watch saw the label first: the plugin's Prepare labelled it, after the kubelet's call.
+    assert stages[STAGES[0][0]] == pytest.approx(0.5) and STAGES[0][1] == "simulation"
+    assert stages[STAGES[1][0]] == pytest.approx(0.5) and STAGES[1][1] == "driver"
     assert stages["daemon loop -> kubelet reported the daemon pod's IP"] == pytest.approx(0.2)
     assert stages["pod IP reported -> joined the clique"] == pytest.approx(0.3)
     summary = summarize([f])
@@ -186,11 +189,44 @@ def test_milestones_come_from_watch_harness_and_spans() -> None:
     assert by_owner["kubernetes"] == pytest.approx(1.0)  # labelled 1.5 -> created 2.0 -> bound 2.5
 
 
+def test_a_node_the_controller_labelled_waits_for_the_driver_from_binding_not_for_prepare() -> None:
+    """The label a watch saw before the plugin's ``label node`` span ended was the controller's:
+    the kubelet's call to Prepare is then off the critical path, and so is the plugin's read."""
+
+    def label_span(end: float) -> dict[str, object]:
+        iso = "1970-01-01T00:00:{:06.3f}Z".format
+        return {"name": "label node", "context": {"span_id": "b", "trace_id": "0x1"},
+                "parent_id": "a", "start_time": iso(1.0), "end_time": iso(end),
+                "attributes": {"k8s.node.name": "n1"}}  # fmt: skip
+
+    attempt = {
+        "name": "prepare channel claim",
+        "context": {"span_id": "a", "trace_id": "0x1"},
+        "parent_id": None,
+        "start_time": "1970-01-01T00:00:01.000Z",
+        "end_time": "1970-01-01T00:00:09.000Z",
+        "attributes": {"k8s.node.name": "n1"},
+    }
+    workload = [PodTimes("ns", "cd-0", node="n1", bound=0.5, ready=10.0)]
+    harness = {"n1": {"prepare_start": 1.0}}
+    for watched, driver in ((0.3, 0.0), (0.8, 0.3)):  # before / after the binding
+        (f,) = formations([attempt, label_span(1.5)], workload, [], harness,
+                          labelled={"n1": watched}, daemon_set=0.2)  # fmt: skip
+        stages = f.stage_seconds()
+        assert f.milestones["labelled"] == watched
+        assert stages[STAGES[0][0]] == 0.0
+        assert stages[STAGES[1][0]] == pytest.approx(driver)
+    # The plugin wrote it first (the watch saw it later), but the DaemonSet came later still.
+    (f,) = formations([attempt, label_span(1.5)], workload, [], harness, labelled={"n1": 1.8},
+                      daemon_set=1.7)  # fmt: skip
+    assert f.milestones["labelled"] == 1.7 and f.milestones["label_start"] == 1.0
+
+
 def test_a_missing_milestone_leaves_its_time_unattributed_not_lost() -> None:
-    node = NodeFormation("n1", {"bound": 0.0, "prepare_start": 1.0, "daemon_created": 4.0,
+    node = NodeFormation("n1", {"bound": 0.0, "label_start": 1.0, "daemon_created": 4.0,
                                 "pod_ready": 10.0})  # fmt: skip
     stages = node.stage_seconds()
-    assert stages["workload pod bound -> kubelet calls Prepare"] == 1.0
+    assert stages[STAGES[0][0]] == 1.0
     assert stages[UNATTRIBUTED] == 9.0  # labelled and everything after daemon_created missing
     assert sum(stages.values()) == node.total()
 
