@@ -86,7 +86,7 @@ class DomainTracker:
         domain_grace: float = 2.0,
         transient_backoff: tuple[float, ...] = _TRANSIENT_BACKOFF,
         local_ready: Callable[[str], LocalReady | None] | None = None,
-        local_poll: float = 0.05,
+        local_poll: float = 0.02,
     ) -> None:
         """``local_ready`` reads the node-local readiness record of a domain's daemon
         (:mod:`pkg.api.localready`), polled every ``local_poll`` seconds while a Prepare waits
