@@ -20,8 +20,11 @@ last gap, 0.2-0.4 s, after IMEX was ready); once ready every ``slow_interval`` (
 once when the process dies). Membership changes wake the loop but do not add polls. The
 entry's ``status`` follows it. On the node, the readiness record of :mod:`pkg.api.localready`
 (``daemon-ready.json`` in the config directory, which the kubelet plugin mounts) follows it
-too, written just *before* ``Ready`` is published through the API server and withdrawn before
-``NotReady`` is, at process start and at shutdown: the plugin releases a waiting workload on
+too, written *before* ``Ready`` is published through the API server (that write waits a
+random share of ``ready_write_spread``: the daemons one controller batch joined turn ready
+together, and their patches of the one clique made the API server retry each of them and the
+controller's next join for about a second) and withdrawn before ``NotReady`` is, at process
+start and at shutdown: the plugin releases a waiting workload on
 either, so on a forming domain a workload does not wait for its daemon's write to the clique
 all daemons write. The first pass of every process marks the entry NotReady
 *before* IMEX is started: a daemon restarted in the same pod (after a SIGKILL or an OOM kill,
@@ -69,6 +72,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import shutil
 import subprocess
 import threading
@@ -130,6 +134,7 @@ class Timing:
     first_ready_poll: float = 0.05
     ready_poll: float = 0.1  # while not ready, within ready_poll_window of IMEX's (re)start
     ready_poll_window: float = 2.0
+    ready_write_spread: float = 0.3  # the entry's Ready waits uniform(0, this) after the record
     slow_interval: float = 10.0
     leave_timeout: float = 10.0
     imex_stop_timeout: float = 10.0
@@ -201,6 +206,7 @@ class Daemon:
         events: EventRecorder | None = None,
         locate: Callable[[str], str | None] | None = None,
         tracer: trace.Tracer | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         """``clock`` (`pkg.base.Clock`) paces the loop and IMEX supervision;
         ``informer_clock`` (real by default) times the membership informer;
@@ -266,6 +272,8 @@ class Daemon:
         self._next_ready_check = 0.0
         self._ready_polls = 0  # not-ready answers since IMEX last (re)started
         self._imex_since = 0.0  # monotonic: when IMEX last (re)started (the readiness polls)
+        self._rng = rng or random.Random()
+        self._ready_write_at: float | None = None  # monotonic: when the entry may say Ready
         self._first_pass = True
         self._join_since: tuple[float, float] | None = None  # first pass: monotonic, wall
         self._last_error = ""
@@ -369,6 +377,10 @@ class Daemon:
         self._metrics.ready.set(1 if self._ready else 0)
         self._signal_node(own)
         want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
+        if not self._ready:
+            self._ready_write_at = None
+        elif not self._ready_write_due():
+            want = own.status if own is not None else c.STATUS_NOT_READY  # not yet: no write
         if own is None or own.status != want:
             entries = self.membership.set_status(want)
             own = self.membership.own_entry(entries)
@@ -376,6 +388,21 @@ class Daemon:
             self.formation.ready()
         if self._ready and own is not None and isinstance(self.store, CliqueStore):
             self._report_peers(entries, own)
+
+    def _ready_write_due(self) -> bool:
+        """May our entry say Ready now? At once without a node-local record (nothing else
+        releases the workload); with one, ``uniform(0, ready_write_spread)`` seconds after it
+        was written. The daemons a controller batch joined together turn ready together, and
+        their Ready patches of the one clique they share made the API server retry each of them
+        (and the controller's next join patch) for about a second; spread, they do not pile up,
+        and the workload does not wait for them (the plugin accepts the record)."""
+        if not self._local_ready:
+            self._ready_write_at = None
+            return True
+        now = self._clock.monotonic()
+        if self._ready_write_at is None:
+            self._ready_write_at = now + self._rng.uniform(0, self._timing.ready_write_spread)
+        return now >= self._ready_write_at
 
     def _signal_node(self, own: DaemonEntry | None) -> None:
         """Keep the node-local readiness record (:mod:`pkg.api.localready`) in step with our
@@ -607,6 +634,9 @@ class Daemon:
                     if self.supervisor.running():  # until the next readiness poll is due
                         due = self._next_ready_check - self._clock.monotonic()
                         wait = min(wait, max(0.01, due))
+                at = self._ready_write_at  # the entry's Ready is held back until then
+                if at is not None and at > self._clock.monotonic():
+                    wait = min(wait, at - self._clock.monotonic())
                 if full:  # only a change of the clique (a kick) can free a slot
                     wait = self._timing.slow_interval
                 self._clock.wait(self._kick, wait)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import signal
 import subprocess
 import sys
@@ -107,14 +108,20 @@ def api() -> Iterator[FakeApiServer]:
         yield srv
 
 
-def make(api: FakeApiServer, opts: Options) -> tuple[Daemon, FakeRunner, FakeCtl, DaemonMetrics]:
+def make(
+    api: FakeApiServer, opts: Options, *, timing: Timing | None = None,
+    rng: random.Random | None = None,
+) -> tuple[Daemon, FakeRunner, FakeCtl, DaemonMetrics]:  # fmt: skip
+    """A daemon on fakes; its entry says Ready as soon as its record is written unless
+    ``timing`` spreads that write (see the ``ready_write_spread`` tests)."""
     runner = FakeRunner()
     ctl = FakeCtl(runner)
     metrics = DaemonMetrics()
     daemon = Daemon(opts, client=api.client(), clock=fake_clock(), runner=runner, commands=ctl,
-                    metrics=metrics, child_env={"PATH": "/bin"}, timing=Timing(),
+                    metrics=metrics, child_env={"PATH": "/bin"},
+                    timing=timing or Timing(ready_write_spread=0.0),
                     informer_clock=FakeClock(advance_on_wait=True),
-                    locate=lambda program: f"/usr/bin/{program}")  # fmt: skip
+                    locate=lambda program: f"/usr/bin/{program}", rng=rng)  # fmt: skip
     return daemon, runner, ctl, metrics
 
 
@@ -629,6 +636,61 @@ def test_the_node_local_record_precedes_ready_and_follows_not_ready(
     daemon.step()
     daemon.step()
     assert seen[-1] == (c.STATUS_READY, True) and len(runner.procs) == 2
+
+
+class FixedDraw(random.Random):
+    """``uniform(a, b)`` is ``a + share * (b - a)``."""
+
+    def __init__(self, share: float) -> None:
+        super().__init__(0)
+        self.share = share
+
+    def uniform(self, a: float, b: float) -> float:
+        return a + self.share * (b - a)
+
+
+def test_the_entrys_ready_follows_the_record_after_a_random_share_of_the_spread(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The daemons one controller batch joined turn ready together: each holds its entry's
+    Ready back by ``uniform(0, ready_write_spread)`` after its record released the workload,
+    so their patches of the one clique do not pile up; a crash in between cancels it."""
+    daemon, runner, _, _ = make(api, options(tmp_path), timing=Timing(ready_write_spread=0.3),
+                                rng=FixedDraw(0.5))  # fmt: skip
+    clock = daemon._clock
+    daemon._take_local_lock()
+    daemon._write_imex_config()
+    daemon.step()
+    assert localready.read(tmp_path / "imexd") is not None  # the workload may start
+    assert own_entry(api)["status"] == c.STATUS_NOT_READY
+    clock.step(0.14)  # type: ignore[attr-defined]
+    daemon.step()
+    assert own_entry(api)["status"] == c.STATUS_NOT_READY
+    clock.step(0.01)  # type: ignore[attr-defined]
+    daemon.step()
+    assert own_entry(api)["status"] == c.STATUS_READY
+    runner.procs[0].code = 1  # IMEX crashes: NotReady at once, and the next Ready waits again
+    daemon.step()
+    assert own_entry(api)["status"] == c.STATUS_NOT_READY
+    daemon.supervisor._clock.step(1.0)  # type: ignore[attr-defined]
+    daemon.step()
+    daemon.step()
+    assert len(runner.procs) == 2 and localready.read(tmp_path / "imexd") is not None
+    assert own_entry(api)["status"] == c.STATUS_NOT_READY
+    clock.step(0.15)  # type: ignore[attr-defined]
+    daemon.step()
+    assert own_entry(api)["status"] == c.STATUS_READY
+
+
+def test_without_a_record_the_entry_says_ready_at_once(api: FakeApiServer, tmp_path: Path) -> None:
+    """No lock (another process holds it), no record: only the entry releases the workload,
+    so nothing holds it back."""
+    daemon, _, _, _ = make(api, options(tmp_path), timing=Timing(ready_write_spread=0.3),
+                           rng=FixedDraw(1.0))  # fmt: skip
+    daemon._write_imex_config()
+    daemon.step()
+    assert localready.read(tmp_path / "imexd") is None
+    assert own_entry(api)["status"] == c.STATUS_READY
 
 
 def test_no_record_while_the_entry_carries_another_ip(api: FakeApiServer, tmp_path: Path) -> None:

@@ -73,6 +73,9 @@ def test_first_ready_records_join_imex_start_and_ready(api: FakeApiServer, tmp_p
     daemon._write_imex_config()
     with following(daemon):
         daemon.step()
+        assert own_entry(api)["status"] == c.STATUS_NOT_READY  # the record went out first
+        daemon._clock.step(Timing().ready_write_spread)  # type: ignore[attr-defined]
+        daemon.step()
         assert own_entry(api)["status"] == c.STATUS_READY and len(runner.procs) == 1
         formation = exporter.get_finished_spans()
         # An IMEX crash and restart later is not part of the formation.
