@@ -13,10 +13,8 @@ IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
 
 Readiness: Ready iff the supervised IMEX runs and ``nvidia-imex-ctl -q`` prints exactly READY.
 While not ready it is polled at once after IMEX (re)starts, then after ``first_ready_poll``,
-then every ``ready_poll`` until ``ready_poll_window`` has passed since the start, then every
-``fast_interval`` (a fresh IMEX is usually ready within tens to hundreds of milliseconds, and
-the Ready signal releases the workload's Prepare: a doubling interval made it wait up to the
-last gap, 0.2-0.4 s, after IMEX was ready); once ready every ``slow_interval`` (and at
+doubling up to ``fast_interval`` (a fresh IMEX is usually ready within tens of milliseconds, and
+the Ready signal releases the workload's Prepare); once ready every ``slow_interval`` (and at
 once when the process dies). Membership changes wake the loop but do not add polls. The
 entry's ``status`` follows it. On the node, the readiness record of :mod:`pkg.api.localready`
 (``daemon-ready.json`` in the config directory, which the kubelet plugin mounts) follows it
@@ -132,8 +130,6 @@ WATCH_BACKOFF = informers.BackoffPolicy(initial=0.4, cap=10.0, jitter=0.25)
 class Timing:
     fast_interval: float = 0.5
     first_ready_poll: float = 0.05
-    ready_poll: float = 0.1  # while not ready, within ready_poll_window of IMEX's (re)start
-    ready_poll_window: float = 2.0
     ready_write_spread: float = 0.3  # the entry's Ready waits uniform(0, this) after the record
     slow_interval: float = 10.0
     leave_timeout: float = 10.0
@@ -271,7 +267,6 @@ class Daemon:
         self.local = localready.Publisher(opts.config_dir)
         self._next_ready_check = 0.0
         self._ready_polls = 0  # not-ready answers since IMEX last (re)started
-        self._imex_since = 0.0  # monotonic: when IMEX last (re)started (the readiness polls)
         self._rng = rng or random.Random()
         self._ready_write_at: float | None = None  # monotonic: when the entry may say Ready
         self._first_pass = True
@@ -320,7 +315,6 @@ class Daemon:
     def _check_ready(self) -> bool:
         if not self.supervisor.running():
             self._ready_polls, self._next_ready_check = 0, 0.0  # poll the next one at once
-            self._imex_since = self._clock.monotonic()
             return False
         now = self._clock.monotonic()
         if now < self._next_ready_check:
@@ -330,12 +324,7 @@ class Daemon:
             interval = self._timing.slow_interval
         else:
             t = self._timing
-            if self._ready_polls == 0:
-                interval = t.first_ready_poll
-            elif now - self._imex_since < t.ready_poll_window:
-                interval = t.ready_poll
-            else:
-                interval = t.fast_interval
+            interval = min(t.fast_interval, t.first_ready_poll * 2 ** min(self._ready_polls, 16))
             self._ready_polls += 1
         self._next_ready_check = now + interval
         if result.ready != self._ready:
@@ -370,7 +359,6 @@ class Daemon:
         if not was_running and self.supervisor.running():
             self.formation.imex_started(started, self._clock.now())
             self._ready_polls, self._next_ready_check = 0, 0.0  # poll the new IMEX at once
-            self._imex_since = self._clock.monotonic()
         was_ready, self._ready = self._ready, self._check_ready()
         if self._ready and not was_ready:
             self._next_peer_check = self._clock.monotonic() + self._timing.peer_interval
