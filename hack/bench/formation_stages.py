@@ -150,9 +150,9 @@ def formations(
     ``harness`` holds, per node, the milestones the kubelet stand-in recorded itself
     (``prepare_start``, ``final_attempt_start``, ``prepare_end``, ``daemon_prepare_start``,
     ``daemon_prepare_end``, ``daemon_process``, ``imex_listening``); spans fill in the rest.
-    ``labelled`` holds, per node, when a watch first saw the node labelled for the domain with
-    the domain's DaemonSet present (the later of the two), ``daemon_set`` when that DaemonSet
-    was first seen: see :func:`label_milestones`."""
+    ``labelled`` holds, per node, when a watch first saw the node labelled for the domain,
+    ``daemon_set`` when a watch first saw the domain's DaemonSet: a node can get its daemon pod
+    only once both are there (see :func:`label_milestones`)."""
 
     def children(parent: Span, name: str) -> list[Span]:
         pid = parent["context"]["span_id"]
@@ -178,9 +178,11 @@ def formations(
         labels = [x for a in attempts for x in children(a, "label node")]
         m.update(harness.get(pod.node, {}))
         plugin = min((span_time(x["end_time"]) for x in labels), default=None)
-        if plugin is not None and daemon_set is not None:
-            plugin = max(plugin, daemon_set)
-        m.update(label_milestones(m, (labelled or {}).get(pod.node), plugin))
+        watched = (labelled or {}).get(pod.node)
+        if daemon_set is not None:  # no daemon pod before its DaemonSet, whoever labelled
+            plugin = None if plugin is None else max(plugin, daemon_set)
+            watched = None if watched is None else max(watched, daemon_set)
+        m.update(label_milestones(m, watched, plugin))
         imex = sorted((s for s in mine if s["name"] == "IMEX daemon"),
                       key=lambda s: span_time(s["start_time"]))  # fmt: skip
         if imex:
@@ -202,7 +204,7 @@ def label_milestones(m: dict[str, float], watched: float | None,
 
     The DaemonSet controller creates the node's daemon pod once the node carries the domain's
     label and the domain's DaemonSet exists. Our controller labels the node when it sees the
-    workload claim's allocation (``watched``, the first time a watch saw both); the plugin's
+    workload claim's allocation (``watched``, the first time a watch saw it); the plugin's
     channel Prepare labels it too, as upstream's does (``plugin``: its ``label node`` span
     ended, or the DaemonSet appeared if later; when the label was already there that span is
     only a read, off the critical path).

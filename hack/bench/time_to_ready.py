@@ -165,13 +165,9 @@ class PodWatcher:
                 self.daemon_sets.setdefault(uid, now)
 
     def labelled(self, uid: str) -> dict[str, float]:
-        """Per node, when the node could first get a daemon pod of domain ``uid``: labelled for
-        it and the domain's DaemonSet present (the later of the two)."""
+        """Per node, when it was first seen labelled for domain ``uid``."""
         with self._lock:
-            ds = self.daemon_sets.get(uid)
-            if ds is None:
-                return {}
-            return {n: max(t, ds) for (n, u), t in self.node_labels.items() if u == uid}
+            return {n: t for (n, u), t in self.node_labels.items() if u == uid}
 
     def daemon_set(self, uid: str) -> float | None:
         """When domain ``uid``'s DaemonSet was first seen."""

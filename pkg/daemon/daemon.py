@@ -365,9 +365,7 @@ class Daemon:
         self._metrics.ready.set(1 if self._ready else 0)
         self._signal_node(own)
         want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
-        if not self._ready:
-            self._ready_write_at = None
-        elif not self._ready_write_due():
+        if not self._ready_write_due():
             want = own.status if own is not None else c.STATUS_NOT_READY  # not yet: no write
         if own is None or own.status != want:
             entries = self.membership.set_status(want)
@@ -378,13 +376,11 @@ class Daemon:
             self._report_peers(entries, own)
 
     def _ready_write_due(self) -> bool:
-        """May our entry say Ready now? At once without a node-local record (nothing else
-        releases the workload); with one, ``uniform(0, ready_write_spread)`` seconds after it
-        was written. The daemons a controller batch joined together turn ready together, and
-        their Ready patches of the one clique they share made the API server retry each of them
-        (and the controller's next join patch) for about a second; spread, they do not pile up,
-        and the workload does not wait for them (the plugin accepts the record)."""
-        if not self._local_ready:
+        """May our entry say what our IMEX says now? A Ready waits ``uniform(0,
+        ready_write_spread)`` seconds after our node-local record went out (see the module
+        docstring); without a record (nothing else releases the workload), and for NotReady,
+        the answer is yes at once."""
+        if not (self._ready and self._local_ready):
             self._ready_write_at = None
             return True
         now = self._clock.monotonic()
@@ -622,9 +618,9 @@ class Daemon:
                     if self.supervisor.running():  # until the next readiness poll is due
                         due = self._next_ready_check - self._clock.monotonic()
                         wait = min(wait, max(0.01, due))
-                at = self._ready_write_at  # the entry's Ready is held back until then
-                if at is not None and at > self._clock.monotonic():
-                    wait = min(wait, at - self._clock.monotonic())
+                held = (self._ready_write_at or 0.0) - self._clock.monotonic()
+                if held > 0:  # the entry's Ready is held back until then
+                    wait = min(wait, held)
                 if full:  # only a change of the clique (a kick) can free a slot
                     wait = self._timing.slow_interval
                 self._clock.wait(self._kick, wait)
