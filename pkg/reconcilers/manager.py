@@ -341,7 +341,8 @@ class ControllerManager:
         with self._lifecycle:
             if self._stop.is_set():
                 return False
-            log.info("caches synced; starting workers")
+            adopted = self.claims.adopt_allocations()
+            log.info("caches synced; starting workers adopted_claims=%d", adopted)
             for ctl in self.controllers:
                 ctl.start()
             self._cleanup_thread = threading.Thread(

@@ -16,7 +16,12 @@ still labels at NodePrepareResources as a fallback. Invariants:
   unprepare and the orphan cleanup;
 * each allocated claim labels its node at most once: once the plugin's NodeUnprepareResources
   has removed the label, the claim (still allocated while its pod terminates) must not put it
-  back, or the node stays held by a finished domain;
+  back, or the node stays held by a finished domain. That memory is per leadership term, so
+  a new term (:meth:`ResourceClaimReconciler.adopt_allocations`, before its workers start)
+  takes every claim already allocated as applied: it cannot tell an allocation whose pod has
+  not reached Prepare from one whose pod the plugin already unprepared, and re-labelling the
+  latter would hold the node (seen after an API-server outage cost the leader its lease
+  while pods were being deleted). Such a claim's node is labelled by the plugin's Prepare;
 * channel-0 is exclusive per node, so a claim of domain B allocated on a node proves that no
   claim of domain A is: a label for A that this process set is replaced by B's.
 """
@@ -29,7 +34,14 @@ import threading
 from pkg.api import constants as c
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
-from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, BY_UID, Caches, channel_domain_id
+from pkg.reconcilers.cache import (
+    BY_DOMAIN,
+    BY_NODE,
+    BY_UID,
+    Caches,
+    allocated_node,
+    channel_domain_id,
+)
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.dependents import remove_domain_label
@@ -57,7 +69,21 @@ class ResourceClaimReconciler:
         self._seen: dict[str, str] = {}
         # node -> UIDs of the allocated claims the node's label was already applied for.
         self._applied: dict[str, set[str]] = {}
+        # Claims allocated when this term's caches synced: never labelled by this term.
+        self._adopted: set[str] = set()
         self._lock = threading.Lock()
+
+    def adopt_allocations(self) -> int:
+        """Take every channel claim allocated in the synced cache as already applied (call once,
+        after the caches synced and before the workers start); returns how many."""
+        adopted = {
+            str(claim["metadata"].get("uid"))
+            for claim in self._caches.claims.list()
+            if channel_domain_id(claim) is not None and allocated_node(claim)
+        }
+        with self._lock:
+            self._adopted |= adopted
+        return len(adopted)
 
     def nodes_of_domain(self, uid: str) -> list[str]:
         """Nodes with allocated claims of ``uid`` (to re-check when the domain appears)."""
@@ -132,15 +158,17 @@ class ResourceClaimReconciler:
         claim_uids = {str(cl["metadata"].get("uid")) for cl in claims}
         with self._lock:
             seen = self._seen.get(node_name)
-            applied = self._applied.get(node_name, set())
+            applied = set(self._applied.get(node_name, set())) if seen == uid else set()
+            applied |= self._adopted & claim_uids
         if current == uid:
             self._remember(node_name, uid, claim_uids)
             return Result()
-        if current is None and seen == uid and claim_uids <= applied:
-            # The plugin unprepared these claims and released the node; their pods are
-            # terminating and deallocation follows. Re-labelling would restart the daemon.
-            log.debug("node released by the plugin; not re-labelling uid=%s", uid,
-                      extra={"key": node_name})  # fmt: skip
+        if current is None and claim_uids <= applied:
+            # Either the plugin unprepared these claims and released the node (their pods are
+            # terminating and deallocation follows; re-labelling would restart the daemon), or
+            # they were allocated before this term and the plugin's Prepare labels the node.
+            log.debug("node released by the plugin or claims adopted; not labelling uid=%s",
+                      uid, extra={"key": node_name})  # fmt: skip
             return Result()
         if current and current != seen and self._caches.compute_domains.by_index(BY_UID, current):
             msg = (

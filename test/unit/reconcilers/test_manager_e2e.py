@@ -303,3 +303,25 @@ def test_status_writes_of_a_domain_do_not_requeue_its_nodes_claims(
     assert _adds_of(registry, "resourceclaim") == before
     client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")
     eventually(lambda: _adds_of(registry, "resourceclaim") >= before + 3)
+
+
+def test_a_new_term_leaves_claims_allocated_before_it_to_the_plugin(
+    server: FakeApiServer, manager: ControllerManager
+) -> None:
+    """A claim allocated before the manager started may be one whose pod the plugin already
+    unprepared (label removed while the pod terminates): the new term must not label its node
+    again. A claim allocated after the start labels its node."""
+    uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
+    server.seed(res.NODES, node("a"))
+    server.seed(res.NODES, node("b"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
+    assert manager.start(sync_timeout=10)
+
+    def label(name: str) -> str | None:
+        obj = next(o for o in server.objects(res.NODES) if o["metadata"]["name"] == name)
+        return (obj["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
+
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w1", ns="team", uid=uid, node_name="b"))
+    eventually(lambda: label("b") == uid)
+    eventually(lambda: len(server.objects(res.DAEMONSETS)) == 1)
+    assert label("a") is None

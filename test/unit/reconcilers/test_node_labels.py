@@ -191,3 +191,32 @@ def test_own_label_of_finished_domain_is_handed_to_the_next(
     server.seed(res.RESOURCE_CLAIMS, channel_claim("w1", ns="team", uid=second, node_name="a"))
     claims.reconcile("a")
     assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == second
+
+
+def test_new_term_does_not_relabel_a_node_the_plugin_released(
+    server: FakeApiServer, client: RestClient, caches: Caches, events: RecordedEvents
+) -> None:
+    """A new leadership term starts with no memory. A claim allocated before it may belong to a
+    pod the plugin already unprepared (label removed, pod terminating): the term adopts every
+    allocated claim and leaves labelling them to the plugin's Prepare; later allocations are
+    labelled as usual."""
+    uid = domain(server)
+    server.seed(res.NODES, node("a"))
+    server.seed(res.NODES, node("b"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
+    term = ResourceClaimReconciler(client=client, caches=caches, events=OnceEvents(events))
+    assert term.adopt_allocations() == 1
+    term.reconcile("a")
+    term.reconcile("a")
+    assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w1", ns="team", uid=uid, node_name="b"))
+    term.reconcile("b")
+    assert labels(server, "b")[c.COMPUTE_DOMAIN_LABEL] == uid
+    # The adopted claim's node, once the plugin labelled it at Prepare, is this term's to unlabel.
+    obj = client.get(res.NODES, "a")
+    obj["metadata"].setdefault("labels", {})[c.COMPUTE_DOMAIN_LABEL] = uid
+    client.update(res.NODES, obj)
+    term.reconcile("a")
+    server.store.delete(res.RESOURCE_CLAIMS, "team", "w0")
+    term.reconcile("a")
+    assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
