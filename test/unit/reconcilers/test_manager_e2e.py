@@ -283,10 +283,11 @@ def test_status_writes_of_a_domain_do_not_requeue_its_nodes_claims(
     uid = cd["metadata"]["uid"]
     for name in ("a", "b", "c"):
         server.seed(res.NODES, node(name))
+    assert manager.start(sync_timeout=10)
+    for name in ("a", "b", "c"):  # allocated after the start: this term labels their nodes
         server.seed(
             res.RESOURCE_CLAIMS, channel_claim(f"w-{name}", ns="team", uid=uid, node_name=name)
         )
-    assert manager.start(sync_timeout=10)
     eventually(lambda: all(
         (n["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL) == uid
         for n in server.objects(res.NODES)
