@@ -23,7 +23,15 @@ Owns three things:
 * the node label ``resource.nvidia.com/computeDomain=<cdUID>``: added with a JSON patch whose
   first operation tests ``metadata.resourceVersion``, so two domains racing for one node can
   never both win (the loser re-reads and sees the other's label: a retryable error); removed only
-  when its value is still ours. A dropped connection, a timeout, a 5xx or a 429 while labelling
+  when its value is still ours. The node is read from a metadata-only watch of this one node
+  (field selector ``metadata.name``) on a call's first attempt, when that cache has synced and
+  is not older than the node as this tracker last wrote or read it (our own write of a moment
+  ago is never undone by a lagging cache); the cache only saves requests: a label it shows as
+  ours needs none, a missing one a single patch (its ``resourceVersion`` test refuses a stale
+  read), and anything else - another domain's label, a refused patch, a label to remove that
+  the cache does not show - is decided on a GET, as before. The controller labels the node
+  when it sees the allocation, so on a forming domain the first case is the common one. A
+  dropped connection, a timeout, a 5xx or a 429 while labelling
   is retried within the call with capped exponential backoff (on the injected clock) and, if the
   API server stays away, becomes a :class:`RetryableError` the kubelet retries; it never
   surfaces as a crash or a permanent error.
@@ -55,6 +63,7 @@ from pkg.informers import (
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import TRANSIENT_ERRORS, ConflictError, InvalidError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES, COMPUTE_DOMAINS, NODES
+from pkg.kube.versions import not_older_than
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +118,13 @@ class DomainTracker:
         self._cliques: SharedInformer = informers.informer_for(
             COMPUTE_DOMAIN_CLIQUES, driver_namespace
         )
+        self._nodes: SharedInformer = informers.informer_for(
+            NODES, field_selector=f"metadata.name={node_name}", metadata_only=True
+        )
+        self._node_seen: JSON | None = None  # the node as we last wrote or read it (a GET)
         self._domain_lister = Lister(self._domains.indexer, COMPUTE_DOMAINS)
         self._clique_lister = Lister(self._cliques.indexer, COMPUTE_DOMAIN_CLIQUES)
+        self._node_lister = Lister(self._nodes.indexer, NODES)
         self._registrations: list[tuple[SharedInformer, HandlerRegistration]] = []
         self._listeners: list[Callable[[], None]] = []
 
@@ -119,7 +133,7 @@ class DomainTracker:
         self._listeners.append(listener)
 
     def start(self) -> None:
-        """Register the notify-only handlers and start the two informers."""
+        """Register the notify-only handlers and start the informers (the node's has none)."""
         for informer in (self._domains, self._cliques):
             reg = informer.add_event_handler(
                 on_add=self._on_add, on_update=self._on_update, on_delete=self._on_delete
@@ -274,10 +288,11 @@ class DomainTracker:
 
         return bool(self._wait(lambda: self._ready(cd_uid), deadline, poll=poll))
 
-    def _with_retries(self, what: str, step: Callable[[], bool]) -> None:
+    def _with_retries(self, what: str, step: Callable[[bool], bool]) -> None:
         """Run ``step`` until it reports done (True); conflicts and outages retry.
 
-        ``step`` returns False to be run again at once (the node changed under us); an API
+        ``step`` gets True on its first run only (it may decide from the watch cache then) and
+        returns False to be run again at once (the node changed under us); an API
         outage waits out :attr:`_transient_backoff` between tries. Raises
         :class:`RetryableError` when neither settles.
         """
@@ -285,7 +300,7 @@ class DomainTracker:
         outages = 0
         while True:
             try:
-                if step():
+                if step(conflicts == 0 and outages == 0):
                     return
                 conflicts += 1
                 if conflicts >= _LABEL_ATTEMPTS:
@@ -304,17 +319,39 @@ class DomainTracker:
                             delay)  # fmt: skip
                 self._clock.sleep(delay)
 
+    def _node_object(self, cached: bool) -> tuple[JSON, bool]:
+        """This node and whether it came from the watch cache (``cached`` allows that: only
+        when it has synced and is not older than the node as we last wrote or read it); else
+        a GET (`NotFoundError` if the node does not exist)."""
+        if cached and self._nodes.has_synced():
+            node = self._node_lister.get(self._node)
+            with self._cond:
+                seen = self._node_seen
+            if node is not None and (seen is None or not_older_than(node, seen)):
+                return node, True
+        node = self._client.get(NODES, self._node)
+        self._saw_node(node)
+        return node, False
+
+    def _saw_node(self, node: JSON) -> None:
+        with self._cond:
+            seen = self._node_seen
+            if seen is None or not_older_than(node, seen):
+                self._node_seen = node
+
     def add_node_label(self, cd_uid: str) -> None:
         """Label this node for the domain; `RetryableError` if another domain holds it or the
         API server stays unreachable."""
 
-        def step() -> bool:
-            node = self._client.get(NODES, self._node)
+        def step(first: bool) -> bool:
+            node, cached = self._node_object(first)
             meta = node.get("metadata") or {}
             labels = meta.get("labels") or {}
             current = labels.get(COMPUTE_DOMAIN_LABEL)
             if current == cd_uid:
                 return True
+            if current and cached:
+                return False  # another domain's, in the cache: decide on a GET
             if current:
                 raise RetryableError(
                     f"node {self._node} is labeled for another ComputeDomain ({current}); "
@@ -338,9 +375,10 @@ class DomainTracker:
                     }
                 )
             try:
-                self._client.patch(NODES, self._node, ops, patch_type="json")
+                written = self._client.patch(NODES, self._node, ops, patch_type="json")
             except (ConflictError, InvalidError):
                 return False  # node changed since our read: re-read and decide again
+            self._saw_node(written)
             log.info("labeled node %s %s=%s", self._node, COMPUTE_DOMAIN_LABEL, cd_uid)
             return True
 
@@ -350,22 +388,25 @@ class DomainTracker:
         """Remove the label if (and only if) it still names this domain; `RetryableError` if
         that cannot be settled now."""
 
-        def step() -> bool:
+        def step(first: bool) -> bool:
             try:
-                node = self._client.get(NODES, self._node)
+                node, cached = self._node_object(first)
             except NotFoundError:
                 return True
             labels = (node.get("metadata") or {}).get("labels") or {}
             if labels.get(COMPUTE_DOMAIN_LABEL) != cd_uid:
-                return True
+                return not cached  # the cache may lag our label: settle it on a GET
             ops: list[JSON] = [
                 {"op": "test", "path": _LABEL_PATH, "value": cd_uid},
                 {"op": "remove", "path": _LABEL_PATH},
             ]
             try:
-                self._client.patch(NODES, self._node, ops, patch_type="json")
+                written = self._client.patch(NODES, self._node, ops, patch_type="json")
+            except NotFoundError:
+                return True
             except (ConflictError, InvalidError):
                 return False
+            self._saw_node(written)
             log.info("removed node label %s=%s from %s", COMPUTE_DOMAIN_LABEL, cd_uid, self._node)
             return True
 

@@ -146,7 +146,7 @@ EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
         ("resource.k8s.io", "resourceslices", ()): {"list", "watch", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims", ()): {"get"},
         ("resource.nvidia.com", "computedomains", ()): {"list", "watch"},
-        ("", "nodes", ()): {"get", "patch"},
+        ("", "nodes", ()): {"get", "list", "watch", "patch"},
     },
     ("Role", "compute-domain-kubelet-plugin"): {
         ("resource.nvidia.com", "computedomaincliques", ()): {"list", "watch"},

@@ -69,7 +69,8 @@ def test_debug_informers_lists_every_cache_when_enabled(api: FakeApiServer, root
         slices = {(i["resource"], i["namespace"], i["fieldSelector"]): i for i in d["informers"]}
         assert set(slices) == {("computedomains", None, None),
                                ("computedomaincliques", DRIVER_NS, None),
-                               ("resourceslices", None, f"spec.nodeName={NODE}")}  # fmt: skip
+                               ("resourceslices", None, f"spec.nodeName={NODE}"),
+                               ("nodes", None, f"metadata.name={NODE}")}  # fmt: skip
         eventually(lambda: all(i["synced"] for i in doc()["informers"]))
 
         def cached(resource: str) -> dict[str, str]:
