@@ -109,7 +109,7 @@ EXPECTED: dict[str, list[Grant]] = {
         ("resource.k8s.io", "resourceslices", "list watch create update delete", "cluster"),
         ("resource.k8s.io", "resourceclaims", "get", "everywhere"),
         ("resource.nvidia.com", "computedomains", "list watch", "everywhere"),
-        ("", "nodes", "get patch", "cluster"),
+        ("", "nodes", "get list watch patch", "cluster"),
         ("resource.nvidia.com", "computedomaincliques", "list watch", "driver"),
     ],
     "compute-domain-daemon": [
