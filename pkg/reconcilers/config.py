@@ -120,6 +120,10 @@ class ControllerConfig:
     (``readyNodes``, ``nodes[]``, condition messages); a change of ``status`` or of a
     condition's status or reason is written at once, and the deferred state is written when the
     interval ends. 0: every change at once (upstream)."""
+    domain_batch_period: float = 0.2
+    """Least time between two reconciles of one domain that events ask for: events within it
+    are coalesced into one reconcile at its end; the first event after a quiet period is
+    reconciled at once. 0: one reconcile per event (upstream)."""
     extra_daemon_labels: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> ControllerConfig:
@@ -136,5 +140,7 @@ class ControllerConfig:
             raise ValueError("clique-entry-grace-period: must be >= 0")
         if self.status_update_interval < 0:
             raise ValueError("status-update-interval: must be >= 0")
+        if self.domain_batch_period < 0:
+            raise ValueError("domain-batch-period: must be >= 0")
         _check_extra_env(self.daemon_extra_env)
         return self

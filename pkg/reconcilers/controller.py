@@ -19,6 +19,12 @@ Every reconcile gets a `ReconcileContext`: the controller's stop signal and, wit
 ``reconcile_timeout``, a deadline on the injected clock. :meth:`Controller.stop` sets the stop
 signal, shuts the queue down and waits (bounded) until in-flight reconciles have returned.
 
+With ``batch_period`` (kube-controller-manager's ``--endpoint-updates-batch-period`` idea), an
+event for a key whose last reconcile started less than that long ago is delayed until the period
+has passed, so a burst of events (a forming domain: every daemon pod, clique and node change)
+costs one reconcile per period instead of one per event; the first event after a quiet period is
+still reconciled at once.
+
 Every reconcile runs in an OpenTelemetry span named ``reconcile <controller>`` with the key as
 attribute, logs carry ``controller`` and ``key`` fields, and the totals/errors/duration metrics
 are labelled by controller name.
@@ -178,9 +184,12 @@ class Controller:
         workers: int = 1,
         clock: Clock | None = None,
         reconcile_timeout: float | None = None,
+        batch_period: float = 0.0,
     ) -> None:
         """``name`` labels metrics, spans and logs; ``queue`` is this controller's own;
-        ``reconcile_timeout`` (clock seconds, ``None``: none) is each reconcile's deadline."""
+        ``reconcile_timeout`` (clock seconds, ``None``: none) is each reconcile's deadline;
+        ``batch_period`` (clock seconds, 0: none) the least time between two reconciles of a
+        key that events ask for (module docstring)."""
         self.name = name
         self._clock: Clock = clock or RealClock()
         self._reconcile_timeout = reconcile_timeout
@@ -191,6 +200,10 @@ class Controller:
         self._tracer = tracer
         self._workers = workers
         self._threads: list[threading.Thread] = []
+        self._batch_period = batch_period
+        # key -> clock.monotonic() when its last reconcile started (only with a batch period).
+        self._last_start: dict[str, float] = {}
+        self._last_lock = threading.Lock()
 
     # -- producers ------------------------------------------------------------------------------
 
@@ -218,9 +231,32 @@ class Controller:
                 log.exception("key mapping failed controller=%s", self.name)
                 return
             for key in keys:
-                self._queue.add(key)
+                self._add_batched(key)
 
         return on_event
+
+    def _add_batched(self, key: str) -> None:
+        """`add`, or `add_after` the rest of ``key``'s batch period."""
+        if self._batch_period <= 0:
+            self._queue.add(key)
+            return
+        with self._last_lock:
+            last = self._last_start.get(key)
+        wait = 0.0 if last is None else last + self._batch_period - self._clock.monotonic()
+        if wait > 0:
+            self._queue.add_after(key, wait)
+        else:
+            self._queue.add(key)
+
+    def _started(self, key: str) -> None:
+        if self._batch_period <= 0:
+            return
+        now = self._clock.monotonic()
+        with self._last_lock:
+            self._last_start[key] = now
+            if len(self._last_start) > 1024:  # forget keys whose period is over
+                cutoff = now - self._batch_period
+                self._last_start = {k: t for k, t in self._last_start.items() if t > cutoff}
 
     # -- consumers ------------------------------------------------------------------------------
 
@@ -239,6 +275,7 @@ class Controller:
 
     def _process(self, key: str) -> None:
         extra = {"controller": self.name, "key": key}
+        self._started(key)
         start = time.perf_counter()
         with self._tracer.start_as_current_span(
             f"reconcile {self.name}", attributes={"controller": self.name, "key": key}

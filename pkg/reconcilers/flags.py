@@ -100,6 +100,8 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
      "how long a clique entry outlives its node's last daemon pod before it is pruned"),
     ("status-update-interval", "STATUS_UPDATE_INTERVAL", parse_duration, 1.0,
      "least time between status writes of one domain that only move counts (0: no coalescing)"),
+    ("domain-batch-period", "DOMAIN_BATCH_PERIOD", parse_duration, 0.2,
+     "least time between two reconciles of one domain that events ask for (0: one per event)"),
     ("http-endpoint", "HTTP_ENDPOINT", str, "", "host:port for /metrics, /healthz, /readyz"),
     ("metrics-path", "METRICS_PATH", str, "/metrics", "metrics path"),
     ("pprof-path", "PPROF_PATH", str, "", "accepted for compatibility; ignored"),
@@ -182,6 +184,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             cleanup_interval=float(values["cleanup_interval"]),
             clique_entry_grace_period=float(values["clique_entry_grace_period"]),
             status_update_interval=float(values["status_update_interval"]),
+            domain_batch_period=float(values["domain_batch_period"]),
         ).validate()
     except ValueError as exc:
         parser.error(str(exc))

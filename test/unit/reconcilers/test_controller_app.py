@@ -59,6 +59,9 @@ def test_daemon_defaults_and_extra_env() -> None:
     assert opts.controller.daemon_extra_env == ()
     assert opts.controller.clique_entry_grace_period == 30.0
     assert opts.controller.node_loss_grace_period == 60.0
+    assert opts.controller.domain_batch_period == 0.2
+    assert parse_options(["--image-name=x"], {"DOMAIN_BATCH_PERIOD": "0"}).controller \
+        .domain_batch_period == 0.0  # fmt: skip
     env = {"CD_DAEMON_EXTRA_ENV": "IMEX_BIN_DIR=/opt/sim/bin", "CLIQUE_ENTRY_GRACE_PERIOD": "1m",
            "NODE_LOSS_GRACE_PERIOD": "2m30s"}  # fmt: skip
     opts = parse_options(["--image-name=x"], env)
@@ -81,6 +84,7 @@ def test_daemon_defaults_and_extra_env() -> None:
         (["--image-name=x", "--cd-daemon-extra-env=bad name=x"], "cd-daemon-extra-env"),
         (["--image-name=x", "--clique-entry-grace-period=-1s"], "clique-entry-grace-period"),
         (["--image-name=x", "--node-loss-grace-period=-1"], "node-loss-grace-period"),
+        (["--image-name=x", "--domain-batch-period=-1s"], "domain-batch-period"),
     ],
     ids=[
         "no-image",
@@ -92,6 +96,7 @@ def test_daemon_defaults_and_extra_env() -> None:
         "extra-env-name",
         "negative-grace",
         "negative-node-loss",
+        "negative-batch-period",
     ],
 )
 def test_bad_flags_fail_fast_naming_the_flag(

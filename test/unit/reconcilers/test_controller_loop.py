@@ -132,6 +132,47 @@ def test_workers_run_until_stopped(exporter: InMemorySpanExporter) -> None:
     assert total(registry, "success") == 3
 
 
+def test_batch_period_coalesces_a_burst_of_events_per_key(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """The first event of a key is reconciled at once; events within the batch period after
+    that reconcile started wait for its end and cost one reconcile together; another key is
+    not held back; once the period is over, an event is reconciled at once again."""
+    rec = Scripted(*([Result] * 5))
+    clock, registry = FakeClock(), CollectorRegistry()
+    queue: RateLimitingQueue[str] = RateLimitingQueue(name="demo", clock=clock, registry=registry)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ctl = Controller(
+        name="demo", reconciler=rec, queue=queue, metrics=ReconcileMetrics(registry),
+        tracer=provider.get_tracer("t"), clock=clock, batch_period=0.2,
+    )  # fmt: skip
+    on_event = ctl.handler(lambda o: [o["metadata"]["name"]])
+    a, b = {"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}
+    on_event(a)
+    assert queue.len() == 1 and ctl.process_next() and rec.keys == ["a"]
+    clock.step(0.05)
+    for _ in range(5):
+        on_event(a)  # a burst within the period: held back
+    on_event(b)  # another key: at once
+    assert queue.len() == 1 and queue.waiting() == 1
+    assert ctl.process_next() and rec.keys == ["a", "b"]
+    worker = threading.Thread(target=ctl.process_next)
+    worker.start()
+    assert clock.block_until_waiters(1)
+    clock.step(0.1)  # 0.15 s after a's reconcile started: still held back
+    worker.join(timeout=0.2)
+    assert worker.is_alive() and rec.keys == ["a", "b"] and queue.waiting() == 1
+    clock.step(0.06)
+    worker.join(timeout=5)
+    assert not worker.is_alive() and rec.keys == ["a", "b", "a"]
+    clock.step(0.5)
+    on_event(a)  # a quiet period: at once
+    assert queue.len() == 1 and ctl.process_next() and rec.keys == ["a", "b", "a", "a"]
+    ctl.enqueue("a")  # a direct enqueue is never held back
+    assert queue.len() == 1
+
+
 # -- deadline, stop signal and drain ----------------------------------------------------------
 
 
