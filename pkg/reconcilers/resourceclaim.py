@@ -69,21 +69,23 @@ class ResourceClaimReconciler:
         self._seen: dict[str, str] = {}
         # node -> UIDs of the allocated claims the node's label was already applied for.
         self._applied: dict[str, set[str]] = {}
-        # Claims allocated when this term's caches synced: never labelled by this term.
-        self._adopted: set[str] = set()
+        # node -> UIDs of its claims allocated when this term's caches synced (never labelled by
+        # this term); forgotten as they leave the node.
+        self._adopted: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
     def adopt_allocations(self) -> int:
         """Take every channel claim allocated in the synced cache as already applied (call once,
         after the caches synced and before the workers start); returns how many."""
-        adopted = {
-            str(claim["metadata"].get("uid"))
-            for claim in self._caches.claims.list()
-            if channel_domain_id(claim) is not None and allocated_node(claim)
-        }
+        adopted: dict[str, set[str]] = {}
+        for claim in self._caches.claims.list():
+            node_name = allocated_node(claim)
+            if node_name and channel_domain_id(claim) is not None:
+                adopted.setdefault(node_name, set()).add(str(claim["metadata"].get("uid")))
         with self._lock:
-            self._adopted |= adopted
-        return len(adopted)
+            for node_name, uids in adopted.items():
+                self._adopted.setdefault(node_name, set()).update(uids)
+        return sum(len(uids) for uids in adopted.values())
 
     def nodes_of_domain(self, uid: str) -> list[str]:
         """Nodes with allocated claims of ``uid`` (to re-check when the domain appears)."""
@@ -135,6 +137,7 @@ class ResourceClaimReconciler:
                 self._seen.pop(node_name, None)
                 self._applied.pop(node_name, None)
             return Result()
+        self._forget_adopted(node_name)
         current = (node["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
         wanted = self._wanted(node_name)
         if not wanted:
@@ -159,7 +162,7 @@ class ResourceClaimReconciler:
         with self._lock:
             seen = self._seen.get(node_name)
             applied = set(self._applied.get(node_name, set())) if seen == uid else set()
-            applied |= self._adopted & claim_uids
+            applied |= self._adopted.get(node_name, set())
         if current == uid:
             self._remember(node_name, uid, claim_uids)
             return Result()
@@ -184,6 +187,23 @@ class ResourceClaimReconciler:
         log.info("node labelled for domain uid=%s domain=%s replaced=%s", uid, _ref(cd),
                  current or "-", extra={"key": node_name})  # fmt: skip
         return Result()
+
+    def _forget_adopted(self, node_name: str) -> None:
+        """Drop the adopted claims no longer allocated on ``node_name`` (deallocated, deleted)."""
+        with self._lock:
+            adopted = self._adopted.get(node_name)
+            if adopted is None:
+                return
+        allocated = {
+            str(claim["metadata"].get("uid"))
+            for claim in self._caches.claims.by_index(BY_NODE, node_name)
+        }
+        with self._lock:
+            adopted = self._adopted.get(node_name)
+            if adopted is not None:
+                adopted &= allocated
+                if not adopted:
+                    del self._adopted[node_name]
 
     def _remember(self, node_name: str, uid: str, claim_uids: set[str]) -> None:
         with self._lock:

@@ -220,3 +220,26 @@ def test_new_term_does_not_relabel_a_node_the_plugin_released(
     server.store.delete(res.RESOURCE_CLAIMS, "team", "w0")
     term.reconcile("a")
     assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
+
+
+def test_an_adopted_claim_allocated_again_labels_its_node(
+    server: FakeApiServer, client: RestClient, caches: Caches, events: RecordedEvents
+) -> None:
+    """Adoption covers the allocation the term found, not the claim forever: once deallocated,
+    its next allocation is a new one, labelled like any other."""
+    uid = domain(server)
+    server.seed(res.NODES, node("a"))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
+    term = ResourceClaimReconciler(client=client, caches=caches, events=OnceEvents(events))
+    assert term.adopt_allocations() == 1
+    term.reconcile("a")
+    assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
+    w0 = client.get(res.RESOURCE_CLAIMS, "w0", namespace="team")
+    allocated = w0["status"]
+    w0["status"] = {}
+    w0 = client.update(res.RESOURCE_CLAIMS, w0, subresource="status")
+    term.reconcile("a")
+    w0["status"] = allocated
+    client.update(res.RESOURCE_CLAIMS, w0, subresource="status")
+    term.reconcile("a")
+    assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == uid
