@@ -288,11 +288,19 @@ def test_status_writes_of_a_domain_do_not_requeue_its_nodes_claims(
         server.seed(
             res.RESOURCE_CLAIMS, channel_claim(f"w-{name}", ns="team", uid=uid, node_name=name)
         )
+    # The labels as the controller's own Node cache shows them: their watch events (each a
+    # resourceclaim add) have arrived before the count is taken.
     eventually(lambda: all(
         (n["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL) == uid
-        for n in server.objects(res.NODES)
-    ))  # fmt: skip
-    eventually(lambda: _queues_idle(registry))
+        for n in manager.caches.nodes.list()
+    ) and len(manager.caches.nodes.list()) == 3)  # fmt: skip
+    seen: list[float] = []
+
+    def settled() -> bool:  # idle, and no resourceclaim add since the previous poll
+        seen.append(_adds_of(registry, "resourceclaim"))
+        return _queues_idle(registry) and len(seen) > 1 and seen[-1] == seen[-2]
+
+    eventually(settled)
     before = _adds_of(registry, "resourceclaim")
     for i in range(5):
         obj = client.get(res.COMPUTE_DOMAINS, "cd1", namespace="team")
