@@ -51,7 +51,7 @@ def exporter() -> InMemorySpanExporter:
 
 
 def build(
-    reconciler: Scripted, exporter: InMemorySpanExporter
+    reconciler: Scripted, exporter: InMemorySpanExporter, *, batch_period: float = 0.0
 ) -> tuple[Controller, RateLimitingQueue[str], FakeClock, CollectorRegistry]:
     clock, registry = FakeClock(), CollectorRegistry()
     queue: RateLimitingQueue[str] = RateLimitingQueue(name="demo", clock=clock, registry=registry)
@@ -59,7 +59,7 @@ def build(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     ctl = Controller(
         name="demo", reconciler=reconciler, queue=queue, metrics=ReconcileMetrics(registry),
-        tracer=provider.get_tracer("t"),
+        tracer=provider.get_tracer("t"), clock=clock, batch_period=batch_period,
     )  # fmt: skip
     return ctl, queue, clock, registry
 
@@ -139,14 +139,7 @@ def test_batch_period_coalesces_a_burst_of_events_per_key(
     that reconcile started wait for its end and cost one reconcile together; another key is
     not held back; once the period is over, an event is reconciled at once again."""
     rec = Scripted(*([Result] * 5))
-    clock, registry = FakeClock(), CollectorRegistry()
-    queue: RateLimitingQueue[str] = RateLimitingQueue(name="demo", clock=clock, registry=registry)
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    ctl = Controller(
-        name="demo", reconciler=rec, queue=queue, metrics=ReconcileMetrics(registry),
-        tracer=provider.get_tracer("t"), clock=clock, batch_period=0.2,
-    )  # fmt: skip
+    ctl, queue, clock, _registry = build(rec, exporter, batch_period=0.2)
     on_event = ctl.handler(lambda o: [o["metadata"]["name"]])
     a, b = {"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}
     on_event(a)
