@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +78,87 @@ class Kubectl:
         """``kubectl get <args> -o json`` items."""
         items: list[dict[str, Any]] = self.json("get", *args)["items"]
         return items
+
+
+class PodWatch:
+    """Every version of one pod, as ``kubectl get pod -w -o json`` streams them.
+
+    A poll can miss a state the kubelet writes and overwrites within a second; a watch sees
+    every written version. Use as a context manager; :meth:`wait` returns the first version
+    (from the start of the watch) that ``match`` accepts."""
+
+    def __init__(self, kubectl: Kubectl, ns: str, pod: str) -> None:
+        self._proc = subprocess.Popen(
+            [
+                str(KUBECTL),
+                f"--kubeconfig={kubectl.kubeconfig}",
+                "-n",
+                ns,
+                "get",
+                "pod",
+                pod,
+                "-w",
+                "-o",
+                "json",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._seen: list[tuple[float, dict[str, Any]]] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        decoder = json.JSONDecoder()
+        buf = ""
+        for line in self._proc.stdout:
+            buf += line
+            while buf.strip():
+                try:
+                    obj, end = decoder.raw_decode(buf.lstrip())
+                except json.JSONDecodeError:
+                    break  # an incomplete document: read on
+                buf = buf.lstrip()[end:]
+                with self._cond:
+                    self._seen.append((time.monotonic(), obj))
+                    self._cond.notify_all()
+
+    def wait(
+        self, what: str, match: Callable[[dict[str, Any]], T | None], timeout: float
+    ) -> tuple[float, T]:
+        """``(monotonic time seen, match(version))`` of the first version that matches."""
+        deadline = time.monotonic() + timeout
+        i = 0
+        with self._cond:
+            while True:
+                for at, obj in self._seen[i:]:
+                    i += 1
+                    value = match(obj)
+                    if value:
+                        return at, value
+                left = deadline - time.monotonic()
+                if left <= 0 or self._proc.poll() is not None:
+                    raise AssertionError(
+                        f"{what} not seen in {len(self._seen)} versions of the pod within "
+                        f"{timeout:.0f}s (watch exited: {self._proc.poll() is not None})"
+                    )
+                self._cond.wait(left)
+
+    def versions(self) -> list[tuple[float, dict[str, Any]]]:
+        """Every ``(monotonic time seen, version)`` so far, oldest first."""
+        with self._cond:
+            return list(self._seen)
+
+    def __enter__(self) -> PodWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.kill()
+        self._proc.wait()
+        self._reader.join(timeout=5)
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60, every: float = 0.5) -> T:

@@ -28,6 +28,7 @@ from localcluster.realnode import RealNodes
 from realsupport import (
     REAL_NODES,
     Kubectl,
+    PodWatch,
     apply,
     channel_pod,
     container_pids,
@@ -40,20 +41,29 @@ from realsupport import (
 CDI_VENDOR = "k8s.compute-domain.nvidia.com"
 
 
-def _channel_health(kubectl: Kubectl, ns: str, pod: str) -> dict[str, Any] | None:
-    """The workload container's one ``claim:ch`` resource entry, if the kubelet wrote it."""
-    status = kubectl.json("-n", ns, "get", "pod", pod).get("status", {})
+def _pod_health(pod: dict[str, Any], want: str) -> dict[str, Any] | None:
+    """The workload container's one ``claim:ch`` resource entry if its health is ``want``."""
+    status = pod.get("status", {})
     for cs in status.get("containerStatuses", []):
         for rs in cs.get("allocatedResourcesStatus") or []:
             if rs.get("name") == "claim:ch":
                 (entry,) = rs["resources"]
-                return dict(entry)
+                return dict(entry) if entry.get("health") == want else None
     return None
 
 
+def _health_states(pod: dict[str, Any]) -> list[str]:
+    """Every ``claim:`` resource health of the pod's containers, for failure messages."""
+    return [
+        str(r.get("health"))
+        for cs in pod.get("status", {}).get("containerStatuses", [])
+        for rs in cs.get("allocatedResourcesStatus") or []
+        for r in rs.get("resources", [])
+    ]
+
+
 def _health_is(kubectl: Kubectl, ns: str, pod: str, want: str) -> dict[str, Any] | None:
-    entry = _channel_health(kubectl, ns, pod)
-    return entry if entry is not None and entry.get("health") == want else None
+    return _pod_health(kubectl.json("-n", ns, "get", "pod", pod), want)
 
 
 def test_channel_device_health_follows_the_imex_daemon(
@@ -78,17 +88,24 @@ def test_channel_device_health_follows_the_imex_daemon(
 
     pids = container_pids(node, "compute-domain-daemon")
     assert pids, "no daemon process on the node"
-    killed_at = time.monotonic()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    unhealthy = wait_for(
-        "the channel Unhealthy in the pod status",
-        lambda: _health_is(kubectl, ns, "w", "Unhealthy"),
-        timeout=30,
-        every=0.2,
-    )
-    took = time.monotonic() - killed_at
+    # The Unhealthy window lasts only until the restarted daemon is Ready again (about a second
+    # here): watch the pod so that no version the kubelet writes is missed.
+    with PodWatch(kubectl, ns, "w") as watch:
+        watch.wait("the watch's first version of the pod", lambda pod: pod, timeout=30)
+        killed_at = time.monotonic()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            seen_at, unhealthy = watch.wait(
+                "the channel Unhealthy in the pod status",
+                lambda pod: _pod_health(pod, "Unhealthy"),
+                timeout=30,
+            )
+        except AssertionError as e:
+            history = [(round(at - killed_at, 2), _health_states(v)) for at, v in watch.versions()]
+            raise AssertionError(f"{e}; (seconds after the kill, health) seen: {history}") from e
+    took = seen_at - killed_at
     print(f"healthy: {healthy}\nunhealthy after {took:.1f}s: {unhealthy}")  # shown with -s
     assert took < 15, f"Unhealthy showed only after {took:.1f}s"
     assert f"IMEX daemon on node {node} is NotReady in ComputeDomain {uid}" in unhealthy.get(
