@@ -17,9 +17,12 @@ daemons, their exec probes and the simulated IMEX programs are forked from a for
 (``kubeletsim.zygote``; ``--no-zygote`` starts interpreters as before). ``--go-controller BIN``
 runs upstream's Go controller (built by ``controller_vs_upstream.py``) instead of ours, same
 harness (no formation trace then: time-to-ready, CD -> RCT and pods Ready -> CD Ready only).
+``--controller-env NAME=VALUE`` (repeatable) sets a variable of our controller's environment over
+the manifest's, e.g. ``KUBE_API_BURST=30``, to compare settings.
 
     .venv/bin/python hack/bench/time_to_ready.py [--nodes 2,18,64] [--runs 5] [--json out.json]
         [--imex-probe-interval 5] [--go-controller BIN] [--no-zygote] [--keep]
+        [--controller-env NAME=VALUE ...]
 """
 
 from __future__ import annotations
@@ -403,6 +406,7 @@ def alias_daemon_service_account(admin: KubeClient, ns: str) -> None:
 def bench(
     n: int, runs: int, workdir: Path, *, probe_scale: float, imex_probe: float,
     use_zygote: bool, trace: bool, go_controller: Path | None = None,
+    controller_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     specs = layout([i // 18 for i in range(n)])
     audit_log = workdir / "audit.log"
@@ -427,7 +431,8 @@ def bench(
         log_file = cluster.log_path("controller")
         if go_controller is None:
             driver.start_controller(kubeconfig=kubeconfig, log_file=log_file,
-                                    http_port=free_port(), extra_env=tracing)  # fmt: skip
+                                    http_port=free_port(),
+                                    extra_env={**tracing, **(controller_env or {})})  # fmt: skip
         else:  # upstream's controller, same identity and env (it has no formation trace)
             go_proc = start_go_controller(driver, go_controller, kubeconfig, log_file)
             alias_daemon_service_account(
@@ -559,7 +564,20 @@ def main() -> int:
         help="run this upstream Go compute-domain-controller binary instead of ours "
         "(built by controller_vs_upstream.py; no formation trace, so no stages)",
     )
+    ap.add_argument(
+        "--controller-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a variable of our controller's environment (over the manifest's); repeatable",
+    )
     args = ap.parse_args()
+    controller_env: dict[str, str] = {}
+    for item in args.controller_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            ap.error(f"--controller-env {item!r}: expected NAME=VALUE")
+        controller_env[name] = value
     results = []
     for n in (int(x) for x in args.nodes.split(",")):
         workdir = Path(tempfile.mkdtemp(prefix=f"cdb{n}-", dir="/tmp"))
@@ -568,7 +586,8 @@ def main() -> int:
                                  imex_probe=args.imex_probe_interval,
                                  use_zygote=not args.no_zygote,
                                  trace=not args.no_trace,
-                                 go_controller=args.go_controller))  # fmt: skip
+                                 go_controller=args.go_controller,
+                                 controller_env=controller_env))  # fmt: skip
             if not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
         except Exception as e:

@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 from cdctl_fakes import DRIVER_NS, channel_claim, compute_domain  # type: ignore[import-not-found, unused-ignore]
+from kubernetes import client as k8s_client
 
 from pkg.api import constants as c
 from pkg.kube import resources as res
+from pkg.kube.client import RestClient
 from pkg.reconcilers.app import run
 from pkg.reconcilers.flags import Options, parse_duration, parse_options
 from pkg.testing.eventually import eventually
@@ -51,6 +53,29 @@ def test_env_fills_missing_flags_and_flags_win() -> None:
     assert (opts.pod_name, opts.verbosity, opts.kube_api_qps) == ("ctl-0", 4, 20.0)
     assert "ComputeDomainCliques=true" in opts.controller.feature_gates
     assert parse_options(["--image-name=x", "--leader-election-enabled"], {}).leader_election
+
+
+def test_default_client_limits_let_a_full_cliques_labels_out_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QPS 5 per API group as upstream, burst 30: the 18 node-label writes of a full clique's
+    allocations (core group) wait for no token; the sustained rate is still 5 per second."""
+    opts = parse_options(["--image-name=x"], {})
+    assert (opts.kube_api_qps, opts.kube_api_burst) == (5.0, 30)
+    slept: list[float] = []
+    monkeypatch.setattr("pkg.kube.client.time.sleep", slept.append)
+    client = RestClient(
+        k8s_client.ApiClient(k8s_client.Configuration()),
+        qps=opts.kube_api_qps, burst=opts.kube_api_burst, per_group_limit=True,
+    )  # fmt: skip
+    core = client._throttle_for("/api/v1/nodes/n")
+    for _ in range(18):
+        core.wait()
+    assert slept == []
+    for _ in range(12):
+        core.wait()
+    core.wait()  # the bucket is empty: one token every 1/qps seconds
+    assert len(slept) == 1 and slept[0] == pytest.approx(1 / opts.kube_api_qps, abs=0.05)
 
 
 def test_daemon_defaults_and_extra_env() -> None:
