@@ -13,7 +13,9 @@ channel device turns ``Unhealthy`` (the controller marks the daemon's clique ent
 the pod status, the plugin's informer sees it and streams the change, the kubelet re-syncs the
 pods using the device); once the kubelet has restarted the daemon and IMEX is Ready again, it is
 ``Healthy`` again. The workload itself keeps running throughout - health is information, the
-kubelet does not restart or evict anything because of it.
+kubelet does not restart or evict anything because of it. The test holds the restarted
+daemon's simulated IMEX not ready (the simulator's hold file) until it has seen ``Unhealthy``:
+a window of ~1 s, as the unheld simulator gives, can close before the kubelet's pod sync runs.
 """
 
 from __future__ import annotations
@@ -32,13 +34,16 @@ from realsupport import (
     apply,
     channel_pod,
     container_pids,
+    daemon_pod,
     domain,
     phase,
+    pod_ready,
     ready_daemon,
     wait_for,
 )
 
 CDI_VENDOR = "k8s.compute-domain.nvidia.com"
+DRIVER_NAME = "compute-domain.nvidia.com"
 
 
 def _pod_health(pod: dict[str, Any], want: str) -> dict[str, Any] | None:
@@ -88,31 +93,46 @@ def test_channel_device_health_follows_the_imex_daemon(
 
     pids = container_pids(node, "compute-domain-daemon")
     assert pids, "no daemon process on the node"
-    # The Unhealthy window lasts only until the restarted daemon is Ready again (about a second
-    # here): watch the pod so that no version the kubelet writes is missed.
-    with PodWatch(kubectl, ns, "w") as watch:
-        watch.wait("the watch's first version of the pod", lambda pod: pod, timeout=30)
-        killed_at = time.monotonic()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        try:
-            seen_at, unhealthy = watch.wait(
-                "the channel Unhealthy in the pod status",
-                lambda pod: _pod_health(pod, "Unhealthy"),
-                timeout=30,
-            )
-        except AssertionError as e:
-            history = [(round(at - killed_at, 2), _health_states(v)) for at, v in watch.versions()]
-            raise AssertionError(f"{e}; (seconds after the kill, health) seen: {history}") from e
-    took = seen_at - killed_at
-    print(f"healthy: {healthy}\nunhealthy after {took:.1f}s: {unhealthy}")  # shown with -s
-    assert took < 15, f"Unhealthy showed only after {took:.1f}s"
-    assert f"IMEX daemon on node {node} is NotReady in ComputeDomain {uid}" in unhealthy.get(
-        "message", ""
+    # The simulated IMEX the kubelet restarts with the daemon stays not ready while this file
+    # exists in the domain's config directory (a real IMEX takes its time to start as well).
+    # Without it the restarted daemon was Ready again within ~1 s, and a kubelet whose pod sync
+    # waited for its next PLEG relist wrote the pod status once the channel was Healthy again.
+    hold = nodes[node].ns.path(
+        f"/var/lib/kubelet/plugins/{DRIVER_NAME}/domains/{uid}/hold-not-ready"
     )
-    assert unhealthy["resourceID"] == healthy["resourceID"]
-    assert phase(kubectl, ns, "w") == "Running"  # information only: nothing is restarted
+    try:
+        with PodWatch(kubectl, ns, "w") as watch:
+            watch.wait("the watch's first version of the pod", lambda pod: pod, timeout=30)
+            killed_at = time.monotonic()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            hold.write_text("held by test_real_health\n")
+            try:
+                seen_at, unhealthy = watch.wait(
+                    "the channel Unhealthy in the pod status",
+                    lambda pod: _pod_health(pod, "Unhealthy"),
+                    timeout=30,
+                )
+            except AssertionError as e:
+                seen = [(round(at - killed_at, 2), _health_states(v)) for at, v in watch.versions()]
+                raise AssertionError(f"{e}; (seconds after the kill, health) seen: {seen}") from e
+        took = seen_at - killed_at
+        print(f"healthy: {healthy}\nunhealthy after {took:.1f}s: {unhealthy}")  # shown with -s
+        assert took < 15, f"Unhealthy showed only after {took:.1f}s"
+        assert f"IMEX daemon on node {node} is NotReady in ComputeDomain {uid}" in unhealthy.get(
+            "message", ""
+        )
+        assert unhealthy["resourceID"] == healthy["resourceID"]
+        assert phase(kubectl, ns, "w") == "Running"  # information only: nothing is restarted
+        # Unheld, the channel was Healthy again 2.7-4.3 s after the kill: at 6 s it is still
+        # Unhealthy only because the restarted daemon's IMEX is held (the hold works).
+        time.sleep(max(0.0, killed_at + 6 - time.monotonic()))
+        assert _health_is(kubectl, ns, "w", "Unhealthy"), "Healthy while IMEX is held"
+        held = daemon_pod(kubectl, driver, uid, node)
+        assert held is not None and not pod_ready(held), "the daemon is Ready while IMEX is held"
+    finally:
+        hold.unlink(missing_ok=True)
 
     d = wait_for("the daemon Ready again", lambda: ready_daemon(kubectl, driver, uid, node), 120)
     assert d["status"]["containerStatuses"][0]["restartCount"] > restarts

@@ -18,6 +18,10 @@ What it really does, so a bad configuration fails tests the way it would fail re
   line, ``#`` comments) in the drop file -- env ``IMEX_SIM_DROP_FILE``, default ``drop-peers``
   next to the config file -- is neither probed nor accepted (re-read every round), so both ends
   see the connection ``DISCONNECTED`` in ``nvidia-imex-ctl -N -j``;
+- a *held* IMEX is not ready: while the hold file exists -- env ``IMEX_SIM_HOLD_FILE``, default
+  ``hold-not-ready`` next to the config file -- the command port answers ``NOT_READY`` (checked
+  on every query), as a real IMEX does while it is still starting; tests keep a restarted
+  daemon not Ready for as long as they need to observe that state;
 - the command port's status is the node table in real ``nvidia-imex-ctl -N -j`` shape
   (:mod:`pkg.imex.ctl`): our own row has one connection per configured peer; the rows of peers
   carry only what we can see (``READY`` when connected). Simulator-only keys (``probes``,
@@ -83,6 +87,7 @@ class Settings:
     probe_interval: float
     ready_delay: float
     drop_file: Path
+    hold_file: Path
 
 
 def _port(cfg: dict[str, str], key: str, default: int) -> int:
@@ -121,6 +126,10 @@ def load_settings(config_path: str, env: dict[str, str]) -> Settings:
         drop_file=Path(
             env.get("IMEX_SIM_DROP_FILE")
             or os.path.join(os.path.dirname(config_path), "drop-peers")
+        ),
+        hold_file=Path(
+            env.get("IMEX_SIM_HOLD_FILE")
+            or os.path.join(os.path.dirname(config_path), "hold-not-ready")
         ),
     )
 
@@ -194,7 +203,9 @@ class Node:
             }
 
     def ready(self) -> bool:
-        return self.listening and time.monotonic() - self._started >= self.s.ready_delay
+        if not self.listening or time.monotonic() - self._started < self.s.ready_delay:
+            return False
+        return not self.s.hold_file.exists()
 
     def dropped(self) -> set[str]:
         """Addresses and names listed in the drop file (empty when there is none)."""

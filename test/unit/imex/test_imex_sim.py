@@ -190,6 +190,22 @@ def test_unresolvable_name_is_reported_not_fatal(tmp_path: Path, nodes: list[Sim
     assert node.proc is not None and node.proc.poll() is None
 
 
+def test_hold_file_keeps_imex_not_ready_while_it_exists(tmp_path: Path, nodes: list[SimNode]) -> None:
+    ip = "127.0.0.25"
+    node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain="d", entries=[ip])
+    nodes.append(node)
+    hold = node.dir / "hold-not-ready"  # next to imexd.cfg, where the daemon's config dir is
+    hold.write_text("")
+    node.start()
+    eventually(lambda: node.status().get("ready") is False)
+    assert node.ctl("-q").stdout == "NOT_READY\n"
+    assert node.status()["status"] == "DOWN"
+    hold.unlink()
+    eventually(lambda: node.ctl("-q").stdout == "READY\n")
+    hold.write_text("")  # checked on every query, not only at start
+    eventually(lambda: node.ctl("-q").stdout == "NOT_READY\n")
+
+
 def test_node_status_has_real_shape_and_a_dropped_peer_disconnects_both_ends(
     tmp_path: Path, nodes: list[SimNode]
 ) -> None:
