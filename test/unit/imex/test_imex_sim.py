@@ -190,7 +190,9 @@ def test_unresolvable_name_is_reported_not_fatal(tmp_path: Path, nodes: list[Sim
     assert node.proc is not None and node.proc.poll() is None
 
 
-def test_hold_file_keeps_imex_not_ready_while_it_exists(tmp_path: Path, nodes: list[SimNode]) -> None:
+def test_hold_file_keeps_imex_not_ready_while_it_exists(
+    tmp_path: Path, nodes: list[SimNode]
+) -> None:
     ip = "127.0.0.25"
     node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain="d", entries=[ip])
     nodes.append(node)
