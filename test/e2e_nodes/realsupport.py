@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from localcluster.realnode import RealNode
+from localcluster.realnode import RealNode, RealNodes
 from nodeimages import driver_image_refs
 
 from pkg.testing.fakedriverroot import FakeDriverRoot
@@ -38,6 +38,7 @@ FAKE_GPUS = {
 OVERLAY = REPO / "config" / "overlays" / "e2e-real-nodes"
 DRIVER_NAMESPACE = "nvidia-dra-driver"
 CD_LABEL = "resource.nvidia.com/computeDomain"
+DRIVER_NAME = "compute-domain.nvidia.com"
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 # The Prometheus Operator release whose PodMonitor / PrometheusRule CRDs validate the
 # monitoring component (config/components/monitoring) on the real apiserver. The CRD YAML comes
@@ -313,6 +314,15 @@ def ready_daemon(kubectl: Kubectl, driver: str, uid: str, node: str) -> dict[str
     """The daemon pod of domain ``uid`` on ``node`` if it is Ready, else None."""
     d = daemon_pod(kubectl, driver, uid, node)
     return d if pod_ready(d) else None
+
+
+def imex_hold_file(nodes: RealNodes, node: str, uid: str) -> Path:
+    """The simulated IMEX's hold file of domain ``uid`` on ``node``: while it exists, the IMEX
+    of that domain's daemon answers ``NOT_READY`` (``pkg.imex.sim.imexd``). Create it right
+    after killing the daemon to keep the restarted one not Ready; remove it in a ``finally``."""
+    return nodes[node].ns.path(
+        f"/var/lib/kubelet/plugins/{DRIVER_NAME}/domains/{uid}/hold-not-ready"
+    )
 
 
 def container_pids(node: str, needle: str) -> list[int]:

@@ -25,6 +25,7 @@ from realsupport import (
     channel_pod,
     container_pids,
     domain,
+    imex_hold_file,
     phase,
     ready_daemon,
     wait_for,
@@ -104,14 +105,20 @@ def test_daemon_killed_kubelet_restarts_it_and_workload_waits(
     # Part 2: the daemon dies under a running workload: the domain leaves Ready (the dead
     # daemon does not count) and comes back once the kubelet has restarted it.
     wait_for("the domain Ready", lambda: _cd_status(kubectl, ns).get("status") == "Ready", 60)
-    for pid in container_pids(node, "compute-domain-daemon"):
-        os.kill(pid, signal.SIGKILL)
-    wait_for(
-        "the domain to leave Ready",
-        lambda: _cd_status(kubectl, ns).get("status") != "Ready",
-        timeout=30,
-        every=0.2,
-    )
+    # The restarted daemon's simulated IMEX is held not ready until the domain has left Ready:
+    # unheld, the daemon was Ready again within ~1 s, a window a poll can miss.
+    hold = imex_hold_file(nodes, node, uid)
+    try:
+        for pid in container_pids(node, "compute-domain-daemon"):
+            os.kill(pid, signal.SIGKILL)
+        hold.write_text("held by test_real_faults\n")
+        wait_for(
+            "the domain to leave Ready",
+            lambda: _cd_status(kubectl, ns).get("status") != "Ready",
+            timeout=30,
+        )
+    finally:
+        hold.unlink(missing_ok=True)
     d = wait_for("the daemon Ready again", lambda: ready_daemon(kubectl, driver, uid, node), 120)
     assert d["status"]["containerStatuses"][0]["restartCount"] > restarts
     wait_for("the domain Ready again", lambda: _cd_status(kubectl, ns).get("status") == "Ready", 60)

@@ -36,6 +36,7 @@ from realsupport import (
     container_pids,
     daemon_pod,
     domain,
+    imex_hold_file,
     phase,
     pod_ready,
     ready_daemon,
@@ -43,7 +44,6 @@ from realsupport import (
 )
 
 CDI_VENDOR = "k8s.compute-domain.nvidia.com"
-DRIVER_NAME = "compute-domain.nvidia.com"
 
 
 def _pod_health(pod: dict[str, Any], want: str) -> dict[str, Any] | None:
@@ -97,9 +97,7 @@ def test_channel_device_health_follows_the_imex_daemon(
     # exists in the domain's config directory (a real IMEX takes its time to start as well).
     # Without it the restarted daemon was Ready again within ~1 s, and a kubelet whose pod sync
     # waited for its next PLEG relist wrote the pod status once the channel was Healthy again.
-    hold = nodes[node].ns.path(
-        f"/var/lib/kubelet/plugins/{DRIVER_NAME}/domains/{uid}/hold-not-ready"
-    )
+    hold = imex_hold_file(nodes, node, uid)
     try:
         with PodWatch(kubectl, ns, "w") as watch:
             watch.wait("the watch's first version of the pod", lambda pod: pod, timeout=30)
