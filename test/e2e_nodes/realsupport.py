@@ -1,9 +1,11 @@
 """Helpers of the real-node lane (and ``make demo`` on real nodes).
 
-``kubectl`` as a user runs it, polling with a deadline, the per-node fake GPU files and fake
-driver root (:func:`prepare_node`), and deploying ``config/overlays/e2e-real-nodes``
-(:func:`deploy_driver`, which first installs the Prometheus Operator CRDs the overlay's
-monitoring component needs, :func:`install_monitoring_crds`)."""
+``kubectl`` as a user runs it, polling with a deadline, watching one pod's every version
+(:class:`PodWatch`, for states that last a second), the simulated IMEX's hold file
+(:func:`imex_hold_file`), the per-node fake GPU files and fake driver root
+(:func:`prepare_node`), and deploying ``config/overlays/e2e-real-nodes`` (:func:`deploy_driver`,
+which first installs the Prometheus Operator CRDs the overlay's monitoring component needs,
+:func:`install_monitoring_crds`)."""
 
 from __future__ import annotations
 
