@@ -212,7 +212,14 @@ def test_wait_for_cache_sync_times_out_on_the_injected_clock() -> None:
             waiter.join(5)
             assert synced == [False]
             api.set_available(True)
-            clock.step(60.0)  # past any reflector backoff
-            eventually(lambda: factory.wait_for_cache_sync(0))
+
+            def synced_after_a_step() -> bool:
+                # Past any reflector backoff, however late the reflector began to wait for it
+                # (a single step could come before the failed list's backoff started: flaky
+                # in a full unit run).
+                clock.step(60.0)
+                return factory.wait_for_cache_sync(0)
+
+            eventually(synced_after_a_step)
         finally:
             factory.shutdown()
