@@ -24,6 +24,9 @@ import yaml
 from localcluster.realnode import RealNode, RealNodes
 from nodeimages import driver_image_refs
 
+from pkg.api import constants as c
+from pkg.imex.sim.imexd import HOLD_FILE
+from pkg.kubeletplugin.state import domain_dir
 from pkg.testing.fakedriverroot import FakeDriverRoot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +43,6 @@ FAKE_GPUS = {
 OVERLAY = REPO / "config" / "overlays" / "e2e-real-nodes"
 DRIVER_NAMESPACE = "nvidia-dra-driver"
 CD_LABEL = "resource.nvidia.com/computeDomain"
-DRIVER_NAME = "compute-domain.nvidia.com"
 KUBECTL = REPO / ".venv" / "bin" / "kubectl"
 # The Prometheus Operator release whose PodMonitor / PrometheusRule CRDs validate the
 # monitoring component (config/components/monitoring) on the real apiserver. The CRD YAML comes
@@ -322,9 +324,8 @@ def imex_hold_file(nodes: RealNodes, node: str, uid: str) -> Path:
     """The simulated IMEX's hold file of domain ``uid`` on ``node``: while it exists, the IMEX
     of that domain's daemon answers ``NOT_READY`` (``pkg.imex.sim.imexd``). Create it right
     after killing the daemon to keep the restarted one not Ready; remove it in a ``finally``."""
-    return nodes[node].ns.path(
-        f"/var/lib/kubelet/plugins/{DRIVER_NAME}/domains/{uid}/hold-not-ready"
-    )
+    plugin_dir = nodes[node].ns.path(f"/var/lib/kubelet/plugins/{c.DRIVER_NAME}")
+    return domain_dir(plugin_dir, uid) / HOLD_FILE
 
 
 def container_pids(node: str, needle: str) -> list[int]:

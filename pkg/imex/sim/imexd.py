@@ -65,6 +65,10 @@ def _install_signal_handlers() -> None:
         signal.signal(sig, _on_signal)
 
 
+# While this file exists next to the config file, the command port answers NOT_READY.
+HOLD_FILE = "hold-not-ready"
+
+
 class SimError(Exception):
     """A configuration problem that makes the simulated IMEX exit 1."""
 
@@ -128,8 +132,7 @@ def load_settings(config_path: str, env: dict[str, str]) -> Settings:
             or os.path.join(os.path.dirname(config_path), "drop-peers")
         ),
         hold_file=Path(
-            env.get("IMEX_SIM_HOLD_FILE")
-            or os.path.join(os.path.dirname(config_path), "hold-not-ready")
+            env.get("IMEX_SIM_HOLD_FILE") or os.path.join(os.path.dirname(config_path), HOLD_FILE)
         ),
     )
 

@@ -18,6 +18,7 @@ from pkg.imex import nodesconfig as nc
 from pkg.imex.config import ImexConfig
 from pkg.imex.ctl import peer_connections
 from pkg.imex.hosts import HostsFile
+from pkg.imex.sim import imexd
 from pkg.testing.eventually import eventually
 from pkg.testing.fakedriverroot import FakeDriverRoot
 
@@ -196,7 +197,7 @@ def test_hold_file_keeps_imex_not_ready_while_it_exists(
     ip = "127.0.0.25"
     node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain="d", entries=[ip])
     nodes.append(node)
-    hold = node.dir / "hold-not-ready"  # next to imexd.cfg, where the daemon's config dir is
+    hold = node.dir / imexd.HOLD_FILE  # next to imexd.cfg, where the daemon's config dir is
     hold.write_text("")
     node.start()
     eventually(lambda: node.status().get("ready") is False)
