@@ -9,7 +9,8 @@ told". Invariants:
   keys -> delete carrying `DeletedFinalStateUnknown(key, last known object)`.
 * Handlers added after start first receive a synthetic add for every cached object.
 * Resync never calls the API: it replays the cache as update(old=new) per handler period.
-* `has_synced()` is true once the first LIST is in the cache.
+* `has_synced()` is true once the first LIST is in the cache; `has_stopped()` once `stop()` was
+  called and no thread of the informer can change the cache any more.
 """
 
 from __future__ import annotations
@@ -218,6 +219,14 @@ class SharedInformer:
     def has_synced(self) -> bool:
         """True once the first LIST is in the cache (never false again). Non-blocking."""
         return self._synced.is_set()
+
+    def has_stopped(self) -> bool:
+        """True once `stop` was called and the reflector and resync threads have exited, so the
+        cache no longer changes (`stop` joins them only for a bounded time). Non-blocking."""
+        with self._lock:
+            if not self._stopped:
+                return False
+        return not any(t.is_alive() for t in self._threads)
 
     def wait_for_sync(self, timeout: float | None = None) -> bool:
         """Block until the first LIST is in the cache or ``timeout`` seconds of the injected

@@ -2,8 +2,10 @@
 
 Owns the one long-lived request of a watch and its prompt, thread-safe cancellation. Invariants:
 an ERROR event becomes an `ApiError` (410 -> `GoneError`); a broken connection becomes
-`ConnectionFailedError` unless `stop()` was called, in which case iteration just ends; no
-reconnects happen here (the Reflector owns that policy).
+`ConnectionFailedError` unless `stop()` was called, in which case iteration just ends; a
+connection that carried a watch goes back to the client's pool only closed (never mid-stream,
+where another request would read watch chunks as its response); no reconnects happen here (the
+Reflector owns that policy).
 """
 
 from __future__ import annotations
@@ -89,6 +91,11 @@ class HttpWatchStream:
         with self._lock:
             self._resp = resp
         if self._is_stopped():
+            # stop() ran while the request was in flight and found no response to shut down.
+            # The server is already streaming on this connection: close it before it goes back
+            # to the pool, or the next request sent on it reads watch chunks as its response
+            # (and the server reads that request only when the watch ends, if ever).
+            resp.close()
             resp.release_conn()
             raise _StoppedError
         return resp

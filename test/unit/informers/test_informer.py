@@ -126,6 +126,19 @@ def test_handler_exception_does_not_stop_delivery() -> None:
         factory.shutdown()
 
 
+def test_has_stopped_once_no_thread_can_change_the_cache() -> None:
+    with FakeApiServer() as api:
+        api.seed(r.NODES, {"metadata": {"name": "x"}})
+        factory = SharedInformerFactory(api.client(), clock=FakeClock())
+        inf = factory.informer_for(r.NODES)
+        assert not inf.has_stopped()
+        factory.start()
+        assert factory.wait_for_cache_sync(5) and not inf.has_stopped()
+        factory.shutdown()
+        assert inf.has_stopped()  # joined: the threads exited well within the bound
+        assert [k for k, _ in inf.indexer.items()] == ["x"]  # the cache keeps its content
+
+
 def test_indexer_indexes_and_replace() -> None:
     idx = Indexer({BY_NODE_NAME: index_by_node_name, "app": by_label("app"), BY_UID: index_by_uid})
     a = pod("a", "n1", app="x") | {}

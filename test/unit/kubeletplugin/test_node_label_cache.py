@@ -4,7 +4,9 @@ A node the controller labelled at allocation needs no request at Prepare; an unl
 a single patch; the cache never undoes our own write of a moment ago (it must not be older
 than the node as we last wrote or read it), and a label the cache shows for another domain,
 or none to remove, is settled on a GET. The caches here are frozen (their informers shut
-down after the first list) to play a watch that lags.
+down after the first list, and their threads seen to have exited) to play a watch that lags.
+The informers and the tracker share one client, as in the plugin: a watch stopped while it was
+being opened must not hand its still-streaming connection to the tracker's next request.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def synced_tracker(
     eventually(tracker._nodes.has_synced)
     if freeze:
         factory.shutdown()  # the cache keeps what it listed: a watch that lags forever
+        # shutdown() joins each thread for a bounded time only: the freeze holds once none is
+        # left that could still apply an event to the cache.
+        eventually(lambda: all(inf.has_stopped() for _, inf in factory.informers()))
     api.clear_log()
     return tracker, factory
 
