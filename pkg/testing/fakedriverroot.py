@@ -3,14 +3,15 @@
 Every test tier (unit tests, the simulated nodes of the e2e suite, kind) points the kubelet
 plugin's driver root (``NVIDIA_DRIVER_ROOT``) at one of these, so the IMEX daemons find
 ``nvidia-imex`` only through what the plugin injects with CDI -- exactly as on a GPU node.
-Layout (``lib_dir`` defaults to the Debian/Ubuntu multiarch directory)::
+Layout (``lib_dir`` defaults to the Debian/Ubuntu multiarch directory of ``arch``:
+``usr/lib/x86_64-linux-gnu`` or, for Grace/GB200 nodes, ``usr/lib/aarch64-linux-gnu``)::
 
     <root>/usr/bin/nvidia-imex              simulated IMEX (pkg.imex.sim.imexd), self-contained
     <root>/usr/bin/nvidia-imex-ctl          simulated IMEX control (pkg.imex.sim.ctl)
     <root>/usr/bin/nvidia-smi               placeholder (exits 1: not simulated)
     <root>/<lib_dir>/lib<name>.so.<version> placeholder driver libraries (not ELF files)
     <root>/<lib_dir>/lib<name>.so.1         -> lib<name>.so.<version> (the SONAME links)
-    <root>/proc/driver/nvidia/version       the kernel module's version banner
+    <root>/proc/driver/nvidia/version       the kernel module's version banner (of ``arch``)
     <root>/proc/driver/nvidia/params        module parameters (ModifyDeviceFiles ...)
     <root>/proc/driver/nvidia/capabilities/fabric-imex-mgmt   DeviceFileMinor/Mode/Modify
 
@@ -21,9 +22,12 @@ from the daemon image except an interpreter: ``python`` names it (``/usr/bin/env
 inside the daemon image; ``sys.executable`` when the "container" is a local process). The
 production daemon image does not contain the simulator at all.
 
-``omit`` leaves files out (binary names such as ``"nvidia-imex"`` or paths relative to the
-root) to build an incomplete root for the ``DriverRootIncomplete`` tests. Run as a program
-(``python -m pkg.testing.fakedriverroot <dir>``) it creates a root for ``hack/kind``.
+``arch`` (``"x86_64"`` or ``"aarch64"``; default: this host's, see `host_arch`) picks the
+library directory and the version banner; the rest of the layout, and the zipapps, are the same
+on both (the libraries are placeholders, never loaded). ``omit`` leaves files out (binary names
+such as ``"nvidia-imex"`` or paths relative to the root) to build an incomplete root for the
+``DriverRootIncomplete`` tests. Run as a program (``python -m pkg.testing.fakedriverroot <dir>
+[--arch aarch64]``) it creates a root for ``hack/kind``.
 """
 
 from __future__ import annotations
@@ -31,16 +35,23 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import platform
 import sys
 import zipfile
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal, get_args
 
+Arch = Literal["x86_64", "aarch64"]  # the kernel's names (``uname -m``) of the two GPU platforms
+ARCHES: Final[tuple[Arch, ...]] = get_args(Arch)
 PKG_ROOT: Final = Path(__file__).resolve().parents[1]  # the ``pkg`` package directory
 DEFAULT_DRIVER_VERSION: Final = "570.170.01"
-DEFAULT_LIB_DIR: Final = "usr/lib/x86_64-linux-gnu"
+DEFAULT_LIB_DIR: Final = "usr/lib/x86_64-linux-gnu"  # x86_64's; see `lib_dir_for`
+# ``uname -m`` spellings (and Go/Debian's names, as some tools report them) of each arch.
+_MACHINES: Final[dict[str, Arch]] = {
+    "x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
+}  # fmt: skip
 DEFAULT_PYTHON: Final = "/usr/bin/env python3"
 FABRIC_IMEX_MGMT_MINOR: Final = 512
 LIBRARIES: Final = ("libnvidia-ml", "libcuda", "libnvidia-cfg", "libnvidia-ptxjitcompiler")
@@ -66,6 +77,35 @@ _SMI_PLACEHOLDER: Final = (
 )
 
 
+def host_arch(machine: str | None = None) -> Arch:
+    """The fake root architecture of ``machine`` (default: this host's ``platform.machine()``):
+    ``aarch64``/``arm64`` -> ``"aarch64"``, ``x86_64``/``amd64`` -> ``"x86_64"``. Any other
+    machine (no GPU platform this driver supports) gets ``"x86_64"``: the fake root's files are
+    placeholders and zipapps, usable on any host."""
+    return _MACHINES.get((platform.machine() if machine is None else machine).lower(), "x86_64")
+
+
+def lib_dir_for(arch: Arch) -> str:
+    """The Debian/Ubuntu multiarch library directory of ``arch``, relative to the root
+    (``usr/lib/aarch64-linux-gnu``); ValueError for an unknown arch."""
+    if arch not in ARCHES:
+        raise ValueError(f"unknown architecture {arch!r}: one of {', '.join(ARCHES)}")
+    return f"usr/lib/{arch}-linux-gnu"
+
+
+def version_banner(arch: Arch, driver_version: str) -> str:
+    """``/proc/driver/nvidia/version`` of the open kernel modules (the ones Hopper/Blackwell
+    and Grace nodes run) built for ``arch``: ``NVRM version: NVIDIA UNIX Open Kernel Module for
+    <arch>  <version>  Release Build  (<builder>)  <date>``, then the compiler line."""
+    if arch not in ARCHES:
+        raise ValueError(f"unknown architecture {arch!r}: one of {', '.join(ARCHES)}")
+    return (
+        f"NVRM version: NVIDIA UNIX Open Kernel Module for {arch}  {driver_version}  "
+        "Release Build  (fake-driver-root@localhost)  Thu Jan  1 00:00:00 UTC 2026\n"
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+    )
+
+
 @dataclass(frozen=True)
 class FakeDriverRoot:
     """A created fake driver root; paths are absolute on the machine that created it."""
@@ -73,6 +113,7 @@ class FakeDriverRoot:
     root: Path
     driver_version: str
     lib_dir: str
+    arch: Arch = "x86_64"
 
     @classmethod
     def create(
@@ -81,16 +122,21 @@ class FakeDriverRoot:
         *,
         driver_version: str = DEFAULT_DRIVER_VERSION,
         python: str = DEFAULT_PYTHON,
-        lib_dir: str = DEFAULT_LIB_DIR,
+        lib_dir: str | None = None,
         imex_mgmt_minor: int = FABRIC_IMEX_MGMT_MINOR,
         omit: Collection[str] = (),
+        arch: Arch | None = None,
     ) -> FakeDriverRoot:
         """Create (or refresh) the layout of the module docstring under ``root``.
 
-        ``python`` is the interpreter command of the zipapps' ``#!`` line. ``omit`` names files
-        to leave out (and removes them if an earlier call created them). Returns the root.
+        ``arch`` (``"x86_64"`` or ``"aarch64"``; None: `host_arch`) picks the version banner
+        and the default ``lib_dir`` (`lib_dir_for`; ValueError for another arch). ``python`` is
+        the interpreter command of the zipapps' ``#!`` line. ``omit`` names files to leave out
+        (and removes them if an earlier call created them). Returns the root.
         """
-        made = cls(root=root, driver_version=driver_version, lib_dir=lib_dir.strip("/"))
+        arch = host_arch() if arch is None else arch
+        lib_dir = lib_dir_for(arch) if lib_dir is None else lib_dir
+        made = cls(root=root, driver_version=driver_version, lib_dir=lib_dir.strip("/"), arch=arch)
         files: dict[str, tuple[bytes, int]] = {
             f"usr/bin/{name}": (zipapp_bytes(module, python=python), 0o755)
             for name, module in PROGRAMS.items()
@@ -100,13 +146,7 @@ class FakeDriverRoot:
             placeholder = f"placeholder for {lib}.so.{driver_version} (fake driver root)\n"
             files[f"{made.lib_dir}/{lib}.so.{driver_version}"] = (placeholder.encode(), 0o644)
         proc = "proc/driver/nvidia"
-        files[f"{proc}/version"] = (
-            (
-                f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver_version}  "
-                "(fake driver root)\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
-            ).encode(),
-            0o444,
-        )
+        files[f"{proc}/version"] = (version_banner(arch, driver_version).encode(), 0o444)
         files[f"{proc}/params"] = (b"ModifyDeviceFiles: 1\nDeviceFileMode: 438\n", 0o444)
         caps = f"DeviceFileMinor: {imex_mgmt_minor}\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
         files[f"{proc}/capabilities/fabric-imex-mgmt"] = (caps.encode(), 0o444)
@@ -162,17 +202,22 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pkg.testing.fakedriverroot DIR [--python CMD] [--omit NAME ...]``."""
+    """``python -m pkg.testing.fakedriverroot DIR [--arch ARCH] [--python CMD] [--omit NAME
+    ...]``."""
     p = argparse.ArgumentParser(prog="fakedriverroot", description=__doc__.splitlines()[0])
     p.add_argument("root", type=Path)
     p.add_argument("--python", default=DEFAULT_PYTHON, help="interpreter of the IMEX zipapps")
     p.add_argument("--driver-version", default=DEFAULT_DRIVER_VERSION)
-    p.add_argument("--lib-dir", default=DEFAULT_LIB_DIR)
+    p.add_argument(
+        "--arch", choices=ARCHES, default=None,
+        help=f"the node's architecture (default: this host's, {host_arch()})",
+    )  # fmt: skip
+    p.add_argument("--lib-dir", default=None, help="default: usr/lib/<arch>-linux-gnu")
     p.add_argument("--omit", action="append", default=[], help="file to leave out (repeatable)")
     args = p.parse_args(argv)
     made = FakeDriverRoot.create(
         args.root, driver_version=args.driver_version, python=args.python,
-        lib_dir=args.lib_dir, omit=args.omit,
+        lib_dir=args.lib_dir, omit=args.omit, arch=args.arch,
     )  # fmt: skip
     sys.stdout.write(f"{made.root}\n")
     return 0

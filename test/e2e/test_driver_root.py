@@ -25,6 +25,7 @@ from pkg.api import constants as c
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import NotFoundError
 from pkg.kube.resources import PODS
+from pkg.testing.fakedriverroot import host_arch, lib_dir_for
 
 pytestmark = pytest.mark.e2e
 
@@ -52,7 +53,8 @@ def test_daemons_run_imex_from_the_driver_root_via_cdi(
     root = node.dirs.driver_root
     assert mounts["/usr/bin/nvidia-imex"] == str(root / "usr/bin/nvidia-imex")
     assert mounts["/usr/bin/nvidia-imex-ctl"] == str(root / "usr/bin/nvidia-imex-ctl")
-    assert mounts["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"].startswith(str(root))
+    # The simulated nodes' fake roots have this host's library layout (x86_64 or aarch64).
+    assert mounts[f"/{lib_dir_for(host_arch())}/libnvidia-ml.so.1"].startswith(str(root))
     paths = {d["path"] for d in record["deviceNodes"]}
     assert {"/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap512"} <= paths
     assert f"{c.CDI_VENDOR}/device=all" in record["cdiDevices"]

@@ -18,12 +18,13 @@ import pytest
 from kp_harness import make_config
 
 from pkg.kubeletplugin import driverroot as dr
+from pkg.kubeletplugin import procdevices
 from pkg.kubeletplugin.discovery import DiscoveryError, NodeDevices
 from pkg.kubeletplugin.discovery.nvml import load_pynvml
 from pkg.kubeletplugin.driver import KubeletPlugin
 from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError, management_edits
 from pkg.testing.fakeapiserver import FakeApiServer
-from pkg.testing.fakedriverroot import FakeDriverRoot
+from pkg.testing.fakedriverroot import ARCHES, LIBRARIES, Arch, FakeDriverRoot
 
 VERSION = "570.170.01"
 HOST = Path("/run/nvidia/driver")  # a GPU-operator host path; the files live in tmp_path
@@ -172,6 +173,45 @@ def test_libraries_outside_the_loader_path_get_ld_library_path(tmp_path: Path) -
     assert edits.env == ()
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_discovery_finds_everything_in_either_architectures_layout(
+    tmp_path: Path, arch: Arch
+) -> None:
+    """x86_64 nodes and Grace (GB200, aarch64) nodes: the same search finds the IMEX binaries,
+    NVML and the driver version, the versioned libraries with their SONAME links, and the
+    fabric-imex-mgmt capability; no loader help is needed in either multiarch directory."""
+    made = FakeDriverRoot.create(tmp_path, driver_version=VERSION, arch=arch)
+    libdir = f"/usr/lib/{arch}-linux-gnu"
+    assert (made.arch, f"/{made.lib_dir}") == (arch, libdir)
+    root = DriverRoot(host=HOST, container=tmp_path)
+    files = root.scan()
+    assert files.version == VERSION and files.missing_imex == ()
+    binaries = {b.container_path: b.host_path for b in files.binaries}
+    for name in dr.IMEX_BINARIES:
+        assert binaries[f"/usr/bin/{name}"] == f"{HOST}/usr/bin/{name}"
+    libraries = {f.container_path: f.host_path for f in files.libraries}
+    for lib in LIBRARIES:
+        versioned = f"{HOST}{libdir}/{lib}.so.{VERSION}"
+        assert libraries[f"{libdir}/{lib}.so.{VERSION}"] == versioned
+        assert libraries[f"{libdir}/{lib}.so.1"] == versioned  # the link, as its target
+    assert files.library_dirs() == (libdir,)
+    assert root.nvml_library() == tmp_path / made.lib_dir / f"libnvidia-ml.so.{VERSION}"
+    gpus = [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
+    edits = management_edits(files, uvm_major=511, extra_nodes=gpus)
+    assert edits.env == ()
+    assert [n["path"] for n in edits.device_nodes] == [
+        "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+    ]  # fmt: skip
+    caps = root.imex_mgmt_caps_file(proc_root=tmp_path / "no-proc")
+    assert caps == tmp_path / "proc/driver/nvidia/capabilities/fabric-imex-mgmt"
+    mgmt = procdevices.imex_mgmt_node(caps_file=caps, caps_major=236)
+    assert (mgmt.path, mgmt.major, mgmt.minor) == ("/dev/nvidia-caps/nvidia-cap512", 236, 512)
+    banner = (tmp_path / "proc/driver/nvidia/version").read_text()
+    assert banner.startswith(
+        f"NVRM version: NVIDIA UNIX Open Kernel Module for {arch}  {VERSION}  "
+    )
+
+
 def test_caps_file_comes_from_the_root_when_it_has_one(tmp_path: Path) -> None:
     root = DriverRoot(host=HOST, container=tmp_path)
     assert root.imex_mgmt_caps_file(proc_root=Path("/p")) == Path(
@@ -186,10 +226,11 @@ def test_caps_file_comes_from_the_root_when_it_has_one(tmp_path: Path) -> None:
 # -- the plugin writes it into the base spec ---------------------------------------------------
 
 
+@pytest.mark.parametrize("arch", ARCHES)
 def test_base_spec_carries_the_imex_binaries_libraries_and_nvidiactl(
-    api: FakeApiServer, root: Path
+    api: FakeApiServer, root: Path, arch: Arch
 ) -> None:
-    FakeDriverRoot.create(root / "driver")
+    FakeDriverRoot.create(root / "driver", arch=arch)
     config = replace(
         make_config(root), driver_root=Path("/host/driver"), container_driver_root=root / "driver"
     )
@@ -206,7 +247,11 @@ def test_base_spec_carries_the_imex_binaries_libraries_and_nvidiactl(
     mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
     assert mounts["/usr/bin/nvidia-imex"] == "/host/driver/usr/bin/nvidia-imex"
     assert mounts["/usr/bin/nvidia-imex-ctl"] == "/host/driver/usr/bin/nvidia-imex-ctl"
-    assert "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in mounts
+    libdir = f"/usr/lib/{arch}-linux-gnu"
+    assert (
+        mounts[f"{libdir}/libnvidia-ml.so.1"] == f"/host/driver{libdir}/libnvidia-ml.so.{VERSION}"
+    )
+    assert not [p for p in mounts if "linux-gnu" in p and not p.startswith(libdir)]
     assert "/dev/nvidiactl" in [n["path"] for n in edits["deviceNodes"]]
     assert "NVIDIA_VISIBLE_DEVICES=void" in edits["env"]
 
@@ -239,10 +284,12 @@ def pynvml_unloaded(monkeypatch: pytest.MonkeyPatch) -> Any:
     return pynvml
 
 
+@pytest.mark.parametrize("arch", ARCHES)
 def test_nvml_is_loaded_from_the_driver_root_by_absolute_path(
-    tmp_path: Path, pynvml_unloaded: Any
+    tmp_path: Path, pynvml_unloaded: Any, arch: Arch
 ) -> None:
-    made = FakeDriverRoot.create(tmp_path)
+    made = FakeDriverRoot.create(tmp_path, arch=arch)
+    assert made.lib_dir == f"usr/lib/{arch}-linux-gnu"
     library = DriverRoot(host=Path("/"), container=tmp_path).nvml_library()
     assert library == tmp_path / made.lib_dir / f"libnvidia-ml.so.{made.driver_version}"
     opened: list[str] = []

@@ -8,21 +8,66 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pkg.testing.fakedriverroot import LIBRARIES, PROGRAMS, FakeDriverRoot, main
+import pytest
+
+from pkg.testing.fakedriverroot import (
+    ARCHES,
+    DEFAULT_LIB_DIR,
+    LIBRARIES,
+    PROGRAMS,
+    Arch,
+    FakeDriverRoot,
+    host_arch,
+    lib_dir_for,
+    main,
+)
 
 
-def test_layout_is_a_driver_installation(tmp_path: Path) -> None:
-    made = FakeDriverRoot.create(tmp_path, driver_version="580.1.2", imex_mgmt_minor=77)
+@pytest.mark.parametrize("arch", ARCHES)
+def test_layout_is_a_driver_installation(tmp_path: Path, arch: Arch) -> None:
+    made = FakeDriverRoot.create(tmp_path, driver_version="580.1.2", imex_mgmt_minor=77, arch=arch)
     for name in ("nvidia-imex", "nvidia-imex-ctl", "nvidia-smi"):
         mode = made.binary(name).stat().st_mode
         assert stat.S_ISREG(mode) and mode & 0o111, name
-    libdir = tmp_path / "usr/lib/x86_64-linux-gnu"
+    libdir = tmp_path / f"usr/lib/{arch}-linux-gnu"
+    assert made.lib_dir == f"usr/lib/{arch}-linux-gnu" and made.arch == arch
     for lib in LIBRARIES:
         assert (libdir / f"{lib}.so.580.1.2").is_file()
         assert os.readlink(libdir / f"{lib}.so.1") == f"{lib}.so.580.1.2"  # relative SONAME link
+    assert sorted(p.name for p in (tmp_path / "usr/lib").iterdir()) == [libdir.name]
     proc = tmp_path / "proc/driver/nvidia"
-    assert "580.1.2" in (proc / "version").read_text()
+    # The open kernel modules' banner (open-gpu-kernel-modules utils.mk, GENERATE_NVIDSTRING).
+    [nvrm, gcc] = (proc / "version").read_text().splitlines()
+    assert nvrm.startswith(
+        f"NVRM version: NVIDIA UNIX Open Kernel Module for {arch}  580.1.2  Release Build  ("
+    )
+    assert gcc.startswith("GCC version:  gcc version ")
     assert "DeviceFileMinor: 77\n" in (proc / "capabilities/fabric-imex-mgmt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("machine", "arch"),
+    [("x86_64", "x86_64"), ("AMD64", "x86_64"), ("aarch64", "aarch64"), ("arm64", "aarch64")],
+)
+def test_host_arch_maps_the_machine_names(machine: str, arch: Arch) -> None:
+    assert host_arch(machine) == arch
+    assert lib_dir_for(arch) == f"usr/lib/{arch}-linux-gnu"
+
+
+def test_defaults_follow_the_host_and_an_explicit_lib_dir_still_wins(tmp_path: Path) -> None:
+    made = FakeDriverRoot.create(tmp_path / "host")
+    assert made.arch == host_arch() and made.lib_dir == lib_dir_for(host_arch())
+    made = FakeDriverRoot.create(tmp_path / "rhel", arch="aarch64", lib_dir="/usr/lib64/")
+    assert made.lib_dir == "usr/lib64" and (tmp_path / "rhel/usr/lib64/libcuda.so.1").is_file()
+    assert lib_dir_for("x86_64") == DEFAULT_LIB_DIR  # the old default, still exported
+    with pytest.raises(ValueError, match="unknown architecture 'ppc64le'"):
+        lib_dir_for("ppc64le")  # type: ignore[arg-type]
+
+
+def test_program_creates_an_aarch64_root(tmp_path: Path) -> None:
+    assert main([str(tmp_path), "--arch", "aarch64"]) == 0
+    assert (tmp_path / "usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1").is_file()
+    assert "for aarch64  " in (tmp_path / "proc/driver/nvidia/version").read_text()
 
 
 def test_omit_leaves_files_out_and_removes_earlier_ones(tmp_path: Path) -> None:
