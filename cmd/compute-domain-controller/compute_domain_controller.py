@@ -1,7 +1,8 @@
 """compute-domain-controller: turns ComputeDomains into IMEX daemons, labels and status.
 
 Thin entry point: makes ``pkg`` importable from any working directory, parses upstream-
-compatible flags/env into :class:`pkg.reconcilers.flags.Options`, configures key=value logging,
+compatible flags/env into :class:`pkg.reconcilers.flags.Options` (``--version`` prints the build
+and exits 0 first), configures key=value logging (the first line names the build),
 maps SIGTERM/SIGINT to a clean stop (workers stop, the lease is released, exit 0) and exits
 non-zero when leadership is lost. Everything else lives in :mod:`pkg.reconcilers.app`.
 """

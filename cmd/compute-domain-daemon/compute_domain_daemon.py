@@ -1,13 +1,16 @@
-"""Entry point of ``compute-domain-daemon`` (``run`` | ``check``); see pkg.daemon.options.
+"""Entry point of ``compute-domain-daemon`` (``run`` | ``check`` | ``--version``); see
+pkg.daemon.options.
 
-Thin by design: parse flags and env, configure logging, build the real dependencies (API
-client, clocks, process runner, tracing from the standard ``OTEL_*`` env) and hand over to
+Thin by design: parse flags and env (``--version`` prints the build and exits before either is
+needed), configure logging, log the build as ``run``'s first line, build the real dependencies
+(API client, clocks, process runner, tracing from the standard ``OTEL_*`` env) and hand over to
 :class:`pkg.daemon.daemon.Daemon`. Runnable as
 ``python cmd/compute-domain-daemon/compute_domain_daemon.py run`` from any directory.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -25,6 +28,9 @@ from pkg.daemon import logs  # noqa: E402
 from pkg.daemon.check import run_check  # noqa: E402
 from pkg.daemon.options import Options, OptionsError, parse  # noqa: E402
 from pkg.imex.ctl import SubprocessCommandRunner  # noqa: E402
+from pkg.runtime.buildinfo import load_build_info  # noqa: E402
+
+PROG = "compute-domain-daemon"
 
 
 def main(argv: list[str]) -> int:
@@ -33,7 +39,7 @@ def main(argv: list[str]) -> int:
         if opts.command == "run":
             opts.validate_run()
     except OptionsError as err:
-        sys.stderr.write(f"compute-domain-daemon: error: {err}\n")
+        sys.stderr.write(f"{PROG}: error: {err}\n")
         return 1
     context = logs.context_string(cd_namespace=opts.domain_namespace, cd_name=opts.domain_name,
                                   cd_uid=opts.domain_uid, node=opts.node_name)  # fmt: skip
@@ -48,6 +54,8 @@ def main(argv: list[str]) -> int:
 
 def _run(opts: Options) -> int:
     """``run``: wire the real dependencies and run the daemon until SIGTERM/SIGINT."""
+    build_info = load_build_info()
+    logging.getLogger(PROG).info("%s", build_info.startup_message(PROG))
     from pkg.base.clock import RealClock  # noqa: PLC0415
     from pkg.daemon.daemon import Daemon  # noqa: PLC0415
     from pkg.daemon.metrics import DaemonMetrics  # noqa: PLC0415
@@ -59,12 +67,13 @@ def _run(opts: Options) -> int:
 
     client = RestClient(load_api_client(opts.kubeconfig), qps=5, burst=10)
     child_env = dict(os.environ)
-    tracing = setup_tracing("compute-domain-daemon", env=os.environ)
+    tracing = setup_tracing(PROG, env=os.environ)
     clock = RealClock()
     daemon = Daemon(opts, client=client, clock=clock, runner=SubprocessRunner(),
-                    commands=SubprocessCommandRunner(), metrics=DaemonMetrics(),
+                    commands=SubprocessCommandRunner(),
+                    metrics=DaemonMetrics(build_info=build_info),
                     child_env=child_env, informer_clock=RealClock(),
-                    events=EventRecorder(client, "compute-domain-daemon", clock),
+                    events=EventRecorder(client, PROG, clock),
                     tracer=tracing.tracer)  # fmt: skip
     stop = threading.Event()
 

@@ -1,10 +1,11 @@
 """compute-domain-kubelet-plugin: the ComputeDomain DRA kubelet plugin of one node.
 
-Parses upstream's flags/env into a `PluginConfig`, discovers devices (NVML or fake GPUs), builds
+Parses upstream's flags/env into a `PluginConfig` (``--version`` prints the build and exits
+first), logs the build as its first line, discovers devices (NVML or fake GPUs), builds
 `pkg.kubeletplugin.driver.KubeletPlugin` and runs it until SIGTERM/SIGINT, then unlinks its
 sockets and exits 0. Start-up failures (bad device state, missing /proc/devices entry) exit 1
 with the reason on stderr. Tracing follows the standard ``OTEL_*`` env (`pkg.runtime.tracing`);
-pending spans are flushed on exit.
+pending spans are flushed on exit. ``/metrics`` serves `BUILD_INFO_METRIC` from the start.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ try:
 except ImportError:  # run as a script from a checkout: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from prometheus_client import CollectorRegistry
+
 from pkg.featuregates import (
     CRASH_ON_NVLINK_FABRIC_ERRORS,
     IMEX_DAEMONS_WITH_DNS_NAMES,
@@ -37,9 +40,17 @@ from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery, load_pynvml
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
 from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError
 from pkg.kubeletplugin.procdevices import ProcDevicesError
+from pkg.runtime.buildinfo import load_build_info
+from pkg.runtime.buildinfometric import register_build_info
 from pkg.runtime.tracing import setup_tracing
+from pkg.runtime.versionflag import add_version_flag
 
-log = logging.getLogger("compute-domain-kubelet-plugin")
+PROG = "compute-domain-kubelet-plugin"
+# The plugin's metrics are upstream's nvidia_dra_*; the component name keeps this one apart from
+# the controller's (nvidia_dra_compute_domain_controller_build_info) without a job label.
+BUILD_INFO_METRIC = "nvidia_dra_compute_domain_kubelet_plugin_build_info"
+
+log = logging.getLogger(PROG)
 
 
 _TRUE = ("1", "t", "true", "yes", "on")
@@ -51,7 +62,8 @@ def _env(name: str, default: str = "") -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_version_flag(p)
     p.add_argument("--node-name", default=_env("NODE_NAME"))
     p.add_argument("--namespace", default=_env("NAMESPACE", "default"))
     p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"))
@@ -63,7 +75,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kubelet-registrar-directory-path", default=registrar)
     plugins = _env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins")
     p.add_argument("--kubelet-plugins-directory-path", default=plugins)
-    p.add_argument("--healthcheck-port", type=int, default=int(_env("HEALTHCHECK_PORT", "-1")))
+    # String defaults go through `type` after the command line is read (--version first).
+    p.add_argument("--healthcheck-port", type=int, default=_env("HEALTHCHECK_PORT", "-1"))
     p.add_argument("--http-endpoint", default=_env("HTTP_ENDPOINT"),
                    help="host:port for /metrics, /healthz, /readyz")  # fmt: skip
     p.add_argument("--debug-endpoints", action=argparse.BooleanOptionalAction, default=None,
@@ -73,7 +86,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kubeconfig", default=_env("KUBECONFIG") or None)
     p.add_argument("--device-discovery", choices=["nvml", "fake"],
                    default=_env("DEVICE_DISCOVERY", "nvml"))  # fmt: skip
-    p.add_argument("-v", "--v", type=int, default=int(_env("LOG_VERBOSITY", "0")))
+    p.add_argument("-v", "--v", type=int, default=_env("LOG_VERBOSITY", "0"))
     args = p.parse_args(argv)
     if args.debug_endpoints is None:
         value = _env("DEBUG_ENDPOINTS").strip().lower()
@@ -112,6 +125,10 @@ def main(argv: list[str]) -> int:
         level=logging.DEBUG if args.v >= 4 else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    build_info = load_build_info()
+    log.info("%s", build_info.startup_message(PROG))
+    registry = CollectorRegistry()
+    register_build_info(registry, name=BUILD_INFO_METRIC, info=build_info)
     metrics_host, _, metrics_port = args.http_endpoint.rpartition(":")
     config = PluginConfig(
         node_name=args.node_name,
@@ -139,9 +156,10 @@ def main(argv: list[str]) -> int:
     except Exception as err:  # the kubernetes loader raises several unrelated types
         log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "(in-cluster)", err)
         return 1
-    client = RestClient(api_client, user_agent="compute-domain-kubelet-plugin")
-    tracing = setup_tracing("compute-domain-kubelet-plugin", env=os.environ)
-    plugin = KubeletPlugin(config=config, client=client, devices=devices, tracer=tracing.tracer)
+    client = RestClient(api_client, user_agent=PROG)
+    tracing = setup_tracing(PROG, env=os.environ)
+    plugin = KubeletPlugin(config=config, client=client, devices=devices, registry=registry,
+                           tracer=tracing.tracer)  # fmt: skip
     try:
         plugin.start()
     except (ProcDevicesError, OSError) as err:

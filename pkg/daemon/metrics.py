@@ -1,7 +1,8 @@
 """Prometheus metrics of one IMEX daemon, served on ``/metrics``.
 
 Owns the daemon's metric names (prefix ``compute_domain_daemon_``) in a private registry, so
-tests can build many daemons in one process. Also implements
+tests can build many daemons in one process, among them `BUILD_INFO_METRIC`, the build this
+process runs (`pkg.runtime.buildinfometric`). Also implements
 :class:`pkg.imex.supervisor.SupervisorObserver`, which is how process events become counters.
 
 Invariant: every series exists from start (zero-valued), so dashboards never see gaps.
@@ -15,11 +16,22 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from pkg.imex.supervisor import describe_exit
+from pkg.runtime.buildinfo import BuildInfo, load_build_info
+from pkg.runtime.buildinfometric import register_build_info
+
+BUILD_INFO_METRIC = "compute_domain_daemon_build_info"
 
 
 class DaemonMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, build_info: BuildInfo | None = None
+    ) -> None:
+        """Registers every series in ``registry`` (default: a new one); ``build_info`` (default:
+        this installation's) labels `BUILD_INFO_METRIC`."""
         self.registry = registry or CollectorRegistry()
+        register_build_info(
+            self.registry, name=BUILD_INFO_METRIC, info=build_info or load_build_info()
+        )
         p = "compute_domain_daemon_"
         self.restarts = Counter(
             f"{p}imex_restarts", "IMEX process restarts (after a crash or a config change).",

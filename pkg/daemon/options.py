@@ -43,6 +43,7 @@ from typing import Final
 
 from pkg.api import constants as c
 from pkg.featuregates import FeatureGateError, FeatureGates
+from pkg.runtime.versionflag import add_version_flag
 
 CDI_MISSING: Final = (
     "CDI container edits did not apply -- is CDI enabled in your container runtime?"
@@ -104,6 +105,7 @@ class Options:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compute-domain-daemon")
+    add_version_flag(p)
     p.add_argument("-v", "--verbosity", type=int, default=None, help="log verbosity (>=4: debug)")
     p.add_argument("--feature-gates", default=None)
     p.add_argument("--config-dir", default=None)
@@ -143,10 +145,16 @@ def _binary(flag: str | None, env_value: str | None, name: str) -> tuple[str, ..
 
 
 def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
-    """Parse ``argv`` (without the program name) with ``env`` as fallback for every flag."""
+    """Parse ``argv`` (without the program name) with ``env`` as fallback for every flag.
+
+    ``--version`` (and ``--help``) print to stdout and raise ``SystemExit(0)`` as soon as they
+    are met, without a command and before ``env`` is read; a bad command line raises
+    `OptionsError` after argparse printed the usage."""
     try:
         args = _parser().parse_args(list(argv))
     except SystemExit as err:
+        if err.code == 0:
+            raise
         raise OptionsError("invalid command line (see usage above)") from err
     try:
         gates = FeatureGates.parse(

@@ -12,6 +12,10 @@ Owns the process lifecycle around :class:`ControllerManager`. Invariants:
   new campaign in the same process, where upstream exits and waits for a pod restart;
 * with ``--debug-endpoints`` the same endpoint serves ``/debug/informers``: the current term's
   caches (``pkg.informers.snapshot``), an empty list while not leading; without it, 404;
+* the first line it logs names the build (``starting compute-domain-controller version=...
+  revision=... buildDate=...``), and the process registry serves
+  ``nvidia_dra_compute_domain_controller_build_info`` (`pkg.runtime.buildinfometric`) from
+  the start, leader or not;
 * ``stop`` set (SIGTERM) → workers stop, the lease is released, :func:`run` returns 0; caches
   that never sync → :func:`run` returns 1 so the pod restarts.
 """
@@ -34,15 +38,20 @@ from pkg.kube.eventbroadcaster import AsyncEventRecorder
 from pkg.reconcilers.flags import Options
 from pkg.reconcilers.formation import FormationTracer
 from pkg.reconcilers.manager import ControllerManager, domain_workers
+from pkg.runtime.buildinfo import BuildInfo, load_build_info
+from pkg.runtime.buildinfometric import register_build_info
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from pkg.runtime.tracing import setup_tracing
 
-__all__ = ["COMPONENT", "run"]
+__all__ = ["BUILD_INFO_METRIC", "COMPONENT", "run"]
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "compute-domain-controller"
+# The controller's metrics are nvidia_dra_*; the component name keeps this one apart from the
+# kubelet plugin's (nvidia_dra_compute_domain_kubelet_plugin_build_info) without a job label.
+BUILD_INFO_METRIC = "nvidia_dra_compute_domain_controller_build_info"
 
 
 def _default_client(options: Options) -> KubeClient:
@@ -69,6 +78,7 @@ def run(
     clock: Clock | None = None,
     registry: CollectorRegistry | None = None,
     ready: Callable[[int], None] | None = None,
+    build_info: BuildInfo | None = None,
 ) -> int:
     """Run until ``stop`` is set (0) or the caches cannot sync (1); lost terms re-campaign.
 
@@ -76,12 +86,17 @@ def run(
     Events go through ``events_client_factory`` (default: a second client with the
     ``--events-qps``/``--events-burst`` limit when ``client_factory`` is the default, else
     ``client_factory``) from a background sender, so no reconcile waits for one.
+    ``build_info`` (default: this installation's, `load_build_info`) is named by the first log
+    line and exported as `BUILD_INFO_METRIC` on ``registry``.
     """
+    build_info = build_info or load_build_info()
+    log.info("starting %s", COMPONENT, extra=build_info.log_fields())
     clock = clock or RealClock()
     if registry is None:
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
+    register_build_info(registry, name=BUILD_INFO_METRIC, info=build_info)
     process_registry = registry
     tracing = setup_tracing(COMPONENT, env=os.environ if env is None else env)
     client = client_factory(options)

@@ -25,6 +25,7 @@ from pkg.reconcilers.config import (
     ControllerConfig,
     parse_extra_env,
 )
+from pkg.runtime.versionflag import add_version_flag
 
 __all__ = ["Options", "parse_duration", "parse_options"]
 
@@ -132,6 +133,7 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="compute-domain-controller", allow_abbrev=False)
+    add_version_flag(p, "--version", "-version")
     for name, _env, type_, _default, help_ in _FLAGS:
         dest = name.replace("-", "_")
         kwargs: dict[str, Any] = {"dest": dest, "help": help_, "default": None}
@@ -145,7 +147,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
-    """Parse and validate; raises ``SystemExit(2)`` with a message on bad input."""
+    """Parse and validate; raises ``SystemExit(2)`` with a message on bad input.
+
+    ``--version`` (or ``-version``) prints the build's version line (`pkg.runtime.versionflag`)
+    and raises ``SystemExit(0)`` as soon as it is met, before the environment is read or
+    anything is validated."""
     parser = _parser()
     ns = vars(parser.parse_args(list(argv)))
     values: dict[str, Any] = {}
