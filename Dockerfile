@@ -1,53 +1,76 @@
 # syntax=docker/dockerfile:1
-# Container images of the driver: one Dockerfile, one final target per binary in cmd/.
-#   docker build --target compute-domain-controller     -t <ref> .
-#   docker build --target compute-domain-kubelet-plugin -t <ref> .
-#   docker build --target compute-domain-daemon         -t <ref> .
-# hack/build-images.sh builds all three with the names and tags of config/default.
+# Container images of the driver: one Dockerfile, one final target per binary in cmd/, for
+# linux/amd64 and linux/arm64 (GB200/GB300 compute trays are Grace, i.e. arm64).
+#   docker buildx build --platform linux/amd64,linux/arm64 --target compute-domain-daemon -t <ref> .
+#   buildah build --platform linux/arm64 --target compute-domain-daemon -t <ref> .
+# hack/build-images.sh builds all three targets for both architectures into one OCI image index
+# per binary, with the names and tags of config/default; CI builds exactly this file the same way
+# (hack/nodeimages), from a local Debian bookworm base made by mmdebstrap (BASE_IMAGE).
 #
 # Layout inside the images (shared by all three targets, so they share every layer but the last):
-#   /opt/venv                    runtime dependencies, pinned by hack/image-requirements.txt
-#   /opt/compute-domain-driver   pkg/ and cmd/ of this repository (PYTHONPATH), byte-compiled
+#   /opt/venv                    runtime dependencies: hack/image-requirements.txt, hash-locked
+#   /opt/compute-domain-driver   pkg/ and cmd/ of this repository (PYTHONPATH), byte-compiled,
+#                                pyproject.toml (the version) and build-info.json (revision, date)
 #   /opt/compute-domain-driver/bin/<binary>   entry points on PATH
 # pkg/imex/sim (the IMEX simulator) and pkg/testing (test doubles) are left out: nvidia-imex
 # reaches the IMEX daemon only from the node's driver root through the plugin's CDI spec.
 
-# Pinned by full version tag; bump deliberately (and rebuild) for security fixes.
-ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# Debian 12 (bookworm) slim, pinned by the digest of its multi-architecture index.  Python is
+# Debian's python3 (3.11), installed below: the same interpreter on every architecture, with
+# Debian's security updates.  Bump the digest deliberately (and rebuild).
+ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim@sha256:4724b8cc51e33e398f0e2e15e18d5ec2851ff0c2280647e1310bc1642182655d
 
 # ---------------------------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS builder
+FROM ${BASE_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONDONTWRITEBYTECODE=1
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+    PYTHONDONTWRITEBYTECODE=1 \
+    DEBIAN_FRONTEND=noninteractive
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /build
 COPY hack/image-requirements.txt ./requirements.txt
-# Binary wheels only: nothing is compiled, so no compiler is needed in any stage.  pip itself is
-# removed from the venv afterwards.
-RUN python -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-cache-dir --only-binary=:all: --requirement requirements.txt \
-    && /opt/venv/bin/pip uninstall --yes pip
+# Behind a TLS-inspecting proxy: --build-arg PIP_CERT=<CA bundle path inside the build> with the
+# bundle mounted there (e.g. buildah's --volume); unset, pip uses its own CA bundle.
+ARG PIP_CERT
+# Binary wheels only, every file checked against the lock's hashes: nothing is compiled, so no
+# compiler is needed in any stage.  pip and setuptools are removed from the venv afterwards.
+RUN python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --require-hashes --only-binary=:all: --no-deps \
+       --requirement requirements.txt \
+    && /opt/venv/bin/pip uninstall --yes pip setuptools \
+    && rm -f /opt/venv/bin/activate* /opt/venv/bin/Activate.ps1 /opt/venv/bin/pip*
+COPY pyproject.toml /opt/compute-domain-driver/pyproject.toml
 COPY pkg/ /opt/compute-domain-driver/pkg/
 COPY cmd/ /opt/compute-domain-driver/cmd/
+ARG REVISION=unknown
+ARG CREATED=unknown
 # Entry points named like the binaries (the controller starts daemons with
-# `compute-domain-daemon ... run`).  Byte-compile ahead of time: the root filesystem is
-# read-only at run time.
+# `compute-domain-daemon ... run`).  RUN steps are POSIX sh: an OCI-format build (buildah's
+# default) has no SHELL instruction, and the one pipe here (echo | tr) cannot fail.  Byte-compile ahead of time: the root filesystem is
+# read-only at run time.  build-info.json: what --version, the first log line and the
+# *_build_info metric report (pkg/buildinfo.py); the same values as the image's labels.
+# hadolint ignore=DL4006
 RUN set -eu; \
-    mkdir -p /opt/compute-domain-driver/bin; \
+    app=/opt/compute-domain-driver; \
+    mkdir -p "${app}/bin"; \
     for bin in compute-domain-controller compute-domain-kubelet-plugin compute-domain-daemon; do \
-      script="/opt/compute-domain-driver/cmd/${bin}/${bin//-/_}.py"; \
-      printf '#!/bin/sh\nexec /opt/venv/bin/python %s "$@"\n' "${script}" \
-        > "/opt/compute-domain-driver/bin/${bin}"; \
-      chmod 0755 "/opt/compute-domain-driver/bin/${bin}"; \
+      script="${app}/cmd/${bin}/$(echo "${bin}" | tr - _).py"; \
+      printf '#!/bin/sh\nexec /opt/venv/bin/python %s "$@"\n' "${script}" > "${app}/bin/${bin}"; \
+      chmod 0755 "${app}/bin/${bin}"; \
     done; \
-    rm -rf /opt/compute-domain-driver/pkg/imex/sim /opt/compute-domain-driver/pkg/testing; \
-    find /opt/compute-domain-driver -name '__pycache__' -prune -exec rm -rf {} +; \
-    /opt/venv/bin/python -m compileall -q /opt/compute-domain-driver /opt/venv
+    printf '{"revision": "%s", "created": "%s"}\n' "${REVISION}" "${CREATED}" \
+      > "${app}/build-info.json"; \
+    rm -rf "${app}/pkg/imex/sim" "${app}/pkg/testing"; \
+    find "${app}" -name '__pycache__' -prune -exec rm -rf {} +; \
+    /opt/venv/bin/python -m compileall -q "${app}" /opt/venv
 
 # ---------------------------------------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS runtime
-ARG VERSION=0.1.0
+FROM ${BASE_IMAGE} AS runtime
+ARG BASE_IMAGE
+ARG VERSION=unknown
 ARG REVISION=unknown
 ARG CREATED=unknown
 LABEL org.opencontainers.image.vendor="compute-domain-driver" \
@@ -55,11 +78,16 @@ LABEL org.opencontainers.image.vendor="compute-domain-driver" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.created="${CREATED}" \
-      org.opencontainers.image.base.name="${PYTHON_IMAGE}" \
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
       org.opencontainers.image.documentation="docs/operators.md"
-# No package installs: the base already has everything at run time.  Drop the base image's
-# pip/setuptools/wheel (build tooling) and add the unprivileged user the controller runs as.
-RUN python -m pip uninstall --yes --no-cache-dir pip setuptools wheel \
+ENV DEBIAN_FRONTEND=noninteractive
+# Only the interpreter and its standard library (no pip, no venv module, no compiler; Debian
+# byte-compiles the standard library when it installs it).  Add the unprivileged user the
+# controller runs as.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/apt /var/log/dpkg.log \
     && groupadd --system --gid 65532 nonroot \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin nonroot

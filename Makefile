@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test venv check unit e2e chaos badinput demo bench control-plane clean
+.PHONY: test venv check unit e2e chaos badinput demo bench control-plane images clean
 
 ## test: set up the venv, lint, type-check, check import layers, run unit and e2e tests
 test: venv
@@ -24,6 +24,11 @@ e2e: venv control-plane
 
 control-plane:
 	hack/build-control-plane.sh
+
+## images: the Dockerfile's three images for linux/amd64 and linux/arm64, one OCI index each
+## (buildah, podman or docker buildx; PLATFORMS, REGISTRY, TAG, PUSH=1: see hack/build-images.sh)
+images: venv
+	hack/build-images.sh $(if $(PUSH),--push,)
 
 ## chaos: soak of CHAOS_LIFECYCLES (default 200) ComputeDomain lifecycles with random SIGKILLs
 ## (controller, plugin, daemon, nvidia-imex, apiserver); figures -> docs/reliability.md.

@@ -1,24 +1,28 @@
 """Container images for real (kubelet + containerd) e2e nodes, built without Docker.
 
-The driver images of ``config/default`` (same layout as the ``Dockerfile`` targets, assembled
-from Debian packages and PyPI wheels), the pause image containerd and kubelet default to, and a
-busybox for workloads, each written as an OCI image-layout tarball for
-``ctr -n k8s.io images import``.  Import with ``hack/`` on ``sys.path`` (as ``localcluster``)::
+The driver images of ``config/default`` (the ``Dockerfile``'s targets built by buildah for
+linux/amd64 and linux/arm64), the pause image containerd and kubelet default to, and a busybox
+for workloads, each written as an OCI image-layout tarball for ``ctr -n k8s.io images import``.
+Import with ``hack/`` on ``sys.path`` (as ``localcluster``)::
 
     from nodeimages import BUSYBOX_IMAGE, PAUSE_IMAGE, build_all, import_images
     archives = build_all()                       # {image ref: archive path}, cached
     import_images(bin_dir / "ctr", "/run/node-1/containerd.sock", archives.values())
 
 Modules: ``oci`` (deterministic layer tars, configs, layout archives), ``debs`` (apt
-resolution, download cache, unpacking), ``build`` (recipes, chroot self-check, cache keys).
+resolution, download cache, unpacking), ``driver`` (the Dockerfile with buildah, its checks),
+``binfmt`` (qemu-user handlers for foreign architectures), ``build`` (recipes, cache keys).
 CLI: ``hack/build-node-images.py``.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
+import tarfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from .build import (
     BUSYBOX_IMAGE,
@@ -41,6 +45,33 @@ def archive_refs(archive: Path) -> list[str]:
     """Image references an archive names (``io.containerd.image.name`` of its index)."""
     index = read_archive_index(archive)
     return [m["annotations"]["io.containerd.image.name"] for m in index["manifests"]]
+
+
+def _blob(tar: tarfile.TarFile, digest: str) -> dict[str, Any]:
+    member = tar.extractfile("blobs/" + digest.replace(":", "/", 1))
+    if member is None:
+        raise KeyError(digest)
+    data: dict[str, Any] = json.load(member)
+    return data
+
+
+def archive_platforms(archive: Path, ref: str) -> dict[str, dict[str, Any]]:
+    """``{"<os>/<arch>": image config}`` of the image ``ref`` in ``archive`` (one entry for a
+    single-platform image, one per manifest of an image index)."""
+    with tarfile.open(archive) as tar:
+        index = read_archive_index(archive)
+        [desc] = [
+            m for m in index["manifests"]
+            if m.get("annotations", {}).get("io.containerd.image.name") == ref
+        ]  # fmt: skip
+        top = _blob(tar, desc["digest"])
+        manifests = top["manifests"] if "manifests" in top else [desc | {"platform": None}]
+        out: dict[str, dict[str, Any]] = {}
+        for m in manifests:
+            manifest = _blob(tar, m["digest"]) if "manifests" in top else top
+            config = _blob(tar, manifest["config"]["digest"])
+            out[f"{config['os']}/{config['architecture']}"] = config
+        return out
 
 
 #: Labels a CRI pull gives an image; pinned images are never garbage-collected by the kubelet.
@@ -109,6 +140,7 @@ __all__ = [
     "PAUSE_IMAGE",
     "BuildError",
     "DebError",
+    "archive_platforms",
     "archive_refs",
     "build_all",
     "cache_root",

@@ -1,29 +1,21 @@
-"""Build the node images without Docker: driver images, pause, busybox, as OCI archives.
+"""Build the node images without Docker: the driver's three, pause and busybox, as OCI archives.
 
 Recipes (see ``docs/e2e-build.md``):
 
-* driver images (one archive holding the three images of ``config/default``'s ``images:``), the
-  layout of the ``Dockerfile`` targets, in three layers shared by all three images:
-
-  - ``base``: Debian packages of :data:`RUNTIME_DEBS` unpacked with ``dpkg-deb -x`` (the Python
-    3.11 runtime and its shared libraries, busybox-static as ``/bin/sh`` and ``/usr/bin/env``),
-    ``/etc/passwd`` and ``/etc/group`` with ``nonroot`` (65532), ``/etc/nsswitch.conf``, the
-    standard library byte-compiled;
-  - ``deps``: ``/opt/venv``, a hand-made venv (``pyvenv.cfg``, ``bin/python`` ->
-    ``/usr/bin/python3.11``) with the pinned wheels of ``hack/image-requirements.txt``;
-  - ``app``: ``/opt/compute-domain-driver`` with ``pkg/``, ``cmd/`` and the ``bin/`` wrappers.
-
-  Each build is checked in a ``chroot`` before it is cached: imports, every entry point's
-  ``--help`` as the image's user, ``/usr/bin/env python3``, and that every ELF object finds its
-  shared libraries.
+* driver images: the repository's ``Dockerfile``, built by buildah for linux/amd64 and
+  linux/arm64 (:mod:`nodeimages.driver`), one archive holding the three multi-architecture
+  image indexes named as ``config/default``'s ``images:``;
 * :data:`PAUSE_IMAGE`: ``build/pause/linux/pause.c`` of the pinned ``k8s.io/kubernetes`` module,
-  ``gcc -static`` with upstream's flags, entrypoint ``/pause``, user 65535.
+  ``gcc -static`` with upstream's flags, entrypoint ``/pause``, user 65535;
 * :data:`BUSYBOX_IMAGE`: Debian's ``busybox-static`` with a symlink per applet.
 
+Pause and busybox are the two images the ``Dockerfile`` cannot make here (their upstream images
+come from registries these machines cannot reach).
+
 Cache (``<cache>/images``): ``debs/`` downloaded packages; ``layers/<kind>-<key>.tar`` layer
-blobs; ``oci/<name>-<key>.tar`` the archives.  Every key hashes the inputs (package versions,
-requirements, repository files, compiler version, recipe number), so a warm call only hashes
-and stats files.
+blobs; ``oci/<name>-<key>.tar`` the archives; ``containers/`` buildah's storage.  Every key hashes
+the inputs (package versions, build context, compiler version, recipe numbers), so a warm call
+only hashes and stats files.
 """
 
 from __future__ import annotations
@@ -38,19 +30,18 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from . import debs, oci
+from . import debs, driver, oci
+from .driver import TARGETS
 
 REPO = Path(__file__).resolve().parents[2]
 #: Bump to rebuild every layer and archive after a change of the recipes below.
-RECIPE = 1
+RECIPE = 2
 
 #: The sandbox image containerd v2.4 (``DefaultSandboxImage``) and kubeadm 1.37
 #: (``PauseVersion``) default to; the real-node containerd config pins this name.
@@ -59,86 +50,11 @@ PAUSE_IMAGE = f"registry.k8s.io/pause:{PAUSE_VERSION}"
 #: What a workload's ``image: busybox:1.37`` normalizes to.
 BUSYBOX_IMAGE = "docker.io/library/busybox:1.37"
 
-#: The Dockerfile's final targets (one image each), in the order of the Dockerfile.
-TARGETS = ("compute-domain-controller", "compute-domain-daemon", "compute-domain-kubelet-plugin")
-#: USER of each target, as in the Dockerfile: only the controller runs unprivileged.
-TARGET_USERS = {
-    "compute-domain-controller": "65532:65532",
-    "compute-domain-daemon": "0:0",
-    "compute-domain-kubelet-plugin": "0:0",
-}
-TARGET_DESCRIPTIONS = {
-    "compute-domain-controller": "ComputeDomain controller (Kubernetes DRA, NVIDIA IMEX)",
-    "compute-domain-daemon": "Per-node IMEX daemon of a ComputeDomain",
-    "compute-domain-kubelet-plugin": "ComputeDomain DRA kubelet plugin (IMEX channels)",
-}
-PYTHON = "python3.11"
-VENV = "/opt/venv"
-APP = "/opt/compute-domain-driver"
-#: ENV of the Dockerfile's runtime stage (plus the LANG its python base image sets).
-DRIVER_ENV = {
-    "PATH": f"{APP}/bin:{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "PYTHONPATH": APP,
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONUNBUFFERED": "1",
-    "LANG": "C.UTF-8",
-}
 BASE_PATH_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 
-#: The run-time closure of ``python3.11`` for the driver (``apt-cache depends`` minus what is
-#: only needed by modules the driver never imports: sqlite3, readline, curses, dbm, nis, crypt).
-RUNTIME_DEBS = (
-    "libc6",
-    "libgcc-s1",
-    "libstdc++6",
-    "zlib1g",
-    "libexpat1",
-    "libffi8",
-    "libssl3",
-    "libbz2-1.0",
-    "liblzma5",
-    "libuuid1",
-    "libpython3.11-minimal",
-    "libpython3.11-stdlib",
-    "python3.11-minimal",
-    "netbase",
-    "busybox-static",
-)
 BUSYBOX_DEB = "busybox-static"
-#: Documentation and packaging metadata dropped from the base layer.
-TRIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/lintian", "usr/share/bug")
-#: What the Dockerfile's build context admits from ``pkg/`` and ``cmd/`` (``.dockerignore``).
-APP_DIRS = ("pkg", "cmd")
-IGNORED_DIRS = {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
-#: Third-party modules the driver imports at run time (the self-check imports them).
-RUNTIME_IMPORTS = (
-    "ssl",
-    "ctypes",
-    "grpc",
-    "kubernetes",
-    "google.protobuf",
-    "prometheus_client",
-    "opentelemetry.sdk",
-    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    "cachetools",
-    "yaml",
-    "pynvml",
-)
-PASSWD = (
-    "root:x:0:0:root:/root:/bin/sh\n"
-    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-    "nonroot:x:65532:65532:nonroot:/nonexistent:/usr/sbin/nologin\n"
-)
-GROUP = "root:x:0:\nnogroup:x:65534:\nnonroot:x:65532:\n"
-NSSWITCH = (
-    "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
-    "protocols: files\nservices: files\nethers: files\nrpc: files\n"
-)
 BUSYBOX_PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n"
 BUSYBOX_GROUP = "root:x:0:\nnogroup:x:65534:\n"
-#: Manylinux platform tags the wheels may carry (glibc 2.36 = bookworm); pip does not expand a
-#: single ``--platform`` to the older ones.
-MANYLINUX_GLIBC_MINOR = 36
 
 Log = Callable[[str], None]
 
@@ -188,28 +104,6 @@ def _sha(*parts: object) -> str:
     h = hashlib.sha256()
     for p in parts:
         h.update(json.dumps(p, sort_keys=True, default=str).encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def app_files(repo: Path = REPO) -> list[str]:
-    """Repository files that go into the app layer: ``pkg/`` and ``cmd/`` minus caches."""
-    files: list[str] = []
-    for top in APP_DIRS:
-        for dirpath, dirnames, filenames in os.walk(repo / top):
-            dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
-            rel = Path(dirpath).relative_to(repo)
-            files.extend(str(rel / f) for f in sorted(filenames) if not f.endswith(".pyc"))
-    return files
-
-
-def _tree_hash(repo: Path, files: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    for rel in files:
-        p = repo / rel
-        st = p.lstat()
-        h.update(f"{rel}\0{st.st_mode & 0o111:o}\0".encode())
-        h.update(os.readlink(p).encode() if p.is_symlink() else p.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
 
@@ -281,8 +175,6 @@ class Plan:
     arch: str
     debs: dict[str, str]
     driver_refs: dict[str, str]
-    version: str
-    app_files: list[str]
     pause_src: Path
     keys: dict[str, str] = field(default_factory=dict)
 
@@ -310,58 +202,22 @@ class Plan:
 def make_plan(cache: Path, repo: Path = REPO, log: Log = default_log) -> Plan:
     """Resolve every input (apt candidates, repo files, pause.c, compiler) and derive the keys."""
     arch = debs.host_arch()
-    versions = debs.resolve(RUNTIME_DEBS, cache / "debs")
-    with (repo / "pyproject.toml").open("rb") as f:
-        version = str(tomllib.load(f)["project"]["version"])
-    files = app_files(repo)
+    versions = debs.resolve((BUSYBOX_DEB,), cache / "debs")
     plan = Plan(
         cache=cache,
         repo=repo,
         arch=arch,
         debs=versions,
         driver_refs=driver_image_refs(repo),
-        version=version,
-        app_files=files,
         pause_src=pause_source(repo, log),
     )
     k = plan.keys
-    k["base"] = _sha(RECIPE, "base", arch, versions, PASSWD, GROUP, NSSWITCH, TRIM)
-    requirements = (repo / "hack" / "image-requirements.txt").read_text()
-    k["deps"] = _sha(RECIPE, "deps", k["base"], requirements, MANYLINUX_GLIBC_MINOR)
-    k["app"] = _sha(RECIPE, "app", k["base"], _tree_hash(repo, files), TARGETS)
-    k["compute-domain-driver"] = _sha(
-        RECIPE,
-        "driver",
-        k["base"],
-        k["deps"],
-        k["app"],
-        [driver_config_args(t, plan.driver_refs[t], version) for t in TARGETS],
-        RUNTIME_IMPORTS,
-    )
+    k["compute-domain-driver"] = _sha(RECIPE, driver.driver_key(repo), plan.driver_refs)
     k["pause"] = _sha(
         RECIPE, "pause", arch, plan.pause_src.read_bytes(), _gcc_version(), pause_cflags(repo)
     )
     k["busybox"] = _sha(RECIPE, "busybox", arch, versions[BUSYBOX_DEB], BUSYBOX_PASSWD)
     return plan
-
-
-def driver_config_args(target: str, ref: str, version: str) -> dict[str, Any]:
-    """Config fields of one driver image, mirroring its Dockerfile target."""
-    return {
-        "entrypoint": [target],
-        "env": dict(DRIVER_ENV),
-        "user": TARGET_USERS[target],
-        "working_dir": APP,
-        "labels": {
-            "org.opencontainers.image.vendor": "compute-domain-driver",
-            "org.opencontainers.image.licenses": "Apache-2.0",
-            "org.opencontainers.image.version": version,
-            "org.opencontainers.image.base.name": f"debian:bookworm ({PYTHON} packages)",
-            "org.opencontainers.image.documentation": "docs/operators.md",
-            "org.opencontainers.image.title": target,
-            "org.opencontainers.image.description": TARGET_DESCRIPTIONS[target],
-        },
-    }
 
 
 def pause_cflags(repo: Path = REPO) -> list[str]:
@@ -404,23 +260,6 @@ def chroot(
     return done
 
 
-def _set_mtimes(top: Path) -> None:
-    """Give every file under ``top`` the layer mtime, so timestamp-checked .pyc files stay valid."""
-    for dirpath, _dirnames, filenames in os.walk(top):
-        for name in filenames:
-            p = os.path.join(dirpath, name)
-            if not os.path.islink(p):
-                os.utime(p, (oci.EPOCH, oci.EPOCH))
-
-
-def _compileall(root: Path, path: str, *exclude: str) -> None:
-    _set_mtimes(root / path.lstrip("/"))
-    args = ["/usr/bin/" + PYTHON, "-m", "compileall", "-q", "--invalidation-mode", "timestamp"]
-    if exclude:
-        args += ["-x", "|".join(exclude)]
-    chroot(root, [*args, path], what=f"byte-compiling {path}")
-
-
 def _symlink(target: str, link: Path) -> None:
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.exists() and not link.is_symlink():
@@ -452,201 +291,6 @@ def _base_files(root: Path, passwd: str, group: str) -> None:
 
 
 # --- driver layers --------------------------------------------------------------------------
-
-
-def build_base(root: Path, deb_files: Mapping[str, Path]) -> None:
-    """Fill ``root`` with the base layer: unpacked packages, users, nsswitch, compiled stdlib."""
-    for pkg in RUNTIME_DEBS:
-        debs.unpack(deb_files[pkg], root)
-    for rel in TRIM:
-        shutil.rmtree(root / rel, ignore_errors=True)
-    _busybox_applets(root)
-    _symlink(PYTHON, root / "usr" / "bin" / "python3")
-    _base_files(root, PASSWD, GROUP)
-    (root / "etc" / "nsswitch.conf").write_text(NSSWITCH)
-    # Stdlib .pyc files (Debian's postinst would generate them): start-up cost in every pod.
-    _compileall(root, f"/usr/lib/{PYTHON}", r"/(test|tests|idlelib|lib2to3|tkinter|turtledemo)/")
-    chroot(root, ["/usr/bin/" + PYTHON, "-c", "import ssl, ctypes, lzma, bz2, zlib, uuid, json"])
-
-
-def _pip_platforms(arch: str) -> list[str]:
-    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(arch)
-    if machine is None:
-        raise BuildError(f"no wheel platform known for Debian architecture {arch}")
-    flags: list[str] = []
-    for minor in range(MANYLINUX_GLIBC_MINOR, 4, -1):
-        flags += ["--platform", f"manylinux_2_{minor}_{machine}"]
-    if machine == "x86_64":
-        for legacy in ("manylinux2014", "manylinux2010", "manylinux1"):
-            flags += ["--platform", f"{legacy}_{machine}"]
-    else:
-        flags += ["--platform", f"manylinux2014_{machine}"]
-    return flags
-
-
-def build_deps(root: Path, requirements: Path, arch: str, log: Log) -> None:
-    """Add ``/opt/venv``: the pinned wheels (binary only, no resolver) and a hand-made venv."""
-    venv = root / VENV.lstrip("/")
-    site = venv / "lib" / PYTHON / "site-packages"
-    site.mkdir(parents=True)
-    pyver = chroot(
-        root, ["/usr/bin/" + PYTHON, "-c", "import platform; print(platform.python_version())"]
-    ).stdout.strip()
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--no-input",
-        "--quiet",
-        "--no-compile",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--target",
-        str(site),
-        *_pip_platforms(arch),
-        "--python-version",
-        pyver,
-        "--implementation",
-        "cp",
-        "--abi",
-        "cp" + PYTHON.removeprefix("python").replace(".", ""),
-        "--requirement",
-        str(requirements),
-    ]
-    log(f"pip install -r {requirements.name} into {VENV} (binary wheels, python {pyver})")
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise BuildError(
-            f"pip install of {requirements} failed (exit {done.returncode}); PyPI must be "
-            f"reachable and `{sys.executable} -m pip` must work:\n"
-            f"{(done.stdout + done.stderr)[-4000:]}"
-        )
-    bindir = venv / "bin"
-    bindir.mkdir()
-    scripts = site / "bin"
-    if scripts.is_dir():  # console scripts: pip wrote the build interpreter into the shebang
-        for script in sorted(scripts.iterdir()):
-            lines = script.read_bytes().split(b"\n", 1)
-            if lines[0].startswith(b"#!") and b"python" in lines[0]:
-                lines[0] = f"#!{VENV}/bin/python".encode()
-            (bindir / script.name).write_bytes(b"\n".join(lines))
-            (bindir / script.name).chmod(0o755)
-        shutil.rmtree(scripts)
-    (bindir / "python").symlink_to(f"/usr/bin/{PYTHON}")
-    (bindir / "python3").symlink_to("python")
-    (bindir / PYTHON).symlink_to("python")
-    (venv / "lib64").symlink_to("lib")
-    (venv / "pyvenv.cfg").write_text(
-        f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {pyver}\n"
-        f"executable = /usr/bin/{PYTHON}\ncommand = /usr/bin/{PYTHON} -m venv {VENV}\n"
-    )
-    _compileall(root, VENV)
-
-
-def build_app(root: Path, repo: Path, files: Sequence[str]) -> None:
-    """Add ``/opt/compute-domain-driver``: ``pkg/``, ``cmd/``, entry-point wrappers, .pyc files."""
-    app = root / APP.lstrip("/")
-    for rel in files:
-        src, dst = repo / rel, app / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_symlink():
-            dst.symlink_to(os.readlink(src))
-        else:
-            shutil.copyfile(src, dst)
-            dst.chmod(0o755 if src.stat().st_mode & 0o111 else 0o644)
-    bindir = app / "bin"
-    bindir.mkdir()
-    for target in TARGETS:
-        script = f"{APP}/cmd/{target}/{target.replace('-', '_')}.py"
-        wrapper = bindir / target
-        wrapper.write_text(f'#!/bin/sh\nexec {VENV}/bin/python {script} "$@"\n')
-        wrapper.chmod(0o755)
-    _compileall(root, APP)
-
-
-_IMPORT_CHECK = """
-import importlib, pkgutil, sys
-for name in sys.argv[1:]:
-    importlib.import_module(name)
-import pkg
-mods = [m.name for m in pkgutil.walk_packages(pkg.__path__, "pkg.")
-        if not m.name.startswith("pkg.testing")]
-for name in mods:
-    importlib.import_module(name)
-print(len(mods))
-"""
-
-
-def _elf_files(root: Path, tops: Sequence[str]) -> list[str]:
-    found: list[str] = []
-    for top in tops:
-        base = root / top.lstrip("/")
-        candidates = [base] if base.is_file() else sorted(base.rglob("*"))
-        for p in candidates:
-            if p.is_file() and not p.is_symlink():
-                with p.open("rb") as f:
-                    if f.read(4) == b"\x7fELF":
-                        found.append("/" + str(p.relative_to(root)))
-    return found
-
-
-def self_check_driver(root: Path, refs: Mapping[str, str], log: Log) -> None:
-    """Check the assembled driver root filesystem; raise :class:`BuildError` on the first fault.
-
-    1. every ELF object of the venv and the interpreter finds its libraries (``ld.so --list``);
-    2. the runtime imports and every ``pkg`` module (except ``pkg.testing``) import;
-    3. each entry point prints ``--help`` as its image's user, from the image's WorkingDir;
-    4. ``/usr/bin/env python3`` (the fake driver root's simulated IMEX) is the venv's python.
-    """
-    loaders = sorted(root.glob("lib*/ld-linux*.so*"))
-    if not loaders:
-        raise BuildError(f"no dynamic loader (lib*/ld-linux*.so*) in {root}")
-    loader = "/" + str(loaders[0].relative_to(root))
-    elves = _elf_files(root, [f"/usr/bin/{PYTHON}", VENV])
-    missing: list[str] = []
-    for elf in elves:
-        out = chroot(root, [loader, "--list", elf], check=False)
-        # A missing library: "=> not found" lines, or exit 127 with the loader's error.
-        missing += [f"{elf}: {ln.strip()}" for ln in out.stdout.splitlines() if "not found" in ln]
-        if out.returncode != 0:
-            missing.append(f"{elf}: exit {out.returncode}: {out.stderr.strip()}")
-    if missing:
-        raise BuildError(
-            "image self-check: shared libraries missing from the base layer (add their Debian "
-            "packages to RUNTIME_DEBS in hack/nodeimages/build.py):\n" + "\n".join(missing)
-        )
-    env = dict(DRIVER_ENV)
-    out = chroot(
-        root,
-        [f"{VENV}/bin/python", "-c", _IMPORT_CHECK, *RUNTIME_IMPORTS],
-        env=env,
-        cwd=APP,
-        what="import check",
-    )
-    log(f"self-check: {len(elves)} ELF objects resolve; {out.stdout.strip()} pkg modules import")
-    for target in TARGETS:
-        user = TARGET_USERS[target]
-        # Usage text and no traceback is the bar: compute-domain-daemon's --help exits 1.
-        out = chroot(root, [target, "--help"], env=env, user=user, cwd=APP, check=False)
-        text = out.stdout + out.stderr
-        if "usage:" not in text or "Traceback" in text or out.returncode not in (0, 1):
-            raise BuildError(
-                f"image self-check: `{target} --help` (user {user}, cwd {APP}) exited "
-                f"{out.returncode} without a usage text:\n{text[-4000:]}"
-            )
-    # The fake driver root's simulated nvidia-imex (a zipapp injected by CDI) starts with
-    # `#!/usr/bin/env python3`: that must find the venv's interpreter.
-    out = chroot(
-        root,
-        ["/usr/bin/env", "python3", "-c", "import sys; print(sys.prefix)"],
-        env=env,
-        what="/usr/bin/env python3",
-    )
-    if out.stdout.strip() != VENV:
-        raise BuildError(f"`/usr/bin/env python3` runs {out.stdout.strip()!r}, not {VENV}")
-    log(f"self-check: {', '.join(refs.values())} --help ok")
 
 
 # --- cache plumbing ---------------------------------------------------------------------------
@@ -691,50 +335,6 @@ def _layer(
     blob = _store_blob(oci.write_layer(root, path, include=include))
     log(f"{kind} layer: {blob.size / 1e6:.1f} MB, {time.monotonic() - t0:.0f}s")
     return blob
-
-
-def _build_driver(plan: Plan, deb_files: Mapping[str, Path], work: Path, log: Log) -> None:
-    root = work / "driver"
-    root.mkdir()
-    base = _layer(plan, "base", root, lambda: build_base(root, deb_files), log=log)
-    requirements = plan.repo / "hack" / "image-requirements.txt"
-    deps = _layer(
-        plan,
-        "deps",
-        root,
-        lambda: build_deps(root, requirements, plan.arch, log),
-        log=log,
-        include=[VENV],
-    )
-    app = _layer(
-        plan,
-        "app",
-        root,
-        lambda: build_app(root, plan.repo, plan.app_files),
-        log=log,
-        include=[APP],
-    )
-    self_check_driver(root, plan.driver_refs, log)
-    layers = [base, deps, app]
-    history = [
-        f"debian packages: {' '.join(f'{p}={plan.debs[p]}' for p in RUNTIME_DEBS)}",
-        f"{VENV}: pip install -r hack/image-requirements.txt",
-        f"{APP}: pkg/ cmd/ bin/",
-    ]
-    images = [
-        oci.Image(
-            ref,
-            oci.image_config(
-                layers=layers,
-                architecture=plan.oci_arch,
-                history=history,
-                **driver_config_args(target, ref, plan.version),
-            ),
-            layers,
-        )
-        for target, ref in plan.driver_refs.items()
-    ]
-    _write_archive(plan, "compute-domain-driver", images, log)
 
 
 def _build_pause(plan: Plan, work: Path, log: Log) -> None:
@@ -819,7 +419,7 @@ def _locked(cache: Path) -> Iterator[None]:
 def _prune(plan: Plan) -> None:
     """Drop old layers and archives: per kind, keep the current ones and the most recently used
     others (two layers, one archive: a driver archive is 250 MB)."""
-    current = {plan.layer(k).name for k in ("base", "deps", "app", "pause", "busybox")}
+    current = {plan.layer(k).name for k in ("pause", "busybox")}
     current |= {p.name for p in plan.outputs().values()}
     for sub, keep in (("layers", 2), ("oci", 1)):
         d = plan.cache / sub
@@ -854,12 +454,13 @@ def build_all(
 
     ``cache_dir`` is the e2e cache root (default ``$CD_E2E_CACHE`` or
     ``~/.cache/compute-domain-e2e``); images live in its ``images/`` subdirectory.  The three
-    driver references map to one archive holding all three images (shared layers stored once);
-    :data:`PAUSE_IMAGE` and :data:`BUSYBOX_IMAGE` have their own.  A warm call (all archives
-    cached for the current inputs) only hashes inputs and stats files.  Building needs root
-    (``chroot`` self-check), apt/dpkg with current lists, gcc with static libc, go (for the
-    kubernetes module's pause.c) and pip; any failure raises :class:`BuildError` (or
-    :class:`nodeimages.debs.DebError`) saying what is missing.
+    driver references map to one archive holding their multi-architecture image indexes
+    (shared layers stored once); :data:`PAUSE_IMAGE` and :data:`BUSYBOX_IMAGE` have their own.
+    A warm call (all archives cached for the current inputs) only hashes inputs and stats files.
+    Building needs root, buildah, mmdebstrap and qemu-user-static (the driver images), apt/dpkg
+    with current lists, gcc with static libc and go (for the kubernetes module's pause.c); any
+    failure raises :class:`BuildError` (or :class:`nodeimages.debs.DebError`) saying what is
+    missing.
     """
     cache = images_dir(cache_dir)
     try:
@@ -900,8 +501,15 @@ def build_all(
                 deb_files = debs.fetch(plan.debs, cache / "debs", log)
             with tempfile.TemporaryDirectory(dir=tmp_parent) as tmp:
                 work = Path(tmp)
-                if plan.archive("compute-domain-driver") in missing:
-                    _build_driver(plan, deb_files, work, log)
+                out = plan.archive("compute-domain-driver")
+                if out in missing:
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    try:
+                        driver.build_driver_archive(
+                            plan.repo, cache, plan.driver_refs, out, work=work, log=log
+                        )
+                    except driver.ImageError as err:
+                        raise BuildError(str(err)) from err
                 if plan.archive("pause") in missing:
                     _build_pause(plan, work, log)
                 if plan.archive("busybox") in missing:

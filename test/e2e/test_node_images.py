@@ -31,8 +31,10 @@ from nodeimages import (
     CRI_LABELS,
     CRI_PINNED,
     PAUSE_IMAGE,
+    archive_platforms,
     archive_refs,
     build_all,
+    driver_image_refs,
     import_images,
 )
 
@@ -201,6 +203,21 @@ def test_archives_name_every_image(archives: dict[str, Path]) -> None:
     assert len(archives) == 5
     named = {ref for path in set(archives.values()) for ref in archive_refs(path)}
     assert named == set(archives)
+
+
+def test_driver_images_are_one_index_of_both_architectures(archives: dict[str, Path]) -> None:
+    """Each driver image is an OCI index of linux/amd64 and linux/arm64 images of one build."""
+    for target, ref in driver_image_refs().items():
+        configs = archive_platforms(archives[ref], ref)
+        assert set(configs) == {"linux/amd64", "linux/arm64"}, (ref, sorted(configs))
+        # The base differs by architecture (its name too, here); every other label is the build's.
+        base = "org.opencontainers.image.base.name"
+        labels = [
+            {k: v for k, v in c["config"]["Labels"].items() if k != base} for c in configs.values()
+        ]
+        assert labels[0] == labels[1], ref
+        assert labels[0]["org.opencontainers.image.title"] == target
+        assert configs["linux/arm64"]["config"]["Entrypoint"] == [target]
 
 
 def test_import_lists_all_images_pinned(imported: Containerd, archives: dict[str, Path]) -> None:
