@@ -5,8 +5,18 @@
 #   etcd                                                     (hack/etcd/go.mod)
 #   cdi-resolve                                              (hack/cdi/go.mod)
 #   containerd, containerd-shim-runc-v2, ctr                 (hack/containerd/go.mod)
+#   linux-arm64/containerd: the same containerd for linux/arm64 (GOARCH=arm64)
 # The node components (kubelet, kube-proxy, containerd) serve the real-node e2e
 # lane; hack/node-deps.sh installs the Debian packages that lane also needs.
+# The lane's arm64 node runs linux-arm64/containerd through qemu-user binfmt:
+# containerd's CRI image store only holds images of containerd's own platform,
+# so an amd64 containerd cannot run arm64 images through the kubelet. Its shim
+# (containerd-shim-runc-v2 from PATH), runc, kubelet and ctr stay amd64.
+# One build-time change, made to a copy of the pinned containerd module in
+# <bin>/.build.src (a `replace` in a copy of hack/containerd; removed after the build):
+# qemu-user refuses prctl(PR_SET_SECCOMP), so containerd under qemu finds seccomp
+# missing and rejects every pod sandbox (the kubelet always asks RuntimeDefault for
+# it); the change makes it run such a sandbox without a seccomp profile instead.
 #
 # Binaries go to a cache directory OUTSIDE the repository, keyed by version:
 #   ${CD_E2E_CACHE:-$HOME/.cache/compute-domain-e2e}/k8s-v<K8S>/bin/
@@ -58,17 +68,34 @@ fresh() { # <stamp name> <stamp value> <binaries...>
 
 KUBE_BINS=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy)
 CTRD_BINS=(containerd containerd-shim-runc-v2 ctr)
+# Foreign-architecture node binaries: <bin>/linux-<arch>/<name>, stamp .containerd-linux-<arch>.
+CTRD_FOREIGN_ARCHES=(arm64)
+CTRD_FOREIGN_BINS=(containerd)
+foreign_bins() { local b; for b in "${CTRD_FOREIGN_BINS[@]}"; do echo "linux-$1/$b"; done; }
 KUBE_STAMP="$(stamp_of "$HACK_DIR/kube" "$K8S_VERSION")"
 ETCD_STAMP="$(stamp_of "$HACK_DIR/etcd" "$ETCD_VERSION")"
 CDI_STAMP="$(stamp_of "$HACK_DIR/cdi" "$CDI_VERSION")"
 CTRD_STAMP="$(stamp_of "$HACK_DIR/containerd" "$CTRD_VERSION")"
+# The line of the module that the foreign build replaces, and with what (see the header).
+SECCOMP_FILE=internal/cri/sputil/seccomp_linux.go
+SECCOMP_FROM='return nil, errors.New("seccomp is not supported")'
+SECCOMP_TO='return nil, nil // qemu-user: no seccomp; run without a profile (hack/build-control-plane.sh)'
+declare -A CTRD_FOREIGN_STAMP
+for a in "${CTRD_FOREIGN_ARCHES[@]}"; do
+  CTRD_FOREIGN_STAMP[$a]="$(stamp_of "$HACK_DIR/containerd" "$CTRD_VERSION linux/$a $SECCOMP_TO")"
+done
+foreign_fresh() { # <arch>
+  # shellcheck disable=SC2046  # one word per binary path
+  fresh "containerd-linux-$1" "${CTRD_FOREIGN_STAMP[$1]}" $(foreign_bins "$1")
+}
 
 case "${1:-}" in
   --print-bin-dir) echo "$BIN_DIR"; exit 0 ;;
   --check)
     fresh kube "$KUBE_STAMP" "${KUBE_BINS[@]}" && fresh etcd "$ETCD_STAMP" etcd &&
-      fresh cdi "$CDI_STAMP" cdi-resolve && fresh containerd "$CTRD_STAMP" "${CTRD_BINS[@]}" && { echo "$BIN_DIR"; exit 0; }
-    exit 1 ;;
+      fresh cdi "$CDI_STAMP" cdi-resolve && fresh containerd "$CTRD_STAMP" "${CTRD_BINS[@]}" || exit 1
+    for a in "${CTRD_FOREIGN_ARCHES[@]}"; do foreign_fresh "$a" || exit 1; done
+    echo "$BIN_DIR"; exit 0 ;;
   "") ;;
   *) die "unknown argument '$1' (use --print-bin-dir or --check)" ;;
 esac
@@ -172,6 +199,40 @@ else
   echo "$CTRD_STAMP" >"$BIN_DIR/.containerd.stamp"
   log "containerd $CTRD_VERSION: built in $((SECONDS - t))s"
 fi
+
+for a in "${CTRD_FOREIGN_ARCHES[@]}"; do
+  if foreign_fresh "$a"; then
+    log "containerd $CTRD_VERSION linux/$a: up to date"
+    continue
+  fi
+  need_go
+  download "$HACK_DIR/containerd"
+  log "containerd $CTRD_VERSION linux/$a: go build ${CTRD_FOREIGN_BINS[*]} (cold: ~1.5 min on 2 cores)"
+  t=$SECONDS; tmp="$(mktemp -d "$BIN_DIR/.build.XXXXXX")"
+  mkdir -p "$tmp/linux-$a" "$BIN_DIR/linux-$a"
+  pkgs=(); for b in "${CTRD_FOREIGN_BINS[@]}"; do pkgs+=("github.com/containerd/containerd/v2/cmd/$b"); done
+  upstream="$(cd "$HACK_DIR/containerd" && go list -m -f '{{.Dir}}' github.com/containerd/containerd/v2)"
+  # Fixed paths (not under $tmp): they end up in the build IDs, and the binary stays reproducible.
+  src="$BIN_DIR/.build.src/containerd" mod="$BIN_DIR/.build.src/module"
+  rm -rf "$BIN_DIR/.build.src" && mkdir -p "$BIN_DIR/.build.src" &&
+    cp -r "$upstream" "$src" && chmod -R u+w "$src" && mkdir "$mod" &&
+    cp "$HACK_DIR/containerd"/go.mod "$HACK_DIR/containerd"/go.sum "$HACK_DIR/containerd"/*.go "$mod/" ||
+    { rm -rf "$tmp"; die "cannot copy the containerd module to $tmp"; }
+  [[ "$(grep -cF "$SECCOMP_FROM" "$src/$SECCOMP_FILE")" == 1 ]] ||
+    { rm -rf "$tmp"; die "$SECCOMP_FILE no longer has '$SECCOMP_FROM' once: revisit the qemu change"; }
+  awk -v from="$SECCOMP_FROM" -v to="$SECCOMP_TO" \
+    '{ i = index($0, from); if (i) $0 = substr($0, 1, i - 1) to; print }' \
+    "$upstream/$SECCOMP_FILE" >"$src/$SECCOMP_FILE"
+  cld="-s -w -X github.com/containerd/containerd/v2/version.Version=$CTRD_VERSION"
+  (cd "$mod" && go mod edit -replace "github.com/containerd/containerd/v2=$src" &&
+    GOARCH="$a" go build -trimpath -tags "no_btrfs urfave_cli_no_docs" -ldflags "$cld" \
+      -o "$tmp/linux-$a/" "${pkgs[@]}") ||
+    { rm -rf "$tmp"; die "go build of containerd for linux/$a failed"; }
+  # shellcheck disable=SC2046  # one word per binary path
+  install_from "$tmp" $(foreign_bins "$a")
+  echo "${CTRD_FOREIGN_STAMP[$a]}" >"$BIN_DIR/.containerd-linux-$a.stamp"
+  log "containerd $CTRD_VERSION linux/$a: built in $((SECONDS - t))s"
+done
 
 log "done in $((SECONDS - T_ALL))s; binaries in $BIN_DIR"
 echo "$BIN_DIR"

@@ -18,24 +18,36 @@ Owns what a real node (kubelet + containerd, ``realnode``) needs from the host a
   ``cgroupRoot``);
 * the kernel tunables the kubelet rewrites on start (``KERNEL_TUNABLES``, host-global): their
   values are recorded in a state file *before* the first kubelet starts and restored by
-  :func:`sweep`.
+  :func:`sweep`;
+* for a node of a foreign architecture (the lane's arm64 node), the qemu-user binfmt handler
+  (host-global, ``nodeimages.binfmt``): :func:`foreign_arch` registers it for a block and notes
+  it in the state file while registered, so :func:`sweep` unregisters it after an interrupted
+  run; the handlers present before the run are recorded with the tunables, and
+  :func:`leftovers` reports any handler added since.
 
 Everything created carries the ``cde2e`` prefix, so :func:`sweep` finds leftovers of an
 interrupted run even without its state, and :func:`leftovers` lists what is still on the host
-(empty list = the host is as it was). Knows nothing about Kubernetes.
+(empty list = the host is as it was). Because :func:`sweep` removes *every* real node on the
+machine, one process at a time may run them: :func:`claim_host` (which :func:`sweep` calls
+first) takes a host-wide lock that the kernel drops when the process ends, and a second run
+fails at once instead of sweeping the first one's nodes. Knows nothing about Kubernetes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from nodeimages import binfmt
 
 from .processes import ClusterError, Proc
 
@@ -57,6 +69,39 @@ def state_file() -> Path:
     """Where host changes are recorded between runs (survives an interrupted run)."""
     root = Path(os.environ.get("CD_E2E_CACHE", Path.home() / ".cache" / "compute-domain-e2e"))
     return root / "realnodes-host-state.json"
+
+
+def lock_file() -> Path:
+    """The host-wide lock of the real-node tier (see :func:`claim_host`), next to the state."""
+    return state_file().with_name("realnodes-host.lock")
+
+
+_CLAIM: dict[str, int] = {}  # "fd": the open lock file while this process holds the claim
+
+
+def claim_host() -> None:
+    """Make this process the only one running real nodes on this host until it exits.
+
+    Takes an exclusive ``flock`` on :func:`lock_file` and keeps it: the kernel drops it when the
+    process ends, so an interrupted run leaves no stale claim. Idempotent within a process.
+    Raises :class:`ClusterError` naming the holder's pid when another process holds the host:
+    its nodes are not this run's to sweep."""
+    if "fd" in _CLAIM:
+        return
+    path = lock_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ClusterError(
+            f"another real-node run (pid {holder}) holds this host ({path}): wait until it ends"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _CLAIM["fd"] = fd
 
 
 def run(argv: Sequence[str], *, check: bool = True, input_text: str | None = None) -> str:
@@ -107,22 +152,21 @@ def ensure_bridge() -> None:
 # ---------------------------------------------------------------------------------- kernel state
 
 
-def record_kernel_tunables() -> None:
-    """Record the host's ``KERNEL_TUNABLES`` before any kubelet runs.
+def record_host_state() -> None:
+    """Record the host's ``KERNEL_TUNABLES`` and qemu binfmt handlers before any node runs.
 
     Keeps an existing record: after an interrupted run the values on the host may already be
     the kubelet's, and the record holds the originals."""
-    path = state_file()
     state = _read_state()
-    if "sysctls" in state:
-        return
-    state["sysctls"] = {
-        t: Path(f"/proc/sys/{t}").read_text().strip()
-        for t in KERNEL_TUNABLES
-        if Path(f"/proc/sys/{t}").exists()
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state, indent=1))
+    if "sysctls" not in state:
+        state["sysctls"] = {
+            t: Path(f"/proc/sys/{t}").read_text().strip()
+            for t in KERNEL_TUNABLES
+            if Path(f"/proc/sys/{t}").exists()
+        }
+    if "binfmt" not in state:
+        state["binfmt"] = binfmt.state()
+    _write_state(state)
 
 
 def recorded_tunables() -> dict[str, str]:
@@ -130,12 +174,59 @@ def recorded_tunables() -> dict[str, str]:
     return dict(_read_state().get("sysctls", {}))
 
 
-def _read_state() -> dict[str, dict[str, str]]:
+def recorded_binfmt() -> list[str] | None:
+    """The qemu binfmt handlers registered before the run (None: nothing recorded)."""
+    handlers = _read_state().get("binfmt")
+    return list(handlers) if isinstance(handlers, list) else None
+
+
+def _read_state() -> dict[str, Any]:
     try:
         data = json.loads(state_file().read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _write_state(state: dict[str, Any]) -> None:
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, path)
+
+
+def _note_binfmt(name: str, *, registered: bool) -> None:
+    state = _read_state()
+    noted = set(state.get("binfmt_registered", []))
+    if registered:
+        noted.add(name)
+    else:
+        noted.discard(name)
+    state["binfmt_registered"] = sorted(noted)
+    _write_state(state)
+
+
+@contextlib.contextmanager
+def foreign_arch(arch: str, log: Callable[[str], None] = lambda _m: None) -> Iterator[None]:
+    """:func:`nodeimages.binfmt.foreign_arch` for the real-node tier: within the block binaries
+    of ``arch`` (OCI name) run here; a handler the block registers is noted in the state file
+    until the block has unregistered it, so :func:`sweep` removes it after an interrupted run.
+
+    The handler is host-global: a handler that was already registered (by another process) is
+    used and left alone. Raises :class:`nodeimages.binfmt.BinfmtError` when it cannot be
+    registered."""
+    name = binfmt.handler_name(arch)
+    before = name in binfmt.state()
+    with binfmt.foreign_arch(arch, log):
+        ours = not before and name in binfmt.state()
+        if ours:
+            _note_binfmt(name, registered=True)
+        try:
+            yield
+        finally:
+            if ours:
+                _note_binfmt(name, registered=False)
 
 
 # ---------------------------------------------------------------------------------- namespaces
@@ -376,8 +467,11 @@ def _holders() -> list[int]:
 def sweep() -> list[str]:
     """Undo every host change of this tier, of this run or an interrupted one.
 
-    Kills node processes (by namespace), removes cgroup roots, links and the bridge, restores
-    the recorded kernel tunables and drops the state file. Returns what it removed."""
+    Claims the host first (:func:`claim_host`; raises :class:`ClusterError` while another
+    process runs real nodes). Kills node processes (by namespace), removes cgroup roots, links
+    and the bridge, restores the recorded kernel tunables, unregisters the binfmt handlers
+    :func:`foreign_arch` noted and drops the state file. Returns what it removed."""
+    claim_host()
     done: list[str] = []
     for pid in _holders():
         kill_namespace(pid)
@@ -398,19 +492,29 @@ def sweep() -> list[str]:
         if p.exists() and p.read_text().strip() != value:
             p.write_text(value)
             done.append(f"sysctl {tunable}={value}")
+    for name in state.get("binfmt_registered", []):
+        handler = binfmt.BINFMT_MISC / name
+        if handler.exists():
+            handler.write_text("-1")
+            done.append(f"binfmt handler {name}")
     with contextlib.suppress(FileNotFoundError):
         state_file().unlink()
     return done
 
 
 def leftovers(
-    work_root: Path | None = None, *, tunables: dict[str, str] | None = None
+    work_root: Path | None = None,
+    *,
+    tunables: dict[str, str] | None = None,
+    binfmt_handlers: Sequence[str] | None = None,
 ) -> list[str]:
     """What this tier still has on the host; ``[]`` means the host is as it was.
 
     ``work_root``: also report host mounts under it (there should never be any: node mounts
-    live in the nodes' own mount namespaces). ``tunables``: the recorded kernel tunables to
-    compare with (default: the state file's; :func:`sweep` removes that file)."""
+    live in the nodes' own mount namespaces). ``tunables`` and ``binfmt_handlers``: the
+    recorded kernel tunables and qemu binfmt handlers to compare with (default: the state
+    file's; :func:`sweep` removes that file). A handler registered now and not then is a
+    leftover; one that another process has removed since is not."""
     out = [f"process {p} (namespace holder)" for p in _holders()]
     out += [f"cgroup /{n}" for n in _prefixed_cgroup_roots()]
     out += [f"link {n}" for n in _prefixed_links()]
@@ -419,6 +523,9 @@ def leftovers(
         p = Path(f"/proc/sys/{tunable}")
         if p.exists() and p.read_text().strip() != value:
             out.append(f"sysctl {tunable} is {p.read_text().strip()}, was {value}")
+    handlers = binfmt_handlers if binfmt_handlers is not None else recorded_binfmt()
+    if handlers is not None:
+        out += [f"binfmt handler {h}" for h in binfmt.state() if h not in handlers]
     if work_root is not None:
         root = str(work_root.resolve())
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -428,6 +535,21 @@ def leftovers(
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             if "/var/lib/kubelet" in line.split()[4]:
                 out.append(f"mount {line.split()[4]}")
+    return out
+
+
+def node_leftovers(name: str, index: int) -> list[str]:
+    """What a node that was stopped alone (the others keep running) left on the host: its
+    namespace holder, cgroup root, veth or pod-subnet route (``[]`` = nothing)."""
+    argv0 = f"{HOLDER_ARGV0}{name}"
+    out = [f"process {p} (namespace holder of {name})" for p, a in _processes() if a == argv0]
+    top = cgroup_root_name(name).lstrip("/")
+    out += [f"cgroup /{top} in {h}" for h in cgroup_hierarchies() if (h / top).exists()]
+    veth = f"{PREFIX}-{index}"
+    if Path(f"/sys/class/net/{veth}").exists():
+        out.append(f"link {veth}")
+    if run(["ip", "route", "show", pod_cidr(index)], check=False).strip():
+        out.append(f"route {pod_cidr(index)}")
     return out
 
 
@@ -441,13 +563,18 @@ __all__ = [
     "SUBNET",
     "NodeNamespace",
     "cgroup_root_name",
+    "claim_host",
     "ensure_bridge",
     "ensure_cgroup_root",
+    "foreign_arch",
     "kill_namespace",
     "leftovers",
+    "lock_file",
     "node_ip",
+    "node_leftovers",
     "pod_cidr",
-    "record_kernel_tunables",
+    "record_host_state",
+    "recorded_binfmt",
     "recorded_tunables",
     "remove_cgroup_root",
     "run",

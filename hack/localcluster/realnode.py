@@ -14,9 +14,21 @@ inside the node's own network + mount namespace (``hostnet.NodeNamespace``):
 * kube-proxy (iptables mode, conntrack sysctls left alone) so pods reach the API server through
   the ``kubernetes`` Service.
 
+A node may have a foreign architecture (``arch="arm64"`` on this amd64 host): its containerd
+is then ``<bin>/linux-<arch>/containerd`` (``hack/build-control-plane.sh``), which the kernel
+runs through the qemu-user binfmt handler (``hostnet.foreign_arch``, registered by the caller),
+because containerd's CRI image store holds only images of containerd's own platform; images
+are imported for ``linux/<arch>`` and so are its pods' processes, through the same handler.
+The shim, runc, kubelet and kube-proxy stay the host's (the kubelet therefore labels the Node
+``kubernetes.io/arch`` with the host's architecture). qemu-user has no seccomp, so that
+containerd runs pod sandboxes without a seccomp profile (a build-time change, see
+``hack/build-control-plane.sh``). Emulated code is slower (Python 5-10x): callers give such a
+node generous timeouts.
+
 :class:`RealNodes` starts N of them against a :class:`~localcluster.cluster.Cluster` started
-with ``advertise_address=hostnet.HOST_IP`` and tears everything down again, checking that the
-host is as it found it (``hostnet.leftovers``). Facts and pitfalls:
+with ``advertise_address=hostnet.HOST_IP`` (:meth:`RealNodes.add` joins one more and
+:meth:`RealNodes.remove` takes it out again) and tears everything down again, checking that
+the host is as it found it (``hostnet.leftovers``). Facts and pitfalls:
 ``shared/reference/real-node-tier.md``.
 """
 
@@ -31,6 +43,9 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from nodeimages import binfmt
 
 from . import hostnet
 from .cluster import Cluster
@@ -43,12 +58,34 @@ CNI_BIN_DIR = "/usr/lib/cni"
 CONTAINERD_SOCK = "/run/containerd/containerd.sock"
 REQUIRED_HOST_TOOLS = ("unshare", "nsenter", "ip", "iptables", "sysctl", RUNC, CURL)
 REQUIRED_BINS = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr")
+#: What a node of a foreign architecture runs of that architecture (``<bin>/linux-<arch>/``).
+FOREIGN_BINS = ("containerd",)
+NATIVE_ARCH = binfmt.native_arch()
+#: Seconds until containerd answers: natively it takes ~1 s, under qemu ~2 s on an idle host.
+CONTAINERD_TIMEOUT = 30.0
+CONTAINERD_TIMEOUT_QEMU = 120.0
 
 
-def missing_prerequisites(bin_dir: Path) -> list[str]:
-    """What the real-node tier lacks on this host (``[]`` = it can run)."""
+def foreign_bin_dir(bin_dir: Path, arch: str) -> Path:
+    """Where ``hack/build-control-plane.sh`` puts the node binaries of ``arch``."""
+    return bin_dir / f"linux-{arch}"
+
+
+def missing_prerequisites(bin_dir: Path, arches: Sequence[str] = ()) -> list[str]:
+    """What the real-node tier lacks on this host (``[]`` = it can run); ``arches``: also
+    what nodes of those architectures (OCI names) need: their containerd, qemu-user-static."""
     out = [f"{bin_dir / b} (run hack/build-control-plane.sh)" for b in REQUIRED_BINS]
     out = [o for o, b in zip(out, REQUIRED_BINS, strict=True) if not (bin_dir / b).is_file()]
+    for arch in arches:
+        if arch == NATIVE_ARCH:
+            continue
+        for b in FOREIGN_BINS:
+            path = foreign_bin_dir(bin_dir, arch) / b
+            if not path.is_file():
+                out.append(f"{path} (run hack/build-control-plane.sh)")
+        conf = binfmt.BINFMT_D / f"{binfmt.handler_name(arch)}.conf"
+        if not conf.is_file():
+            out.append(f"{conf} of qemu-user-static (run hack/node-deps.sh)")
     for tool in REQUIRED_HOST_TOOLS:
         if shutil.which(tool) is None:
             out.append(f"{tool} (run hack/node-deps.sh)")
@@ -178,7 +215,10 @@ def kube_proxy_config(name: str, kubeconfig: Path) -> dict[str, object]:
 
 @dataclass
 class RealNode:
-    """One real node: its namespaces and its containerd, kubelet and kube-proxy processes."""
+    """One real node: its namespaces and its containerd, kubelet and kube-proxy processes.
+
+    ``arch`` (OCI name) is the architecture of its containerd and so of its images and pods
+    (see the module docstring)."""
 
     name: str
     index: int
@@ -189,10 +229,30 @@ class RealNode:
     procs: dict[str, Proc] = field(default_factory=dict)
     feature_gates: dict[str, bool] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    arch: str = NATIVE_ARCH
 
     @property
     def ip(self) -> str:
         return self.ns.ip
+
+    @property
+    def native(self) -> bool:
+        """True unless the node's containerd runs through qemu-user."""
+        return self.arch == NATIVE_ARCH
+
+    @property
+    def platform(self) -> str:
+        """The OCI platform of the node's images and pods (``linux/arm64``)."""
+        return f"linux/{self.arch}"
+
+    def containerd_binary(self) -> Path:
+        """The containerd the node runs: the host's, or ``<bin>/linux-<arch>/containerd``."""
+        bin_dir = self.cluster.bin_dir
+        return (
+            bin_dir / "containerd"
+            if self.native
+            else foreign_bin_dir(bin_dir, self.arch) / "containerd"
+        )
 
     def _spawn(self, component: str, argv: Sequence[str]) -> Proc:
         proc = Proc.spawn(f"{self.name}-{component}", self.ns.argv(argv), self.log_dir)
@@ -211,7 +271,10 @@ class RealNode:
             time.sleep(0.2)
 
     def start_containerd(self, pause_image: str) -> None:
-        """Start containerd and wait until its socket answers."""
+        """Start containerd and wait until its socket answers.
+
+        Its ``PATH`` starts with the host's bin dir: the shim containerd execs
+        (``containerd-shim-runc-v2``) is the host's also on a foreign node."""
         cfg = self.node_dir / "containerd.toml"
         cfg.write_text(containerd_config(self.node_dir, pause_image))
         cni = self.node_dir / "cni"
@@ -219,18 +282,23 @@ class RealNode:
         (cni / "10-cde2e.conflist").write_text(json.dumps(cni_config(self.index), indent=1))
         bin_dir = self.cluster.bin_dir
         argv = ["env", f"PATH={bin_dir}:/usr/sbin:/usr/bin:/sbin:/bin"]
-        proc = self._spawn("containerd", [*argv, str(bin_dir / "containerd"), f"--config={cfg}"])
+        binary = self.containerd_binary()
+        proc = self._spawn("containerd", [*argv, str(binary), f"--config={cfg}"])
         ctr = [str(bin_dir / "ctr"), f"--address={CONTAINERD_SOCK}", "version"]
         self._wait(
-            f"{self.name} containerd",
+            f"{self.name} containerd ({self.platform})",
             lambda: self.ns.run(ctr, check=False).find("Server:") >= 0,
             proc,
-            30,
+            CONTAINERD_TIMEOUT if self.native else CONTAINERD_TIMEOUT_QEMU,
         )
 
     def import_images(self, archives: Sequence[Path]) -> None:
-        """Import OCI archives into the node's ``k8s.io`` containerd namespace."""
+        """Import OCI archives into the node's ``k8s.io`` containerd namespace.
+
+        A foreign node imports the ``linux/<arch>`` image of each (``--platform``): an image
+        index must have one, a single-manifest archive must be of that platform."""
         ctr = str(self.cluster.bin_dir / "ctr")
+        platform = [] if self.native else ["--platform", self.platform]
         for a in archives:
             self.ns.run(
                 [
@@ -240,6 +308,7 @@ class RealNode:
                     "k8s.io",
                     "images",
                     "import",
+                    *platform,
                     "--local",
                     str(a),
                 ]
@@ -320,17 +389,55 @@ class RealNode:
         self.ns.destroy()
 
 
-def _node_ready(cluster: Cluster, name: str) -> bool:
-    url = f"{cluster.server}/api/v1/nodes/{name}"
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {cluster.token('admin')}"})
+def _api(cluster: Cluster, method: str, path: str) -> dict[str, Any]:
+    """``method`` on the API server as admin; the decoded answer (raises ``URLError``/``OSError``
+    /``ValueError``; ``HTTPError`` for an error status)."""
+    req = urllib.request.Request(
+        f"{cluster.server}{path}",
+        method=method,
+        headers={"Authorization": f"Bearer {cluster.token('admin')}"},
+    )
     ctx = ssl.create_default_context(cafile=str(cluster.ca_file))
+    with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
+        out: dict[str, Any] = json.load(resp)
+    return out
+
+
+def _node_ready(cluster: Cluster, name: str) -> bool:
     try:
-        with urllib.request.urlopen(req, timeout=5, context=ctx) as resp:
-            node = json.load(resp)
+        node = _api(cluster, "GET", f"/api/v1/nodes/{name}")
     except (urllib.error.URLError, OSError, ValueError):
         return False
     conds = node.get("status", {}).get("conditions", [])
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def _forget_node(cluster: Cluster, name: str) -> list[str]:
+    """Delete the Node object of a stopped node and, at once, the pods bound to it (what the
+    node lifecycle controller and pod GC would do after their grace periods); the errors."""
+    errors: list[str] = []
+    try:
+        _api(cluster, "DELETE", f"/api/v1/nodes/{name}")
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            errors.append(f"DELETE node {name}: {e}")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        errors.append(f"DELETE node {name}: {e}")
+    try:
+        pods = _api(cluster, "GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{name}")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return [*errors, f"list pods of {name}: {e}"]
+    for pod in pods.get("items", []):
+        meta = pod["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}?gracePeriodSeconds=0"
+        try:
+            _api(cluster, "DELETE", path)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                errors.append(f"DELETE pod {meta['namespace']}/{meta['name']}: {e}")
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            errors.append(f"DELETE pod {meta['namespace']}/{meta['name']}: {e}")
+    return errors
 
 
 class RealNodes:
@@ -371,29 +478,114 @@ class RealNodes:
         if missing:
             raise ClusterError("real-node tier prerequisites missing: " + ", ".join(missing))
         hostnet.sweep()
-        hostnet.record_kernel_tunables()
+        hostnet.record_host_state()
         workdir.mkdir(parents=True, exist_ok=True)
         fleet = cls(cluster, workdir, [])
         try:
             for index, name in enumerate(names, start=1):
-                node_dir = workdir / name
-                if node_dir.exists():
-                    shutil.rmtree(node_dir)
-                node_dir.mkdir(parents=True)
-                ns = hostnet.NodeNamespace.create(name, index, node_dir, cluster.log_dir)
-                node = RealNode(name, index, ns, cluster, node_dir, cluster.log_dir)
-                fleet.nodes.append(node)
-                if prepare is not None:
-                    prepare(node)
-                node.start_containerd(pause_image)
-                node.import_images(images)
-                node.start_kubelet(feature_gates or {}, labels or {})
-                node.start_kube_proxy()
+                fleet._start_node(
+                    name,
+                    index,
+                    arch=NATIVE_ARCH,
+                    images=images,
+                    pause_image=pause_image,
+                    prepare=prepare,
+                    feature_gates=feature_gates,
+                    labels=labels,
+                )
             fleet.wait_ready(timeout=timeout)
         except BaseException:
             fleet.stop()
             raise
         return fleet
+
+    def _start_node(
+        self,
+        name: str,
+        index: int,
+        *,
+        arch: str,
+        images: Sequence[Path],
+        pause_image: str,
+        prepare: Callable[[RealNode], None] | None,
+        feature_gates: Mapping[str, bool] | None,
+        labels: Mapping[str, str] | None,
+    ) -> RealNode:
+        node_dir = self.workdir / name
+        if node_dir.exists():
+            shutil.rmtree(node_dir)
+        node_dir.mkdir(parents=True)
+        ns = hostnet.NodeNamespace.create(name, index, node_dir, self.cluster.log_dir)
+        node = RealNode(name, index, ns, self.cluster, node_dir, self.cluster.log_dir, arch=arch)
+        self.nodes.append(node)
+        if prepare is not None:
+            prepare(node)
+        node.start_containerd(pause_image)
+        node.import_images(images)
+        node.start_kubelet(feature_gates or {}, labels or {})
+        node.start_kube_proxy()
+        return node
+
+    def add(
+        self,
+        name: str,
+        *,
+        arch: str = NATIVE_ARCH,
+        images: Sequence[Path],
+        pause_image: str,
+        prepare: Callable[[RealNode], None] | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
+        labels: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> RealNode:
+        """Start one more node, of architecture ``arch`` (OCI name), and join it to the cluster;
+        returns once its Node is Ready. The other nodes are left alone.
+
+        As :meth:`start` (``cluster`` needs a node identity for ``name``), with ``images`` the
+        archives for this node: for a foreign ``arch`` each must hold a ``linux/<arch>`` image,
+        ``pause_image`` included, and the qemu binfmt handler must be registered for as long as
+        the node runs (``hostnet.foreign_arch``). On failure the node is removed again
+        (:meth:`remove`) and :class:`ClusterError` raised."""
+        if any(n.name == name for n in self.nodes):
+            raise ClusterError(f"node {name} already runs")
+        missing = missing_prerequisites(self.cluster.bin_dir, [arch])
+        if missing:
+            raise ClusterError(
+                f"prerequisites of {arch} node {name} missing: " + ", ".join(missing)
+            )
+        if arch != NATIVE_ARCH and binfmt.handler_name(arch) not in binfmt.state():
+            raise ClusterError(f"{arch} node {name}: register the qemu binfmt handler first")
+        index = max((n.index for n in self.nodes), default=0) + 1
+        try:
+            node = self._start_node(
+                name,
+                index,
+                arch=arch,
+                images=images,
+                pause_image=pause_image,
+                prepare=prepare,
+                feature_gates=feature_gates,
+                labels=labels,
+            )
+            self.wait_ready([name], timeout=timeout)
+        except BaseException:
+            if any(n.name == name for n in self.nodes):
+                self.remove(name)
+            raise
+        return node
+
+    def remove(self, name: str) -> list[str]:
+        """Stop node ``name`` alone, delete its Node object and the pods bound to it; returns
+        what it left on the host or failed to delete (``[]`` = clean)."""
+        node = self[name]
+        errors: list[str] = []
+        try:
+            node.stop()
+        except ClusterError as e:
+            errors.append(str(e))
+        self.nodes.remove(node)
+        errors += _forget_node(self.cluster, name)
+        return errors + hostnet.node_leftovers(name, node.index)
 
     def wait_ready(self, names: Sequence[str] | None = None, timeout: float = 120.0) -> None:
         """Wait until the named (default: all) Nodes report Ready=True."""
@@ -416,6 +608,7 @@ class RealNodes:
     def stop(self) -> list[str]:
         """Stop every node and sweep the host; returns what is left on it (``[]`` = clean)."""
         recorded = hostnet.recorded_tunables()
+        handlers = hostnet.recorded_binfmt()
         errors: list[str] = []
         for node in reversed(self.nodes):
             try:
@@ -423,4 +616,4 @@ class RealNodes:
             except ClusterError as e:  # keep going: the sweep below retries
                 errors.append(str(e))
         hostnet.sweep()
-        return errors + hostnet.leftovers(self.workdir, tunables=recorded)
+        return errors + hostnet.leftovers(self.workdir, tunables=recorded, binfmt_handlers=handlers)

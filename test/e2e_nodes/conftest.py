@@ -1,7 +1,9 @@
 """Session fixtures of the real-node e2e lane: real kubelets + containerd, the driver as pods.
 
 * ``cluster``: ``localcluster.Cluster`` started with ``advertise_address`` = the host end of the
-  nodes' bridge (``hostnet.HOST_IP``), ServiceAccount admission and every controller on.
+  nodes' bridge (``hostnet.HOST_IP``), ServiceAccount admission and every controller on, and a
+  node identity for each of ``REAL_NODES`` and ``ARM64_NODE`` (which only
+  ``test_real_arm64`` starts, for its own duration).
 * ``nodes``: ``REAL_NODES`` as ``localcluster.RealNodes`` — per node its own network + mount
   namespace, containerd v2, kubelet v1.37 and kube-proxy, fake GPUs (``FAKE_GPUS``) and the
   images of ``hack/nodeimages`` imported (the driver's three, pause, busybox), and a fake driver
@@ -34,6 +36,7 @@ from localcluster.processes import teardown_on_sigterm
 from localcluster.realnode import RealNodes, missing_prerequisites
 from nodeimages import PAUSE_IMAGE, build_all
 from realsupport import (
+    ARM64_NODE,
     GPU_NODE_LABELS,
     OVERLAY,
     REAL_NODES,
@@ -70,7 +73,7 @@ def cluster() -> Iterator[Cluster]:
     c = Cluster.start(
         bins,
         workdir,
-        node_names=REAL_NODES,
+        node_names=(*REAL_NODES, ARM64_NODE),
         advertise_address=HOST_IP,
         controller_manager_args=["--node-monitor-grace-period=20s", "--node-monitor-period=2s"],
     )

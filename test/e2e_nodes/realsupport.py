@@ -27,10 +27,13 @@ from nodeimages import driver_image_refs
 from pkg.api import constants as c
 from pkg.imex.sim.imexd import HOLD_FILE
 from pkg.kubeletplugin.state import domain_dir
-from pkg.testing.fakedriverroot import FakeDriverRoot
+from pkg.testing.fakedriverroot import FakeDriverRoot, host_arch
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_NODES = ("real-1", "real-2")
+# The arm64 node (test_real_arm64): it runs only during that module, so no other test's pod may
+# land on it, and it is not in REAL_NODES; the cluster still needs its identity from the start.
+ARM64_NODE = "real-arm64"
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 # Every node in one NVLink clique (as hack/kind/nodes/worker{,2}).
 FAKE_GPUS = {
@@ -185,12 +188,14 @@ def prepare_node(node: RealNode) -> None:
     """Node-private files the overlay's hostPaths expect: fake GPUs, /proc/devices, driver root.
 
     The driver root (``NVIDIA_DRIVER_ROOT`` of the overlay) holds the simulated IMEX as
-    ``nvidia-imex``: the daemons reach it only through the plugin's CDI spec."""
+    ``nvidia-imex``: the daemons reach it only through the plugin's CDI spec. It is laid out
+    for the node's architecture (``usr/lib/aarch64-linux-gnu`` and an aarch64 kernel module
+    banner on an arm64 node)."""
     fake = node.ns.path("/var/lib/compute-domain-fake")
     fake.mkdir(parents=True)
     (fake / "fake-gpus.json").write_text(json.dumps(FAKE_GPUS))
     shutil.copy(REPO / "hack" / "kind" / "nodes" / "worker" / "proc-devices", fake / "proc-devices")
-    FakeDriverRoot.create(fake / "driver-root")
+    FakeDriverRoot.create(fake / "driver-root", arch=host_arch(node.arch))
 
 
 def monitoring_crd_files() -> list[Path]:

@@ -1,4 +1,6 @@
-"""An interrupted real-node run leaves host state behind; the next run's sweep removes all of it.
+"""An interrupted real-node run leaves host state behind; the next run's sweep removes all of it:
+namespaces, cgroups, links, a kernel tunable the kubelet changed and the qemu binfmt handler an
+arm64 node needs (unless another process had registered it already: then it is not ours).
 
 Runs before the lane's nodes exist (pytest runs this module first: ``test_host_sweep`` sorts
 before the modules that use the ``nodes`` fixture) because :func:`hostnet.sweep` removes every
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import hostnet
+from nodeimages import binfmt
 from realsupport import REPO
 
 # A tunable the kubelet rewrites; the child changes it as the kubelet would.
@@ -24,19 +27,24 @@ TUNABLE = "vm/overcommit_memory"
 
 
 def test_interrupted_run_is_swept(tmp_path: Path) -> None:
+    hostnet.claim_host()  # a real-node run in another process fails this test, not that run
     if hostnet.leftovers():
         pytest.fail(
             f"host not clean before the test (another real-node run?): {hostnet.leftovers()}"
         )
     original = Path(f"/proc/sys/{TUNABLE}").read_text().strip()
     changed = "1" if original != "1" else "0"
+    handler = binfmt.handler_name("arm64")
+    ours = handler not in binfmt.state()  # else another process uses it: not this run's
     child = textwrap.dedent(
         f"""
         import sys, time
         from pathlib import Path
         sys.path[:0] = [{str(REPO)!r}, {str(REPO / "hack")!r}]
         from localcluster import hostnet
-        hostnet.record_kernel_tunables()
+        hostnet.record_host_state()
+        arm64 = hostnet.foreign_arch("arm64")  # kept referenced: never exited (interrupted)
+        arm64.__enter__()
         d = Path({str(tmp_path)!r})
         ns = hostnet.NodeNamespace.create("sweep-1", 1, d, d)
         hostnet.ensure_cgroup_root("sweep-1")
@@ -58,6 +66,9 @@ def test_interrupted_run_is_swept(tmp_path: Path) -> None:
         assert Path(f"/proc/sys/{TUNABLE}").read_text().strip() == changed
         state = json.loads(hostnet.state_file().read_text())
         assert state["sysctls"][TUNABLE] == original
+        if ours:
+            assert state["binfmt_registered"] == [handler], state
+            assert f"binfmt handler {handler}" in hostnet.leftovers()
         assert hostnet.leftovers(), "nothing left behind: the test proves nothing"
     finally:
         if proc.poll() is None:
@@ -66,4 +77,7 @@ def test_interrupted_run_is_swept(tmp_path: Path) -> None:
     assert removed, "sweep found nothing to remove"
     assert hostnet.leftovers() == []
     assert Path(f"/proc/sys/{TUNABLE}").read_text().strip() == original
+    if ours:
+        assert f"binfmt handler {handler}" in removed, removed
+        assert handler not in binfmt.state()
     assert not hostnet.state_file().exists()
