@@ -350,3 +350,11 @@ def container_pids(node: str, needle: str) -> list[int]:
             if needle in cmd:
                 pids.append(int(p))
     return pids
+
+
+def scrape(nodes: RealNodes, pod: dict[str, Any], port: int, path: str = "/metrics") -> str:
+    """``GET http://<pod IP>:<port><path>`` from inside the pod's node, as Prometheus would."""
+    node = nodes[pod["spec"]["nodeName"]]
+    return node.ns.run(
+        ["curl", "-sf", "--max-time", "5", f"http://{pod['status']['podIP']}:{port}{path}"]
+    )

@@ -27,6 +27,7 @@ from realsupport import (
     domain,
     phase,
     ready_daemon,
+    scrape,
     wait_for,
 )
 
@@ -70,13 +71,6 @@ def _gauge(text: str, name: str) -> dict[str, str]:
                 assert sample.value == 1
                 return dict(sample.labels)
     raise AssertionError(f"{name} not served")
-
-
-def _scrape(nodes: RealNodes, pod: dict[str, Any], port: int) -> str:
-    node = nodes[pod["spec"]["nodeName"]]
-    return node.ns.run(
-        ["curl", "-sf", "--max-time", "5", f"http://{pod['status']['podIP']}:{port}/metrics"]
-    )
 
 
 def test_version_log_and_metric_name_the_image_labels(
@@ -128,7 +122,7 @@ def test_version_log_and_metric_name_the_image_labels(
             first = logs.splitlines()[0]
             assert f"starting {binary}" in first, first
             assert f"version={version}" in first and f"revision={revision}" in first, first
-            served = _gauge(_scrape(nodes, pod, port), gauge)
+            served = _gauge(scrape(nodes, pod, port), gauge)
             assert (served["version"], served["revision"]) == (version, revision), served
 
 

@@ -25,6 +25,7 @@ from realsupport import (
     domain,
     phase,
     ready_daemon,
+    scrape,
     wait_for,
 )
 
@@ -53,12 +54,6 @@ def _samples(text: str) -> set[str]:
         if family.type == "histogram":
             names.update(family.name + s for s in ("_bucket", "_sum", "_count"))
     return names
-
-
-def _scrape(nodes: RealNodes, pod: dict[str, Any], port: int, path: str) -> str:
-    url = f"http://{pod['status']['podIP']}:{port}{path}"
-    node = nodes[pod["spec"]["nodeName"]]
-    return node.ns.run(["curl", "-sf", "--max-time", "5", url])
 
 
 def test_every_alert_and_panel_metric_is_scraped_from_live_pods(
@@ -100,7 +95,7 @@ def test_every_alert_and_panel_metric_is_scraped_from_live_pods(
                 if p["status"].get("podIP") and p["status"].get("phase") == "Running"]  # fmt: skip
         assert pods, f"PodMonitor {name} ({selector}) selects no running pod"
         for pod in pods:
-            text = _scrape(nodes, pod, _port(pod, endpoint), endpoint.get("path", "/metrics"))
+            text = scrape(nodes, pod, _port(pod, endpoint), endpoint.get("path", "/metrics"))
             served |= _samples(text)
         scraped[name] = len(pods)
     assert scraped["compute-domain-daemon"] == len(REAL_NODES), scraped
