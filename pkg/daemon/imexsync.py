@@ -14,7 +14,11 @@ IPs (legacy)
     ``nodes.cfg`` lists the clique's IPs in index order and every change restarts IMEX.
 
 Invariant: only entries of our own clique are ever written into IMEX's view, and IMEX never
-starts before our own entry (and thus our name -> IP mapping) exists.
+starts before our own entry (and thus our name -> IP mapping) exists. An entry whose
+``ipAddress`` is not a canonical IP literal (:func:`pkg.imex.nodesconfig.is_canonical_ip`) or
+is the empty-slot sentinel is left out with one warning per entry: every daemon of the clique
+can write entries, so one bad entry must neither reach IMEX's files nor stop the others from
+being written (issue 33).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class ImexSync:
         self._process = process
         self._peers = peers
         self._imex_index: int | None = None  # our index when IMEX last (re)started
+        self._skipped: set[tuple[str, int, str]] = set()  # (node, index, IP) warned about
         self._waiting_logged = -1
 
     def prepare(self) -> None:
@@ -75,10 +80,28 @@ class ImexSync:
             write_file_atomically(self._nodes_path, content)
 
     def clique_members(self, entries: list[DaemonEntry]) -> list[DaemonEntry]:
+        """Our clique's entries with a usable index and a canonical IP literal, by index (our own
+        entry first on a tie); others are skipped, each bad one logged once."""
         same = [
             e for e in entries if e.clique_id == self._me.clique_id and 0 <= e.index < self._max
         ]
-        return sorted(same, key=lambda e: (e.index, e.node_name != self._me.node_name))
+        usable = [
+            e
+            for e in same
+            if nodesconfig.is_canonical_ip(e.ip_address)
+            and e.ip_address != nodesconfig.SENTINEL_ADDRESS
+        ]
+        for bad in same:
+            key = (bad.node_name, bad.index, bad.ip_address)
+            if bad in usable or key in self._skipped:
+                continue
+            log.warning(
+                "skipping clique entry of node %r (index %d): ipAddress %r is not a canonical "
+                "IP literal or is the empty-slot sentinel",
+                bad.node_name, bad.index, bad.ip_address,
+            )  # fmt: skip
+            self._skipped.add(key)
+        return sorted(usable, key=lambda e: (e.index, e.node_name != self._me.node_name))
 
     def apply(self, entries: list[DaemonEntry], *, num_nodes: int = 0) -> None:
         members = self.clique_members(entries)

@@ -14,6 +14,10 @@ Invariants (upstream #1447):
 - every slot is always mapped: a slot with no daemon points at :data:`SENTINEL_ADDRESS`, which no
   daemon ever uses, so a lookup never falls through to cluster DNS and never hits a stranger.
   Readers (the simulator) treat a name resolving to the sentinel as an empty slot.
+- only canonical IP literals are written (:func:`is_canonical_ip`): the addresses come from
+  ComputeDomainClique entries other daemons write, and ``ipaddress`` alone accepts IPv6 scope
+  IDs with arbitrary text (``fe80::1%a\n10.0.0.9\t<name>`` would add a line to the hosts
+  file; issue 33).
 """
 
 from __future__ import annotations
@@ -32,6 +36,22 @@ HASH_LENGTH: Final = 8
 
 class NodesConfigError(ValueError):
     """An index or address that cannot appear in a nodes config."""
+
+
+def is_canonical_ip(text: str) -> bool:
+    """True iff ``text`` is an IPv4 or IPv6 literal exactly as ``ipaddress`` prints it (no
+    leading zeros, upper case, uncompressed IPv6 or whitespace) and has no scope ID (``%``)."""
+    if "%" in text:
+        return False
+    try:
+        return str(ipaddress.ip_address(text)) == text
+    except ValueError:
+        return False
+
+
+def _check_ip(ip: str, where: str = "") -> None:
+    if not is_canonical_ip(ip):
+        raise NodesConfigError(f"{where}not a canonical IP address: {ip!r}")
 
 
 def domain_hash(domain_uid: str) -> str:
@@ -64,10 +84,7 @@ def render_ip_nodes_config(ips: Iterable[str]) -> str:
     """The IP-mode nodes config: the given peer IPs, validated, de-duplicated, in given order."""
     seen: dict[str, None] = {}
     for ip in ips:
-        try:
-            ipaddress.ip_address(ip)
-        except ValueError as err:
-            raise NodesConfigError(f"not an IP address: {ip!r}") from err
+        _check_ip(ip)
         seen.setdefault(ip, None)
     return "".join(f"{ip}\n" for ip in seen)
 
@@ -81,10 +98,7 @@ def dns_mapping(domain_uid: str, members: Mapping[int, str], *, max_nodes: int) 
     mapping = dict.fromkeys(node_names(domain_uid, max_nodes=max_nodes), SENTINEL_ADDRESS)
     for index, ip in sorted(members.items()):
         name = node_name(domain_uid, index, max_nodes=max_nodes)
-        try:
-            ipaddress.ip_address(ip)
-        except ValueError as err:
-            raise NodesConfigError(f"index {index}: not an IP address: {ip!r}") from err
+        _check_ip(ip, f"index {index}: ")
         if ip == SENTINEL_ADDRESS:
             raise NodesConfigError(f"index {index}: {ip} is reserved for empty slots")
         mapping[name] = ip

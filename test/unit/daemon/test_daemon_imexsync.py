@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,43 @@ def test_ip_mode_barrier_then_restart_on_change(tmp_path: Path) -> None:
     assert proc.calls == ["start", "restart"] and nodes.read_text() == "10.0.0.1\n10.0.0.3\n"
 
 
-def test_bad_index_raises(tmp_path: Path) -> None:
-    sync, _, _, _ = make(tmp_path, dns=True)
-    with pytest.raises(nodesconfig.NodesConfigError):
-        sync.apply([e("n0", "10.0.0.1", 0), e("n1", nodesconfig.SENTINEL_ADDRESS, 1)])
+# Issue 33: ``ipaddress`` alone accepts a scope ID with any text, which would add a hosts line.
+INJECTED = "fe80::1%a\n10.0.0.9\tcompute-domain-daemon-x-0000"
+BAD_IPS = [
+    INJECTED,
+    "fe80::1%eth0",
+    "010.0.0.1",
+    "FD00::1",
+    "fd00:0:0:0:0:0:0:1",
+    " 10.0.0.2",
+    "10.0.0.2\n",
+    "compute-domain-daemon-0000",
+    "",
+    nodesconfig.SENTINEL_ADDRESS,
+]
+
+
+@pytest.mark.parametrize("bad", BAD_IPS)
+def test_dns_mode_skips_a_bad_entry_and_writes_the_good_ones(
+    tmp_path: Path, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    sync, proc, _, hosts_path = make(tmp_path, dns=True)
+    members = [e("n0", "10.0.0.1", 0), e("evil", bad, 1), e("n2", "fd00::3", 2)]
+    with caplog.at_level(logging.WARNING, logger="pkg.daemon.imexsync"):
+        sync.apply(members)
+        sync.apply(members)  # the loop goes on; warned about once
+    assert proc.calls == ["start"]
+    assert resolve(hosts_path, 0) == "10.0.0.1" and resolve(hosts_path, 2) == "fd00::3"
+    assert resolve(hosts_path, 1) == nodesconfig.SENTINEL_ADDRESS
+    text = hosts_path.read_text()
+    assert "10.0.0.9" not in text and "%" not in text
+    assert [r.message.count("skipping clique entry of node 'evil'") for r in caplog.records] == [1]
+
+
+@pytest.mark.parametrize("bad", BAD_IPS)
+def test_ip_mode_skips_a_bad_entry_and_writes_the_good_ones(tmp_path: Path, bad: str) -> None:
+    sync, proc, _, _ = make(tmp_path, dns=False)
+    members = [e("n0", "10.0.0.1", 0), e("evil", bad, 1), e("n2", "10.0.0.3", 2)]
+    sync.apply(members, num_nodes=3)
+    assert proc.calls == ["start"]
+    assert (tmp_path / "nodes.cfg").read_text() == "10.0.0.1\n10.0.0.3\n"

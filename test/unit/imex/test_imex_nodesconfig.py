@@ -51,6 +51,31 @@ def test_ip_nodes_config() -> None:
     assert nc.parse_nodes_config("# x\n10.0.0.1 # c\n\n") == ["10.0.0.1"]
 
 
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("10.0.0.1", True),
+        ("fd00::1", True),
+        ("::ffff:a00:1", True),
+        ("fe80::1%a\n10.0.0.9\tcompute-domain-daemon-x-0000", False),  # issue 33
+        ("fe80::1%eth0", False),
+        ("010.0.0.1", False),
+        ("FD00::1", False),
+        ("fd00:0::1", False),
+        ("10.0.0.1 ", False),
+        ("", False),
+        ("node-a", False),
+    ],
+)
+def test_only_canonical_ip_literals(text: str, ok: bool) -> None:
+    assert nc.is_canonical_ip(text) is ok
+    if not ok:
+        with pytest.raises(nc.NodesConfigError, match="not a canonical IP address"):
+            nc.render_ip_nodes_config([text])
+        with pytest.raises(nc.NodesConfigError, match="not a canonical IP address"):
+            nc.dns_mapping(UID_A, {0: text}, max_nodes=2)
+
+
 def test_domain_hash_is_short_and_stable() -> None:
     assert nc.domain_hash(UID_A) == nc.domain_hash(UID_A)
     assert len(nc.domain_hash(UID_A)) == nc.HASH_LENGTH
