@@ -5,10 +5,16 @@ Invariant: decoding for Prepare is strict - an unknown field, a wrong type, a wr
 apiVersion/kind or a missing ``domainID`` raises :class:`OpaqueConfigError` whose message names
 the offending field, so the kubelet shows the user exactly what to fix. Decoding stored state
 (Unprepare, checkpoints) is lenient so that newer or older writers never block cleanup.
+
+In both modes a non-empty ``domainID`` must be a canonical Kubernetes UID (lowercase
+8-4-4-4-12 hex, what the API server writes into ``metadata.uid``): the plugin joins it into host
+paths (``domains/<uid>``), so a value like ``/var/run/cdi`` or ``..`` must never get that far
+(issue 33). Lenient decoding still accepts an empty or missing one.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +23,15 @@ from pkg.api import constants as c
 
 class OpaqueConfigError(ValueError):
     """An opaque config that cannot be used; the message names the field."""
+
+
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def is_uid(value: str) -> bool:
+    """True iff ``value`` is a canonical lowercase RFC 4122 UID string (36 characters, 8-4-4-4-12
+    hex), the form Kubernetes gives ``metadata.uid``."""
+    return _UID.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,11 @@ def decode_opaque_config(params: Any, *, strict: bool = True) -> OpaqueConfig:
     domain_id = _string_field(params, "domainID", required=strict)
     if strict and not domain_id:
         raise OpaqueConfigError('field "domainID": must not be empty')
+    if domain_id and not is_uid(domain_id):
+        raise OpaqueConfigError(
+            f'field "domainID": {domain_id[:64]!r} is not a ComputeDomain UID '
+            "(lowercase 8-4-4-4-12 hex, as in metadata.uid)"
+        )
     if kind == c.DAEMON_CONFIG_KIND:
         return DaemonConfig(domain_id=domain_id)
     mode = _string_field(params, "allocationMode", required=False) or c.ALLOCATION_MODE_SINGLE

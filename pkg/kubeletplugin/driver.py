@@ -188,6 +188,7 @@ class KubeletPlugin:
             channel_nodes=procdevices.imex_channel_nodes(major, IMEX_CHANNEL_COUNT),
             imex_mgmt_node=mgmt,
             plugin_dir=cfg.plugin_dir,
+            driver_namespace=cfg.namespace,
         )
 
     def start(self) -> None:

@@ -3,8 +3,9 @@
 Owns the order of side effects for a claim and the locking around them:
 
 1. take the claim the library fetched (`pkg.draplugin.claims.fetch_claim`: allocated, same
-   UID), pick our driver's results, strictly decode the opaque configs - failures here are
-   permanent and have no side effects;
+   UID), pick our driver's results, strictly decode the opaque configs (``domainID`` must be a
+   UID) and refuse a daemon claim outside the driver namespace - failures here are permanent and
+   have no side effects (no checkpoint entry, directory or CDI spec);
 2. under the node lock: return the checkpointed devices if the claim is PrepareCompleted;
    refuse a second channel claim (channel 0 is node-exclusive) and any device another claim
    already holds, e.g. ``daemon-0`` (both retryable); record PrepareStarted with the claim's
@@ -81,8 +82,23 @@ log = logging.getLogger(__name__)
 
 
 def domain_dir(plugin_dir: Path, domain_id: str) -> Path:
-    """The per-domain directory a daemon claim's CDI spec mounts at ``/imexd``."""
-    return plugin_dir / "domains" / domain_id
+    """The per-domain directory a daemon claim's CDI spec mounts at ``/imexd``.
+
+    Raises `ValueError` for an id that would not name one entry directly under
+    ``<plugin_dir>/domains`` (empty, ``.``, ``..``, a separator, an absolute path, a NUL): the
+    result is mounted read-write into a pod and removed with ``shutil.rmtree`` as root, so it must
+    never leave that root whatever a claim or checkpoint says (opaque-config decoding already
+    admits only UIDs; this is the second line).
+    """
+    root = plugin_dir / "domains"
+    if (
+        domain_id in ("", ".", "..")
+        or "/" in domain_id
+        or "\0" in domain_id
+        or (root / domain_id).parent != root
+    ):
+        raise ValueError(f"domain id {domain_id[:64]!r} would leave {root}")
+    return root / domain_id
 
 
 class Domains(Protocol):
@@ -136,6 +152,8 @@ class NodeSetup:
     channel_nodes: tuple[DeviceNode, ...]
     imex_mgmt_node: DeviceNode | None
     plugin_dir: Path
+    # Where the controller creates the daemons' claims; daemon claims elsewhere are refused.
+    driver_namespace: str
 
 
 class DeviceState:
@@ -217,6 +235,13 @@ class DeviceState:
             return ()  # nothing of ours in this claim
         result, config = resolved
         kind = "channel" if isinstance(config, ChannelConfig) else "daemon"
+        if kind == "daemon" and ref.namespace != self._setup.driver_namespace:
+            # Before any side effect: the daemon device carries the node's IMEX management
+            # device and a read-write host directory (issue 33).
+            raise PermanentError(
+                "ComputeDomain daemon claims are only prepared in the driver namespace "
+                f"{self._setup.driver_namespace}"
+            )
         try:
             status = canonical_status(claim.get("status"))
         except SchemaError as err:
@@ -322,9 +347,11 @@ class DeviceState:
     ) -> ContainerEdits:
         cd_ns = (domain.get("metadata") or {}).get("namespace")
         if cd_ns != ref.namespace:
+            # Upstream also names the ComputeDomain's namespace; that would tell a tenant where
+            # another tenant's domain lives, so only the claim's own namespace is named.
             raise PermanentError(
                 "the ResourceClaim's namespace is different than the ComputeDomain's namespace "
-                f"({ref.namespace} != {cd_ns})"
+                f"(claim namespace {ref.namespace})"
             )
         with self._span(trace_parent, "label node"):
             self._domains.add_node_label(config.domain_id)
@@ -343,7 +370,10 @@ class DeviceState:
 
     def _prepare_daemon(self, config: DaemonConfig, domain: JSON) -> ContainerEdits:
         meta = domain.get("metadata") or {}
-        domain_dir = self._domain_dir(config.domain_id)
+        try:
+            domain_dir = self._domain_dir(config.domain_id)
+        except ValueError as err:
+            raise PermanentError(str(err)) from err
         domain_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         env: tuple[str, ...] = (
             f"CLIQUE_ID={self._setup.clique_id}",
@@ -385,8 +415,13 @@ class DeviceState:
                     continue  # another claim of this domain still needs it
                 if kind == "channel":
                     self._domains.remove_node_label(domain_id)
-                else:
-                    shutil.rmtree(self._domain_dir(domain_id), ignore_errors=True)
+                    continue
+                try:
+                    path = self._domain_dir(domain_id)
+                except ValueError as err:  # a hand-edited or foreign checkpoint: remove nothing
+                    log.warning("claim %s: not removing a domain directory: %s", ref.uid, err)
+                    continue
+                shutil.rmtree(path, ignore_errors=True)
             self._cdi.delete_claim_spec(ref.uid)
             self._remove(ref.uid)
 

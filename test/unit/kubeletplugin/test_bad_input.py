@@ -23,7 +23,7 @@ import yaml
 from badinput import SEED, Tally, examples
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
-from kp_harness import NODE, running_plugin, seed_claim, seed_domain, short_tmpdir
+from kp_harness import DRIVER_NS, NODE, running_plugin, seed_claim, seed_domain, short_tmpdir
 
 from pkg.api import constants as c
 from pkg.api.opaque import OpaqueConfigError, decode_opaque_config
@@ -462,7 +462,7 @@ def test_generated_grpc_requests_get_per_claim_errors_and_leave_nothing(
     with short_tmpdir() as root, running_plugin(api, root) as (plugin, kubelet):
         # A prepared daemon claim that every request must leave alone.
         daemon = seed_claim(
-            api, device="daemon-0", request="daemon",
+            api, namespace=DRIVER_NS, device="daemon-0", request="daemon",
             params={"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd_a},
         )  # fmt: skip
         baseline = kubelet.prepare(daemon).claims[daemon["metadata"]["uid"]]
@@ -521,6 +521,7 @@ PLUGIN_ERRORS = [
     (r"^ResourceClaim \S+ is not allocated$", "claim not allocated"),
     (r"^ComputeDomain with UID \S+ not found$", "ComputeDomain not found"),
     (r"^the ResourceClaim's namespace is different", "ComputeDomain in another namespace"),
+    (r"^ComputeDomain daemon claims are only prepared in the driver namespace ", "daemon claim"),
     (r"^IMEX channel 0 on node \S+ is in use by claim ", "channel 0 in use"),
     (r"^requested device \S+ is already allocated to different claim ", "device held"),
 ]

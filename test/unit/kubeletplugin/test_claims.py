@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 import pytest
@@ -10,6 +11,11 @@ import pytest
 from pkg.api import constants as c
 from pkg.draplugin.errors import PermanentError
 from pkg.kubeletplugin.claims import resolve_claim_config, status_targets
+
+
+def uid_for(name: str) -> str:
+    """A readable name turned into the UID form opaque configs require."""
+    return str(uuid.uuid5(uuid.NAMESPACE_OID, name))
 
 
 def claim_with(configs: list[dict[str, Any]], device: str = "channel-0") -> dict[str, Any]:
@@ -40,41 +46,41 @@ def domain(configs: list[dict[str, Any]], device: str = "channel-0") -> str:
         # The last matching config wins, even a `requests: []` one after one naming the request.
         (
             [
-                opaque("FromClaim", ["req"], domainID="named"),
-                opaque("FromClaim", [], domainID="any"),
+                opaque("FromClaim", ["req"], domainID=uid_for("named")),
+                opaque("FromClaim", [], domainID=uid_for("any")),
             ],
-            "any",
+            uid_for("any"),
         ),
         (
             [
-                opaque("FromClaim", [], domainID="any"),
-                opaque("FromClaim", ["req"], domainID="named"),
+                opaque("FromClaim", [], domainID=uid_for("any")),
+                opaque("FromClaim", ["req"], domainID=uid_for("named")),
             ],
-            "named",
+            uid_for("named"),
         ),
         # Class configs come first whatever their position, so the claim's win.
         (
             [
-                opaque("FromClaim", [], domainID="claim"),
-                opaque("FromClass", ["req"], domainID="class"),
+                opaque("FromClaim", [], domainID=uid_for("claim")),
+                opaque("FromClass", ["req"], domainID=uid_for("class")),
             ],
-            "claim",
+            uid_for("claim"),
         ),
         # A subrequest matches its own name and its request's name.
         (
             [
-                opaque("FromClaim", ["req/sub"], domainID="sub"),
-                opaque("FromClaim", ["other"], domainID="x"),
+                opaque("FromClaim", ["req/sub"], domainID=uid_for("sub")),
+                opaque("FromClaim", ["other"], domainID=uid_for("x")),
             ],
-            "sub",
+            uid_for("sub"),
         ),
         # `requests: []` of the other type is skipped, not an error.
         (
             [
-                opaque("FromClaim", [], domainID="ch"),
-                opaque("FromClaim", [], kind=c.DAEMON_CONFIG_KIND, domainID="d"),
+                opaque("FromClaim", [], domainID=uid_for("ch")),
+                opaque("FromClaim", [], kind=c.DAEMON_CONFIG_KIND, domainID=uid_for("d")),
             ],
-            "ch",
+            uid_for("ch"),
         ),
     ],
     ids=[
@@ -99,25 +105,25 @@ def test_last_matching_config_wins(configs: list[dict[str, Any]], expected: str)
         ),
         (
             [
-                opaque("FromClaim", [], domainID="x"),
+                opaque("FromClaim", [], domainID=uid_for("x")),
                 {"source": "FromElsewhere", "opaque": {"driver": "other", "parameters": {}}},
             ],
             "channel-0",
             "config[1]: invalid config source: 'FromElsewhere'",
         ),
         (
-            [opaque("FromClaim", ["req"], domainID="x")],
+            [opaque("FromClaim", ["req"], domainID=uid_for("x"))],
             "daemon-0",
             "cannot apply ComputeDomainChannelConfig to request: req/sub",
         ),
         ([], "channel-0", "no ComputeDomainChannelConfig"),
         (
-            [opaque("FromClaim", [], domainID="x")],
+            [opaque("FromClaim", [], domainID=uid_for("x"))],
             "daemon-1",
             "requested device is not allocatable: daemon-1",
         ),
         (
-            [opaque("FromClaim", [], domainID="x")],
+            [opaque("FromClaim", [], domainID=uid_for("x"))],
             "channel-7",
             "requested device is not allocatable: channel-7",
         ),
@@ -139,8 +145,8 @@ def test_permanent_errors(configs: list[dict[str, Any]], device: str, message: s
 def test_status_targets_is_lenient() -> None:
     configs = [
         {"source": "FromClaim", "requests": []},  # no opaque: skipped, not an error
-        opaque("FromClaim", [], domainID="cd", unknown=1),  # non-strict decoding
+        opaque("FromClaim", [], domainID=uid_for("cd"), unknown=1),  # non-strict decoding
     ]
     assert status_targets(claim_with(configs, "daemon-3")["status"]) == ()
-    assert status_targets(claim_with(configs)["status"]) == (("channel", "cd"),)
+    assert status_targets(claim_with(configs)["status"]) == (("channel", uid_for("cd")),)
     assert status_targets({"allocation": "garbage"}) == ()

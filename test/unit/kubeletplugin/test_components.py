@@ -20,6 +20,7 @@ from pkg.kubeletplugin.discovery.base import NodeDevices, check_driver_version
 from pkg.kubeletplugin.discovery.fake import FakeDiscovery, load_fake_config
 from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery
 from pkg.kubeletplugin.procdevices import ProcDevicesError, char_device_major
+from pkg.kubeletplugin.state import domain_dir
 
 CLUSTER = uuid.UUID("2c9f7d4e-3b1a-4e5f-9a8b-7c6d5e4f3a2b")
 
@@ -39,6 +40,11 @@ class FabricInfo:
         self.status = 0
         self.cliqueId = 0
         self.state = 0
+
+
+def uid_for(name: str) -> str:
+    """A readable name turned into the UID form opaque configs require."""
+    return str(uuid.uuid5(uuid.NAMESPACE_OID, name))
 
 
 def fake_nvml(fabrics: list[Any], *, version: str = "580.65.06") -> Any:
@@ -195,17 +201,35 @@ def opaque(source: str, requests: list[str], **params: Any) -> dict[str, Any]:
 
 def test_claim_config_precedence() -> None:
     configs = [
-        opaque("FromClaim", [], domainID="claim-default"),
-        opaque("FromClass", ["req"], domainID="class-specific"),
-        opaque("FromClaim", ["req"], domainID="claim-specific"),
+        opaque("FromClaim", [], domainID=uid_for("claim-default")),
+        opaque("FromClass", ["req"], domainID=uid_for("class-specific")),
+        opaque("FromClaim", ["req"], domainID=uid_for("claim-specific")),
     ]
     resolved = resolve_claim_config(claim_with(configs))
-    assert resolved is not None and resolved[1].domain_id == "claim-specific"
+    assert resolved is not None and resolved[1].domain_id == uid_for("claim-specific")
     assert resolve_claim_config({"status": {"allocation": {"devices": {"results": []}}}}) is None
 
 
 def test_claim_config_type_mismatch_and_missing() -> None:
     with pytest.raises(PermanentError, match="cannot apply"):
-        resolve_claim_config(claim_with([opaque("FromClaim", ["req"], domainID="x")], "daemon-0"))
+        resolve_claim_config(
+            claim_with([opaque("FromClaim", ["req"], domainID=uid_for("x"))], "daemon-0")
+        )
     with pytest.raises(PermanentError, match="ComputeDomainChannelConfig"):
         resolve_claim_config(claim_with([]))
+
+
+@pytest.mark.parametrize(
+    "domain_id",
+    ["/var/run/cdi", "/", "..", "../..", "../../etc", "a/../../b", ".", "", "a/b", "x\0y"],
+)
+def test_domain_dir_never_leaves_the_domains_root(tmp_path: Path, domain_id: str) -> None:
+    """Issue 33, defence in depth: ``plugin_dir / "domains" / "/var/run/cdi"`` would be
+    ``/var/run/cdi``; the result is mounted read-write and removed with rmtree."""
+    with pytest.raises(ValueError, match="would leave"):
+        domain_dir(tmp_path, domain_id)
+
+
+def test_domain_dir_of_a_uid() -> None:
+    uid = uid_for("cd")
+    assert domain_dir(Path("/plugins/x"), uid) == Path("/plugins/x/domains") / uid

@@ -6,12 +6,14 @@ import json
 import os
 import stat
 import threading
+import uuid
 from pathlib import Path
 
 import grpc
 import pytest
 from kp_harness import (
     CLIQUE,
+    DRIVER_NS,
     NODE,
     Kubelet,
     channel_params,
@@ -159,10 +161,12 @@ def test_malformed_requests_get_per_claim_errors(api: FakeApiServer, root: Path)
 def test_cross_namespace_and_missing_domain_are_permanent(api: FakeApiServer, root: Path) -> None:
     cd = seed_domain(api, namespace="other")
     claim = seed_claim(api, params=channel_params(cd))
-    orphan = seed_claim(api, params=channel_params("no-such-uid"))
+    orphan = seed_claim(api, params=channel_params(str(uuid.uuid4())))
     with running_plugin(api, root) as (_plugin, kubelet):
         error = kubelet.prepare(claim).claims[claim["metadata"]["uid"]].error
         assert classified(error).startswith("permanent") and "namespace is different" in error
+        # Names the claim's own namespace only: the domain's stays the other tenant's business.
+        assert "(claim namespace team)" in error and "other" not in error
         error = kubelet.prepare(orphan).claims[orphan["metadata"]["uid"]].error
         assert classified(error).startswith("permanent") and "not found" in error
         assert node_label(api) is None
@@ -227,7 +231,7 @@ def test_daemon_claim_gets_domain_env_and_mount(api: FakeApiServer, root: Path) 
     params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}
     claim = seed_claim(
         api,
-        namespace=api.objects(res.COMPUTE_DOMAINS)[0]["metadata"]["namespace"],
+        namespace=DRIVER_NS,  # where the controller's daemon templates live
         device=c.DAEMON_DEVICE_NAME,
         request="daemon",
         params=params,
@@ -251,6 +255,33 @@ def test_daemon_claim_gets_domain_env_and_mount(api: FakeApiServer, root: Path) 
         assert node_label(api) is None  # daemon claims never label
         kubelet.unprepare(claim)
         assert not domain_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "namespace", ["team", "other"], ids=["the-domain's-namespace", "a-third-namespace"]
+)
+def test_daemon_claim_outside_the_driver_namespace_is_refused_without_side_effects(
+    api: FakeApiServer, root: Path, namespace: str
+) -> None:
+    """Issue 33: the daemon device (IMEX management device, read-write host directory) is for the
+    controller's daemon claims in the driver namespace only, even for the tenant's own domain."""
+    cd = seed_domain(api, namespace="team")
+    params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}
+    claim = seed_claim(
+        api, namespace=namespace, device=c.DAEMON_DEVICE_NAME, request="daemon", params=params
+    )
+    uid = claim["metadata"]["uid"]
+    with running_plugin(api, root) as (plugin, kubelet):
+        error = kubelet.prepare(claim).claims[uid].error
+        assert classified(error) == (
+            "permanent error: ComputeDomain daemon claims are only prepared in the driver "
+            f"namespace {DRIVER_NS}"
+        )
+        assert uid not in plugin.store.entries()  # not even PrepareStarted
+        assert not plugin.store.path.exists() or uid not in plugin.store.path.read_text()
+        assert not (plugin.config.plugin_dir / "domains" / cd).exists()
+        assert cdi_spec(root, uid) is None
+        assert node_label(api) is None
 
 
 def test_slice_published_and_recreated_after_deletion(api: FakeApiServer, root: Path) -> None:

@@ -278,7 +278,9 @@ def test_channel_device_follows_the_nodes_imex_daemon(
 def test_daemon_device_and_plugin_stop_ends_streams(api: FakeApiServer, root: Path) -> None:
     cd = seed_domain(api, ready=False)
     params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}
-    claim = seed_claim(api, device=c.DAEMON_DEVICE_NAME, request="daemon", params=params)
+    claim = seed_claim(
+        api, namespace=DRIVER_NS, device=c.DAEMON_DEVICE_NAME, request="daemon", params=params
+    )
     uid = claim["metadata"]["uid"]
     plugin: KubeletPlugin
     with running_plugin(api, root) as (plugin, kubelet):

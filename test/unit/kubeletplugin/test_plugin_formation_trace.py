@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kp_harness import CLIQUE, Kubelet, make_config, seed_claim, seed_domain
+from kp_harness import CLIQUE, DRIVER_NS, Kubelet, make_config, seed_claim, seed_domain
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -65,7 +65,9 @@ def cdi_env(root: Path, claim_uid: str) -> list[str]:
 
 def daemon_claim(api: FakeApiServer, cd_uid: str) -> JSON:
     params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd_uid}
-    return seed_claim(api, device=c.DAEMON_DEVICE_NAME, request="daemon", params=params)
+    return seed_claim(
+        api, namespace=DRIVER_NS, device=c.DAEMON_DEVICE_NAME, request="daemon", params=params
+    )
 
 
 def channel_claim(api: FakeApiServer, cd_uid: str) -> JSON:

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 from kp_harness import (
+    DRIVER_NS,
     NODE,
     channel_params,
     running_plugin,
@@ -194,11 +195,10 @@ def test_checkpoint_written_here_is_the_go_drivers_shape(api: FakeApiServer, roo
 
 def test_daemon_device_held_by_another_claim_is_refused(api: FakeApiServer, root: Path) -> None:
     cd = seed_domain(api)
-    ns = api.objects(res.COMPUTE_DOMAINS)[0]["metadata"]["namespace"]
     first, second = (
         seed_claim(
             api,
-            namespace=ns,
+            namespace=DRIVER_NS,
             device=c.DAEMON_DEVICE_NAME,
             request="daemon",
             params=daemon_params(cd),
