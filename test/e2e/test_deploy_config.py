@@ -10,7 +10,8 @@
   table below exactly, so any extra power (or a missing one) fails.
 * The ValidatingAdmissionPolicies really bite: requests impersonating the plugin / daemon with
   the node-name / pod-name claims of a pod-bound token are allowed only for their own node /
-  pod and label, and denied without the claim (all as dry-run, so nothing changes).
+  pod and label, and denied without the claim; ResourceClaims and templates asking for the IMEX
+  daemon device are denied outside the driver namespace (all as dry-run, so nothing changes).
 
 Runs on the session cluster and deployed driver of ``conftest.py``.
 """
@@ -292,6 +293,76 @@ def test_plugin_may_label_only_its_own_node_with_the_domain_label(
     assert _denied(label(me, "nvidia.com/gpu.clique", {NODE_CLAIM: me}),
                    "may change only the resource.nvidia.com/computeDomain node label")  # fmt: skip
     assert _denied(label(me, c.COMPUTE_DOMAIN_LABEL, {}), "no node-name claim")
+
+
+def _claim_docs(namespace: str) -> dict[str, dict[str, Any]]:
+    """ResourceClaims/-Templates the daemon-device policy must refuse outside the driver
+    namespace (and one channel claim it must let through), by case name."""
+
+    def claim(devices: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": f"daemon-device-{secrets.token_hex(3)}",
+                             "namespace": namespace},
+                "spec": {"devices": devices}}  # fmt: skip
+
+    def template(devices: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": f"daemon-device-{secrets.token_hex(3)}",
+                             "namespace": namespace},
+                "spec": {"spec": {"devices": devices}}}  # fmt: skip
+
+    exactly = {"requests": [{"name": "d", "exactly": {"deviceClassName": c.DAEMON_DEVICE_CLASS}}]}
+    first = {"requests": [{"name": "d", "firstAvailable": [
+        {"name": "a", "deviceClassName": c.CHANNEL_DEVICE_CLASS},
+        {"name": "b", "deviceClassName": c.DAEMON_DEVICE_CLASS}]}]}  # fmt: skip
+    channel = {"requests": [{"name": "c", "exactly": {"deviceClassName": c.CHANNEL_DEVICE_CLASS}}]}
+    with_config = {**channel, "config": [{"requests": [], "opaque": {
+        "driver": c.DRIVER_NAME,
+        "parameters": {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND,
+                       "domainID": "00000000-0000-4000-8000-000000000000"}}}]}  # fmt: skip
+    return {
+        "claim exactly": claim(exactly),
+        "claim firstAvailable": claim(first),
+        "claim daemon config": claim(with_config),
+        "template exactly": template(exactly),
+        "template firstAvailable": template(first),
+        "template daemon config": template(with_config),
+        "channel claim": claim(channel),
+    }
+
+
+def _dry_run_create(cluster: Cluster, doc: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(KUBECTL), f"--kubeconfig={cluster.kubeconfig('admin')}", "create",
+         "--dry-run=server", "-o", "name", "-f", "-"],
+        input=json.dumps(doc), capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+
+
+def test_daemon_device_claims_only_in_the_driver_namespace(
+    cluster: Cluster, admin: KubeClient, driver: Driver
+) -> None:
+    """Issue 33: even a cluster admin cannot ask for the IMEX daemon device, or carry a
+    ComputeDomainDaemonConfig, outside the driver namespace; the controller's templates there
+    (and channel claims everywhere) still pass."""
+    ns = f"tenant-{secrets.token_hex(3)}"
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    try:
+        docs = _claim_docs(ns)
+        rule = "ComputeDomain daemon claims are only allowed in the driver namespace"
+        wait_for("the daemon-device policy to deny", lambda: _denied(
+            _dry_run_create(cluster, docs["claim exactly"]), rule), timeout=30)  # fmt: skip
+        for case, doc in docs.items():
+            done = _dry_run_create(cluster, doc)
+            if case == "channel claim":
+                assert done.returncode == 0, done.stderr
+            else:
+                assert _denied(done, rule), (case, done.returncode, done.stderr)
+        for case, doc in _claim_docs(driver.namespace).items():
+            done = _dry_run_create(cluster, doc)
+            assert done.returncode == 0, (case, done.stderr)
+    finally:
+        admin.delete(NAMESPACES, ns)
 
 
 def _patch_as(

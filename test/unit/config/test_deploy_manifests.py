@@ -293,7 +293,7 @@ def test_admission_policies_match_the_real_service_accounts(rel: str) -> None:
         "compute-domain-kubelet-plugin-nodes": "compute-domain-kubelet-plugin",
         "compute-domain-daemon-pods": "compute-domain-daemon",
     }
-    assert set(policies) == set(expected_user) == set(bindings)
+    assert set(policies) == set(expected_user) | {DAEMON_DEVICE_POLICY} == set(bindings)
     for name, sa in expected_user.items():
         [cond] = policies[name]["spec"]["matchConditions"]
         assert cond["expression"] == (
@@ -304,6 +304,70 @@ def test_admission_policies_match_the_real_service_accounts(rel: str) -> None:
         # Fail closed: the first validation rejects credentials without the node/pod claim.
         first = policies[name]["spec"]["validations"][0]["expression"]
         assert re.fullmatch(r'variables\.user(Node|Pod)Name != ""', first), first
+
+
+DAEMON_DEVICE_POLICY = "compute-domain-daemon-device-claims"
+
+
+@pytest.mark.parametrize("rel", DEPLOYABLE)
+def test_daemon_device_policy_binds_outside_the_driver_namespace_only(rel: str) -> None:
+    """Issue 33: every namespace but the driver's, for every user (no matchConditions)."""
+    objs = render(rel)
+    policy = find(objs, "ValidatingAdmissionPolicy", DAEMON_DEVICE_POLICY)["spec"]
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", DAEMON_DEVICE_POLICY)["spec"]
+    assert binding == {
+        "policyName": DAEMON_DEVICE_POLICY,
+        "validationActions": ["Deny"],
+        "matchResources": {
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NS]}
+                ]
+            }
+        },
+    }
+    assert policy["failurePolicy"] == "Fail" and "matchConditions" not in policy
+    constraints = policy["matchConstraints"]
+    assert constraints["matchPolicy"] == "Equivalent"  # v1beta1/v1beta2 requests are converted
+    assert constraints["resourceRules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+        }
+    ]
+
+
+def test_daemon_device_policy_checks_both_request_forms_and_the_config() -> None:
+    """What the CEL inspects (its behaviour against the real API server:
+    ``test/e2e/test_deploy_config.py::test_daemon_device_claims_only_in_the_driver_namespace``)."""
+    policy = find(render("default"), "ValidatingAdmissionPolicy", DAEMON_DEVICE_POLICY)["spec"]
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in policy["variables"]}
+    # Templates nest the claim spec one level deeper.
+    assert variables["devices"] == (
+        'request.resource.resource == "resourceclaimtemplates" ? '
+        "object.spec.spec.?devices.orValue({}) : object.spec.?devices.orValue({})"
+    )
+    # The class the rule protects is the shipped daemon DeviceClass.
+    assert variables["daemonClass"] == f"'{c.DAEMON_DEVICE_CLASS}'"
+    find(render("default"), "DeviceClass", c.DAEMON_DEVICE_CLASS)
+    requests = variables["requestsDaemonClass"]
+    assert 'r.?exactly.deviceClassName.orValue("") == variables.daemonClass' in requests
+    assert (
+        "r.?firstAvailable.orValue([]).exists(s, s.deviceClassName == variables.daemonClass)"
+        in requests
+    )
+    config = variables["carriesDaemonConfig"]
+    assert f'c.?opaque.driver.orValue("") == "{c.DRIVER_NAME}"' in config
+    assert f'c.?opaque.parameters.kind.orValue("") == "{c.DAEMON_CONFIG_KIND}"' in config
+    rules = {v["expression"]: " ".join(v["message"].split()) for v in policy["validations"]}
+    assert set(rules) == {"!variables.requestsDaemonClass", "!variables.carriesDaemonConfig"}
+    for message in rules.values():
+        assert message.endswith(
+            "ComputeDomain daemon claims are only allowed in the driver namespace"
+        )
+    assert all(v["reason"] == "Forbidden" for v in policy["validations"])
 
 
 def test_slice_policy_pins_node_and_driver() -> None:
@@ -504,6 +568,15 @@ def test_binding_subjects_follow_a_changed_driver_namespace(tmp_path: Path) -> N
     for o in bindings:
         for subject in o["subjects"]:
             assert subject["namespace"] == "other-ns", (o["kind"], o["metadata"]["name"])
+    # The admission policies follow too: usernames and the daemon-device namespaceSelector.
+    rendered = [o for o in yaml.safe_load_all(proc.stdout) if o]
+    admission = yaml.safe_dump(
+        [o for o in rendered if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    )
+    assert NS not in admission and "system:serviceaccount:other-ns:" in admission
+    binding = find(rendered, "ValidatingAdmissionPolicyBinding", DAEMON_DEVICE_POLICY)
+    [expr] = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr["values"] == ["other-ns"]
 
 
 def test_samples_use_the_driver_contract() -> None:
