@@ -40,10 +40,22 @@ def documents(name: str) -> list[Any]:
     return [d for d in yaml.safe_load_all((MONITORING / name).read_text()) if d]
 
 
+def rule_groups() -> list[Any]:
+    """The rule groups of the component's PrometheusRule (``spec.groups``): what a plain
+    Prometheus rules file (``promtool check rules``) holds under ``groups:``."""
+    (rule,) = documents("prometheusrule.yaml")
+    groups: list[Any] = rule["spec"]["groups"]
+    return groups
+
+
+def alert_rules() -> dict[str, Any]:
+    """Every alerting rule of the PrometheusRule by its ``alert`` name."""
+    return {r["alert"]: r for g in rule_groups() for r in g["rules"] if "alert" in r}
+
+
 def rule_exprs() -> list[str]:
     """Every alert expression of the component's PrometheusRule."""
-    (rule,) = documents("prometheusrule.yaml")
-    return [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    return [r["expr"] for g in rule_groups() for r in g["rules"]]
 
 
 def dashboard() -> Any:

@@ -6,7 +6,8 @@ last published status is ``status``) and ``nvidia_dra_compute_domain_time_to_rea
 ``namespace``). Invariants: each domain UID is
 counted under exactly one status label at a time; :meth:`DomainMetrics.forget` removes it when
 its finalizer is released; a domain seen already Ready when the process started is never
-observed as a time-to-ready sample (its creation was not witnessed by this term).
+observed as a time-to-ready sample (its creation was not witnessed by this term); both status
+values (``Ready``, ``NotReady``) are exported from start, at 0 while no domain has them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import threading
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
+
+from pkg.api import constants as c
 
 __all__ = ["DomainMetrics", "parse_timestamp"]
 
@@ -44,6 +47,8 @@ class DomainMetrics:
             buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600),
             registry=registry,
         )
+        for status in (c.STATUS_READY, c.STATUS_NOT_READY):  # exported at 0 from start
+            self._info.labels(status)
         self._lock = threading.Lock()
         self._status: dict[str, str] = {}
         self._ready_seen: set[str] = set()

@@ -7,6 +7,7 @@ import yaml
 from monitoringconfig import (
     MONITORING,
     REPO,
+    alert_rules,
     dashboard,
     dashboard_exprs,
     documents,
@@ -64,13 +65,12 @@ def test_component_shape_and_alerts() -> None:
     assert kust["kind"] == "Component"
     for resource in kust["resources"]:
         assert (MONITORING / resource).is_file()
-    alerts = {r["alert"] for g in documents("prometheusrule.yaml")[0]["spec"]["groups"]
-              for r in g["rules"]}  # fmt: skip
-    assert {
+    assert set(alert_rules()) == {
         "ComputeDomainNotReady",
         "ComputeDomainPrepareErrors",
         "ComputeDomainImexRestarts",
-    } <= alerts
+        "ComputeDomainCheckpointCorrupt",
+    }
     assert dashboard()["panels"]
     # optional: the default installation does not pull it in
     default = (REPO / "config" / "default" / "kustomization.yaml").read_text()
@@ -113,3 +113,25 @@ def test_daemon_monitor_selects_by_domain_label() -> None:
     ]}) == "a=b,k in (x,y),!m"  # fmt: skip
     with pytest.raises(ValueError, match="Gt"):
         label_selector({"matchExpressions": [{"key": "k", "operator": "Gt"}]})
+
+
+def test_alerted_series_exist_from_start_at_zero() -> None:
+    """Every series an alert selects by label value exists, at 0, before anything happened: an
+    alert on ``increase()``/``rate()`` needs the zero before the first event."""
+    domains, plugin, daemon = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
+    DomainMetrics(domains)
+    PluginMetrics(registry=plugin, node_name="n")
+    DaemonMetrics(daemon)
+    driver = "compute-domain.nvidia.com"
+    for registry, name, labels in [
+        (domains, "nvidia_dra_compute_domain_info", {"status": "NotReady"}),
+        (domains, "nvidia_dra_compute_domain_info", {"status": "Ready"}),
+        (plugin, "nvidia_dra_requests_total", {"driver": driver, "operation": "prepare"}),
+        (plugin, "nvidia_dra_node_prepare_errors_total",
+         {"driver": driver, "error_type": "retryable"}),
+        (plugin, "nvidia_dra_node_prepare_errors_total",
+         {"driver": driver, "error_type": "permanent"}),
+        (plugin, "nvidia_dra_checkpoint_corruptions_total", {"driver": driver}),
+        (daemon, "compute_domain_daemon_imex_restarts_total", {}),
+    ]:  # fmt: skip
+        assert registry.get_sample_value(name, labels) == 0, (name, labels)
