@@ -333,7 +333,7 @@ class ComputeDomainReconciler:
                 self._metrics.observe_status(
                     uid, namespace=str(obj["metadata"].get("namespace", "")),
                     status=new["status"], previous=new["status"], created=None,
-                    now=self._clock.now(),
+                    now=self._clock.now(), nodes=int(new.get("nodeCount") or 0),
                 )  # fmt: skip
                 return None
             wait = self._hold_back(uid, previous, new) if cd is not None else None
@@ -404,6 +404,7 @@ class ComputeDomainReconciler:
             previous=(previous or {}).get("status"),
             created=parse_timestamp(str(meta.get("creationTimestamp", ""))),
             now=self._clock.now(),
+            nodes=int(new.get("nodeCount") or 0),
         )
         if first_ready:
             self._formation.finish(obj, ready_at=self._clock.now(),

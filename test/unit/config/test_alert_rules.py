@@ -50,35 +50,33 @@ CHECKPOINT = f'nvidia_dra_checkpoint_corruptions_total{{{D}, pod="plugin-a"}}'
 RESTARTS = 'compute_domain_daemon_imex_restarts_total{namespace="nvidia-dra-driver", pod="cd-a"}'
 REQUESTS = "nvidia_dra_requests_total{%s, operation=%s}"
 ERRORS = "nvidia_dra_node_prepare_errors_total{%s, error_type=%s}"
+WAITING = "nvidia_dra_compute_domain_workload_waiting"
 INFO = "nvidia_dra_compute_domain_info{status=%s}"
 
 CASES = [
     Case(
         "ComputeDomainNotReady",
-        "fires after 15m NotReady",
-        {
-            INFO % '"NotReady"': "2x30",
-            INFO % '"Ready"': "1x30",
-        },
+        "fires after 15m with a workload waiting",
+        {WAITING: "2x30", INFO % '"NotReady"': "3x30", INFO % '"Ready"': "1x30"},
         "20m",
         [Firing({}, "2")],
     ),
     Case(
         "ComputeDomainNotReady",
         "pending before 15m",
-        {
-            INFO % '"NotReady"': "0x5 1x30",
-            INFO % '"Ready"': "1x30",
-        },
+        {WAITING: "0x5 1x30", INFO % '"NotReady"': "0x5 1x30", INFO % '"Ready"': "1x30"},
         "15m",
     ),
     Case(
         "ComputeDomainNotReady",
+        "NotReady domains created ahead of their jobs",
+        {WAITING: "0x30", INFO % '"NotReady"': "3x30", INFO % '"Ready"': "1x30"},
+        "20m",
+    ),
+    Case(
+        "ComputeDomainNotReady",
         "all Ready",
-        {
-            INFO % '"NotReady"': "0x30",
-            INFO % '"Ready"': "3x30",
-        },
+        {WAITING: "0x30", INFO % '"NotReady"': "0x30", INFO % '"Ready"': "3x30"},
         "20m",
     ),
     Case(

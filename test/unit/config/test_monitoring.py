@@ -126,6 +126,7 @@ def test_alerted_series_exist_from_start_at_zero() -> None:
     for registry, name, labels in [
         (domains, "nvidia_dra_compute_domain_info", {"status": "NotReady"}),
         (domains, "nvidia_dra_compute_domain_info", {"status": "Ready"}),
+        (domains, "nvidia_dra_compute_domain_workload_waiting", {}),
         (plugin, "nvidia_dra_requests_total", {"driver": driver, "operation": "prepare"}),
         (plugin, "nvidia_dra_node_prepare_errors_total",
          {"driver": driver, "error_type": "retryable"}),

@@ -109,8 +109,11 @@ def test_domain_metrics_count_by_status_and_time_to_ready() -> None:
     m = DomainMetrics(registry)
     created = parse_timestamp("2026-01-01T00:00:00Z")
     assert created is not None and parse_timestamp("garbage") is None
-    observe = functools.partial(m.observe_status, namespace="team-a", created=created)
+    observe = functools.partial(m.observe_status, namespace="team-a", created=created, nodes=2)
+    waiting = "nvidia_dra_compute_domain_workload_waiting"
+    assert registry.get_sample_value(waiting) == 0
     assert not observe("u1", status="NotReady", previous=None, now=created + 1)
+    assert registry.get_sample_value(waiting) == 1
     assert observe("u1", status="Ready", previous="NotReady", now=created + 7)
     assert not observe("u1", status="Ready", previous="Ready", now=created + 9)
     assert not observe("u2", status="Ready", previous="Ready", now=created + 99)
@@ -127,6 +130,28 @@ def test_domain_metrics_count_by_status_and_time_to_ready() -> None:
     m.forget("u1")
     m.forget("u1")
     assert value("nvidia_dra_compute_domain_info", {"status": "Ready"}) == 1
+    assert value(waiting) == 0  # u1 is Ready
+
+
+def test_workload_waiting_counts_not_ready_domains_with_nodes() -> None:
+    registry = CollectorRegistry()
+    m = DomainMetrics(registry)
+    observe = functools.partial(m.observe_status, namespace="ns", created=None, now=0.0)
+
+    def waiting() -> float | None:
+        return registry.get_sample_value("nvidia_dra_compute_domain_workload_waiting")
+
+    observe("early", status="NotReady", previous=None, nodes=0)  # created ahead of its job
+    assert waiting() == 0
+    observe("early", status="NotReady", previous="NotReady", nodes=1)  # a pod landed
+    observe("early", status="NotReady", previous="NotReady", nodes=2)
+    observe("lost", status="NotReady", previous="Ready", nodes=3)
+    assert waiting() == 2
+    observe("early", status="Ready", previous="NotReady", nodes=2)
+    assert waiting() == 1
+    m.forget("lost")
+    assert waiting() == 0
+    assert registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "NotReady"}) == 0
 
 
 # -- node loss, dead daemons, capacity (pure) --------------------------------------------------
