@@ -125,7 +125,11 @@ for w in "${WORKERS[@]}"; do
 done
 
 # ---- 3. images ------------------------------------------------------------------------------
-[[ "${SKIP_BUILD:-}" == "1" ]] || hack/build-images.sh
+# One platform, the Docker engine's own, loaded into its image store (kind loads from there).
+if [[ "${SKIP_BUILD:-}" != "1" ]]; then
+  PLATFORMS="linux/$(docker version --format '{{.Server.Arch}}')" CONTAINER_TOOL=docker \
+    hack/build-images.sh
+fi
 mapfile -t images < <(hack/build-images.sh --print)
 for ref in "${images[@]}"; do
   echo "==> loading $ref"
