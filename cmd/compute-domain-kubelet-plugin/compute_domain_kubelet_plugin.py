@@ -42,6 +42,7 @@ from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError
 from pkg.kubeletplugin.procdevices import ProcDevicesError
 from pkg.runtime.buildinfo import load_build_info
 from pkg.runtime.buildinfometric import register_build_info
+from pkg.runtime.logsetup import setup_logging
 from pkg.runtime.tracing import setup_tracing
 from pkg.runtime.versionflag import add_version_flag
 
@@ -121,10 +122,7 @@ def build_discovery(
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.v >= 4 else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.v)
     build_info = load_build_info()
     log.info("%s", build_info.startup_message(PROG))
     registry = CollectorRegistry()

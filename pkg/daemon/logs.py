@@ -11,6 +11,8 @@ import logging
 import sys
 from typing import TextIO
 
+from pkg.runtime.logsetup import VerbosityFilter, verbosity_to_level
+
 
 class _ContextFilter(logging.Filter):
     def __init__(self, context: str) -> None:
@@ -27,9 +29,10 @@ def context_string(*, cd_namespace: str, cd_name: str, cd_uid: str, node: str) -
 
 
 def configure(*, verbosity: int, context: str, stream: TextIO | None = None) -> logging.Handler:
-    """Install one stderr handler on the root logger; ``-v`` >= 4 enables debug."""
+    """Install one stderr handler on the root logger honouring klog ``-v`` (`VerbosityFilter`)."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(_ContextFilter(context))
+    handler.addFilter(VerbosityFilter(verbosity))
     handler.setFormatter(
         logging.Formatter(
             "%(asctime)s level=%(levelname)s logger=%(name)s %(context)s msg=%(message)s"
@@ -39,7 +42,7 @@ def configure(*, verbosity: int, context: str, stream: TextIO | None = None) -> 
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbosity >= 4 else logging.INFO)
+    root.setLevel(verbosity_to_level(verbosity))
     # The HTTP stack is chatty at debug and says nothing the daemon does not log itself.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     return handler

@@ -67,8 +67,8 @@ FIRST_LINES = {
     ),
     "compute-domain-kubelet-plugin": (
         ["--node-name=n", "--device-discovery=fake", "--kubeconfig=/nonexistent"], {},
-        r"\S+ \S+ INFO compute-domain-kubelet-plugin: starting compute-domain-kubelet-plugin "
-        r"version={v} revision={r} buildDate={d}",
+        r'ts=\S+ level=info logger=compute-domain-kubelet-plugin msg="starting '
+        r'compute-domain-kubelet-plugin version={v} revision={r} buildDate={d}"',
     ),
     "compute-domain-daemon": (
         ["run"],

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer, parse_endpoint
-from pkg.runtime.logsetup import KeyValueFormatter, setup_logging, verbosity_to_level
+from pkg.runtime.logsetup import KeyValueFormatter, V, setup_logging, verbosity_to_level
 from pkg.runtime.tracing import setup_tracing
 
 
@@ -123,7 +123,8 @@ def test_setup_logging_is_idempotent_and_maps_verbosity() -> None:
         out = io.StringIO()
         setup_logging(0, stream=out)
         setup_logging(5, stream=out)
-        assert len(root.handlers) == len(before) + 1
+        ours = [h for h in root.handlers if getattr(h, "_kv_handler", False)]
+        assert len(ours) == 1 and ours[0].stream is out  # type: ignore[attr-defined]
         assert root.level == logging.DEBUG
         logging.getLogger("t").debug("x", extra={"key": "a/b"})
         assert "key=a/b" in out.getvalue()
@@ -132,7 +133,39 @@ def test_setup_logging_is_idempotent_and_maps_verbosity() -> None:
             if h not in before:
                 root.removeHandler(h)
         root.setLevel(before_level)
-    assert verbosity_to_level(1) == logging.INFO
+    assert verbosity_to_level(0) == logging.INFO
+    assert verbosity_to_level(2) == V(2)
+
+
+def test_verbosity_follows_klog_levels() -> None:
+    root = logging.getLogger()
+    before_level, before = root.level, list(root.handlers)
+    try:
+        out = io.StringIO()
+        setup_logging(2, stream=out)
+        log = logging.getLogger("klog")
+        log.log(V(2), "at two")
+        log.log(V(3), "at three")
+        log.debug("debug")
+        log.info("info")
+        text = out.getvalue()
+        assert "at two" in text and "info" in text
+        assert "at three" not in text and "debug" not in text
+        assert 'level=info logger=klog msg="at two"' in text
+        out.truncate(0)
+        setup_logging(4, stream=out)
+        log.log(V(4), "at four")
+        log.log(V(5), "at five")
+        log.debug("debug")
+        assert "at four" in out.getvalue() and "debug" in out.getvalue()
+        assert "at five" not in out.getvalue()
+    finally:
+        for h in list(root.handlers):
+            if h not in before:
+                root.removeHandler(h)
+        root.setLevel(before_level)
+    with pytest.raises(ValueError):
+        V(10)
 
 
 @pytest.mark.parametrize(
