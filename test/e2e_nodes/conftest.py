@@ -135,3 +135,29 @@ def pytest_runtest_makereport(
         report.sections.append(("component logs", c.dump_logs(60)))
         k = Kubectl(c.kubeconfig("admin"))
         report.sections.append(("pods", k("get", "pods", "-A", "-o", "wide", check=False)))
+        report.sections.append(("container logs", _container_logs(k)))
+        report.sections.append(
+            ("cliques", k("get", "computedomaincliques", "-A", "-o", "yaml", check=False))
+        )
+        report.sections.append(
+            ("events", k("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
+        )
+
+
+def _container_logs(k: Kubectl, *, pods: int = 30, lines: int = 80) -> str:
+    """The last ``lines`` lines of every container (previous instance too) of up to ``pods``
+    pods: the driver's own logs are what explains a real-node failure."""
+    try:
+        listed = k.items("pods", "-A")
+    except AssertionError as err:
+        return f"cannot list pods: {err}"
+    parts = []
+    for pod in listed[:pods]:
+        namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        for previous in ("false", "true"):
+            out = k("logs", "-n", namespace, name, "--all-containers", "--prefix",
+                    f"--previous={previous}", f"--tail={lines}", check=False)  # fmt: skip
+            if out.strip():
+                label = "previous" if previous == "true" else "current"
+                parts.append(f"===== {namespace}/{name} ({label}) =====\n{out}")
+    return "\n".join(parts)
