@@ -8,7 +8,10 @@ the daemons verbatim). Values are parsed like Go's ``strconv.ParseBool``.
 Three kinds of names, mirroring what upstream's binaries accept (``pkg/featuregates`` plus
 component-base's logging gates and its ``AllAlpha``/``AllBeta`` switches):
 
-- :data:`DEFAULTS` -- the gates this driver implements (all Beta, all on by default);
+- :data:`DEFAULTS` -- the gates this driver implements, with upstream's defaults (stages in
+  :data:`STAGES`: the Beta gates are on, the Alpha ``HostManagedIMEXDaemon`` and
+  ``FabricManagerPartitioning`` are off; the latter only tolerates pending fabric registration
+  on single-node NVLink systems here, the partition activation is the GPU plugin's);
 - :data:`UPSTREAM_ONLY` -- gates the Go driver knows but this driver does not implement (GPU
   plugin and logging gates). A shared ``FEATURE_GATES`` value may carry them, so they are
   accepted, logged as a warning, and passed on to the daemons -- never acted upon;
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 IMEX_DAEMONS_WITH_DNS_NAMES: Final = "IMEXDaemonsWithDNSNames"
 COMPUTE_DOMAIN_CLIQUES: Final = "ComputeDomainCliques"
 CRASH_ON_NVLINK_FABRIC_ERRORS: Final = "CrashOnNVLinkFabricErrors"
+HOST_MANAGED_IMEX_DAEMON: Final = "HostManagedIMEXDaemon"
+FABRIC_MANAGER_PARTITIONING: Final = "FabricManagerPartitioning"
 
 ALPHA: Final = "Alpha"
 BETA: Final = "Beta"
@@ -49,8 +54,14 @@ DEFAULTS: Final[Mapping[str, bool]] = {
     IMEX_DAEMONS_WITH_DNS_NAMES: True,
     COMPUTE_DOMAIN_CLIQUES: True,
     CRASH_ON_NVLINK_FABRIC_ERRORS: True,
+    HOST_MANAGED_IMEX_DAEMON: False,
+    FABRIC_MANAGER_PARTITIONING: False,
 }
-_STAGES: Final[Mapping[str, str]] = dict.fromkeys(DEFAULTS, BETA)
+STAGES: Final[Mapping[str, str]] = {
+    **dict.fromkeys(DEFAULTS, BETA),
+    HOST_MANAGED_IMEX_DAEMON: ALPHA,
+    FABRIC_MANAGER_PARTITIONING: ALPHA,
+}
 
 # Known to the Go driver (name -> (default, stage)); accepted here, never acted upon.
 UPSTREAM_ONLY: Final[Mapping[str, tuple[bool, str]]] = {
@@ -60,8 +71,6 @@ UPSTREAM_ONLY: Final[Mapping[str, tuple[bool, str]]] = {
     "NVMLDeviceHealthCheck": (False, ALPHA),
     "DynamicMIG": (False, ALPHA),
     "DeviceMetadata": (False, ALPHA),
-    "FabricManagerPartitioning": (False, ALPHA),
-    "HostManagedIMEXDaemon": (False, ALPHA),
     "DRAListTypeAttributes": (False, ALPHA),
     "ConsumableShares": (False, ALPHA),
     # component-base logging gates (upstream forces ContextualLogging on at start-up)
@@ -167,9 +176,7 @@ class FeatureGates:
             return self.overrides[name]
         if name in _SWITCHES:
             return False
-        default, stage = (
-            (DEFAULTS[name], _STAGES[name]) if name in DEFAULTS else UPSTREAM_ONLY[name]
-        )
+        default, stage = (DEFAULTS[name], STAGES[name]) if name in DEFAULTS else UPSTREAM_ONLY[name]
         for switch, switch_stage in _SWITCHES.items():
             if stage == switch_stage and switch in self.overrides:
                 return self.overrides[switch]
@@ -192,6 +199,15 @@ class FeatureGates:
                     f"feature gate {first} is currently mutually exclusive with {second}"
                 )
         return self
+
+    def with_overrides(self, forced: Mapping[str, bool]) -> FeatureGates:
+        """A new set: this one's explicit values with ``forced`` applied on top.
+
+        Used after :meth:`validate` when a mode pins gates (host-managed IMEX turns
+        ``IMEXDaemonsWithDNSNames`` and ``ComputeDomainCliques`` off, like upstream's
+        ``SetFromMap``); the result is not re-validated, and ``self`` is unchanged.
+        """
+        return FeatureGates(overrides={**self.overrides, **forced})
 
     def as_dict(self) -> dict[str, bool]:
         """Every gate this driver implements with its effective value."""

@@ -12,6 +12,9 @@ Owns the process lifecycle around :class:`ControllerManager`. Invariants:
   new campaign in the same process, where upstream exits and waits for a pod restart;
 * with ``--debug-endpoints`` the same endpoint serves ``/debug/informers``: the current term's
   caches (``pkg.informers.snapshot``), an empty list while not leading; without it, 404;
+* in host-managed IMEX mode (``IMEX_MODE=hostManaged``) a term runs
+  :class:`pkg.reconcilers.hostmanaged.HostManagedManager` (finalizer, workload template and
+  ``Ready`` only) instead of the daemon machinery;
 * the first line it logs names the build (``starting compute-domain-controller version=...
   revision=... buildDate=...``), and the process registry serves
   ``nvidia_dra_compute_domain_controller_build_info`` (`pkg.runtime.buildinfometric`) from
@@ -37,6 +40,7 @@ from pkg.kube.config import load_api_client
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
 from pkg.reconcilers.flags import Options
 from pkg.reconcilers.formation import FormationTracer
+from pkg.reconcilers.hostmanaged import HostManagedManager
 from pkg.reconcilers.manager import ControllerManager, domain_workers
 from pkg.runtime.buildinfo import BuildInfo, load_build_info
 from pkg.runtime.buildinfometric import register_build_info
@@ -106,7 +110,7 @@ def run(
         )
     recorder = AsyncEventRecorder(events_client_factory(options), COMPONENT, clock)
     recorder.start()
-    state: dict[str, ControllerManager | None] = {"manager": None}
+    state: dict[str, ControllerManager | HostManagedManager | None] = {"manager": None}
     leading = threading.Event()
     failed = threading.Event()
     liveness, readiness = HealthChecks(), HealthChecks()
@@ -144,12 +148,20 @@ def run(
         term_registry = CollectorRegistry()
         process_registry.register(term_registry)
         terms["registry"] = term_registry
-        manager = ControllerManager(
-            client=client, config=options.controller, registry=term_registry,
-            tracer=tracing.tracer, clock=clock, informer_clock=RealClock(), events=recorder,
-            formation=FormationTracer(tracing, clock=clock),
-            cd_workers=domain_workers(options.kube_api_qps),
-        )  # fmt: skip
+        manager: ControllerManager | HostManagedManager
+        if options.controller.imex.host_managed:
+            manager = HostManagedManager(
+                client=client, config=options.controller, registry=term_registry,
+                tracer=tracing.tracer, clock=clock, informer_clock=RealClock(), events=recorder,
+                cd_workers=domain_workers(options.kube_api_qps),
+            )  # fmt: skip
+        else:
+            manager = ControllerManager(
+                client=client, config=options.controller, registry=term_registry,
+                tracer=tracing.tracer, clock=clock, informer_clock=RealClock(), events=recorder,
+                formation=FormationTracer(tracing, clock=clock),
+                cd_workers=domain_workers(options.kube_api_qps),
+            )  # fmt: skip
         state["manager"] = manager
         leading.set()
 
@@ -170,8 +182,10 @@ def run(
             process_registry.unregister(term_registry)
 
     log.info(
-        "starting namespace=%s image=%s leader_election=%s gates=%s", options.controller.namespace,
-        options.controller.image_name, options.leader_election, options.controller.feature_gates,
+        "starting namespace=%s image=%s leader_election=%s gates=%s imexMode=%s imexIsolation=%s",
+        options.controller.namespace, options.controller.image_name, options.leader_election,
+        options.controller.feature_gates, options.controller.imex.mode,
+        options.controller.imex.isolation,
     )  # fmt: skip
     try:
         if options.leader_election:

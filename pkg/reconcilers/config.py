@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from pkg.api import constants as c
+from pkg.imex.mode import ImexModeConfig
 
 __all__ = [
     "DAEMON_CORE_ENV",
@@ -125,6 +126,9 @@ class ControllerConfig:
     are coalesced into one reconcile at its end; the first event after a quiet period is
     reconciled at once. 0: one reconcile per event (upstream)."""
     extra_daemon_labels: dict[str, str] = field(default_factory=dict)
+    imex: ImexModeConfig = field(default_factory=ImexModeConfig)
+    """``IMEX_MODE``/``IMEX_ISOLATION`` (validated by the binary): in host-managed mode the
+    controller runs :mod:`pkg.reconcilers.hostmanaged` instead of the daemon machinery."""
 
     def validate(self) -> ControllerConfig:
         """``self`` if every field is usable; ``ValueError`` naming the flag otherwise."""

@@ -14,12 +14,20 @@ from __future__ import annotations
 import argparse
 import re
 import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pkg.api import constants as c
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, FeatureGateError, FeatureGates
+from pkg.imex.mode import (
+    DRIVER_MANAGED,
+    ISOLATION_DOMAIN,
+    ImexModeConfig,
+    effective_gates,
+    validate_or_exit,
+)
 from pkg.reconcilers.config import (
     DEFAULT_DAEMON_SERVICE_ACCOUNT,
     ControllerConfig,
@@ -128,7 +136,15 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
      "QPS of the separate client that writes Events (never spends the reconcile budget)"),
     ("events-burst", "EVENTS_BURST", int, 10, "burst of the Events client"),
     ("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false"),
+    ("imex-mode", "IMEX_MODE", str, DRIVER_MANAGED,
+     "who runs IMEX: driverManaged (a daemon per domain) or hostManaged (the node's own "
+     "nvidia-imex service; needs the HostManagedIMEXDaemon gate)"),
+    ("imex-isolation", "IMEX_ISOLATION", str, ISOLATION_DOMAIN,
+     'IMEX channel isolation: domain ("" means domain; channel is not supported yet)'),
 )  # fmt: skip
+# Upstream's CLI lets a set-but-empty variable override these defaults (IMEX_MODE="" is then
+# refused by the IMEX validation); every other variable counts only when non-empty.
+_EMPTY_ENV_OVERRIDES = frozenset({"IMEX_MODE", "IMEX_ISOLATION"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -158,7 +174,14 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     for name, env_name, type_, default, _help in _FLAGS:
         dest = name.replace("-", "_")
         value = ns[dest]
-        if value is None and env_name and env.get(env_name, "") != "":
+        if (
+            value is None
+            and env_name
+            and (
+                env.get(env_name, "") != ""
+                or (env_name in _EMPTY_ENV_OVERRIDES and env_name in env)
+            )
+        ):
             try:
                 value = type_(env[env_name])
             except (ValueError, argparse.ArgumentTypeError) as exc:
@@ -173,8 +196,13 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         gates = FeatureGates.parse(str(values["feature_gates"])).validate()
     except FeatureGateError as exc:
         parser.error(f"--feature-gates: {exc}")
-    if not gates.enabled(COMPUTE_DOMAIN_CLIQUES):
+    imex = validate_or_exit(
+        ImexModeConfig(mode=str(values["imex_mode"]), isolation=str(values["imex_isolation"])),
+        gates=gates, stderr=sys.stderr,
+    )  # fmt: skip
+    if not imex.host_managed and not gates.enabled(COMPUTE_DOMAIN_CLIQUES):
         parser.error(f"--feature-gates: {COMPUTE_DOMAIN_CLIQUES}=false is not supported")
+    gates = effective_gates(gates, imex)
     secrets = tuple(
         s for s in re.split(r"[,\s]+", str(values["cd_daemon_image_pull_secret_names"])) if s
     )
@@ -194,6 +222,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             clique_entry_grace_period=float(values["clique_entry_grace_period"]),
             status_update_interval=float(values["status_update_interval"]),
             domain_batch_period=float(values["domain_batch_period"]),
+            imex=imex,
         ).validate()
     except ValueError as exc:
         parser.error(str(exc))

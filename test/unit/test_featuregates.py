@@ -120,3 +120,27 @@ def test_all_beta_switch_sets_unnamed_beta_gates() -> None:
 def test_upstream_gpu_gate_rules_are_validated(spec: str, message: str) -> None:
     with pytest.raises(FeatureGateError, match=message):
         FeatureGates.parse(spec).validate()
+
+
+def test_host_managed_imex_gate_is_implemented_alpha_and_off() -> None:
+    """Upstream v0.5: HostManagedIMEXDaemon is Alpha, default off, and now acted upon."""
+    gates = FeatureGates.parse(f"{fg.HOST_MANAGED_IMEX_DAEMON}=true").validate()
+    assert gates.enabled(fg.HOST_MANAGED_IMEX_DAEMON)
+    assert gates.unimplemented() == []
+    assert fg.HOST_MANAGED_IMEX_DAEMON not in fg.UPSTREAM_ONLY
+    assert fg.STAGES[fg.HOST_MANAGED_IMEX_DAEMON] == fg.ALPHA
+    assert not FeatureGates().enabled(fg.HOST_MANAGED_IMEX_DAEMON)
+    assert FeatureGates.parse("AllAlpha=true").enabled(fg.HOST_MANAGED_IMEX_DAEMON)
+    assert not FeatureGates.parse("AllBeta=true").enabled(fg.HOST_MANAGED_IMEX_DAEMON)
+    assert "HostManagedIMEXDaemon=false" in FeatureGates().render()
+
+
+def test_with_overrides_forces_gates_without_touching_the_original() -> None:
+    gates = FeatureGates.parse("HostManagedIMEXDaemon=true")
+    forced = gates.with_overrides(
+        {fg.IMEX_DAEMONS_WITH_DNS_NAMES: False, fg.COMPUTE_DOMAIN_CLIQUES: False}
+    )
+    assert not forced.enabled(fg.IMEX_DAEMONS_WITH_DNS_NAMES)
+    assert not forced.enabled(fg.COMPUTE_DOMAIN_CLIQUES)
+    assert forced.enabled(fg.HOST_MANAGED_IMEX_DAEMON)
+    assert gates.enabled(fg.COMPUTE_DOMAIN_CLIQUES)
