@@ -27,7 +27,8 @@ from pkg.runtime.logsetup import setup_logging  # noqa: E402
 
 def main(argv: list[str]) -> int:
     options = parse_options(argv, os.environ)
-    setup_logging(options.verbosity)
+    setup_logging(options.verbosity, logging_format=options.logging_format,
+                  vmodule=options.vmodule)  # fmt: skip
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

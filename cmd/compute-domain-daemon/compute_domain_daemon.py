@@ -41,9 +41,10 @@ def main(argv: list[str]) -> int:
     except OptionsError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 1
-    context = logs.context_string(cd_namespace=opts.domain_namespace, cd_name=opts.domain_name,
+    context = logs.context_fields(cd_namespace=opts.domain_namespace, cd_name=opts.domain_name,
                                   cd_uid=opts.domain_uid, node=opts.node_name)  # fmt: skip
-    logs.configure(verbosity=opts.verbosity, context=context)
+    logs.configure(verbosity=opts.verbosity, context=context,
+                   logging_format=opts.logging_format, vmodule=opts.vmodule)  # fmt: skip
 
     if opts.command == "check":
         ok, message = run_check(opts, SubprocessCommandRunner())

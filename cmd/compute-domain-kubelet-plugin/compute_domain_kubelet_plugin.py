@@ -42,7 +42,12 @@ from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError
 from pkg.kubeletplugin.procdevices import ProcDevicesError
 from pkg.runtime.buildinfo import load_build_info
 from pkg.runtime.buildinfometric import register_build_info
-from pkg.runtime.logsetup import setup_logging
+from pkg.runtime.logsetup import (
+    LoggingConfigError,
+    parse_vmodule,
+    setup_logging,
+    validate_logging_format,
+)
 from pkg.runtime.tracing import setup_tracing
 from pkg.runtime.versionflag import add_version_flag
 
@@ -88,7 +93,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device-discovery", choices=["nvml", "fake"],
                    default=_env("DEVICE_DISCOVERY", "nvml"))  # fmt: skip
     p.add_argument("-v", "--v", type=int, default=_env("LOG_VERBOSITY", "0"))
+    p.add_argument("--logging-format", default=_env("LOGGING_FORMAT", "text"),
+                   help="text (klog) or json")  # fmt: skip
+    p.add_argument("--vmodule", default=_env("VMODULE"), help="per-file verbosity: pattern=N,...")
     args = p.parse_args(argv)
+    try:
+        validate_logging_format(args.logging_format)
+        parse_vmodule(args.vmodule)
+    except LoggingConfigError as err:
+        p.error(str(err))
     if args.debug_endpoints is None:
         value = _env("DEBUG_ENDPOINTS").strip().lower()
         if value not in _TRUE + _FALSE:
@@ -122,7 +135,7 @@ def build_discovery(
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    setup_logging(args.v)
+    setup_logging(args.v, logging_format=args.logging_format, vmodule=args.vmodule)
     build_info = load_build_info()
     log.info("%s", build_info.startup_message(PROG))
     registry = CollectorRegistry()

@@ -1,48 +1,32 @@
-"""Logging setup for the daemon: ``key=value`` lines that always name the CD and the node.
+"""The daemon's log context: every line names the ComputeDomain and the node.
 
-Owns the root handler of the daemon process. Invariant: every record -- ours, the Kubernetes
-client's, the supervisor's -- carries ``cd=<namespace>/<name> cdUID=<uid> node=<node>``, so
-logs of many daemons can be merged and still be attributed.
+Invariant: every record -- ours, the Kubernetes client's, the supervisor's -- carries
+``cd=<namespace>/<name> cdUID=<uid> node=<node>`` as structured fields, so logs of many daemons
+can be merged and still be attributed. The line format itself is the one of every binary
+(`pkg.runtime.logsetup`).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from typing import TextIO
 
-from pkg.runtime.logsetup import VerbosityFilter, verbosity_to_level
+from pkg.runtime.logsetup import setup_logging
 
 
-class _ContextFilter(logging.Filter):
-    def __init__(self, context: str) -> None:
-        super().__init__()
-        self._context = context
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.context = self._context
-        return True
+def context_fields(*, cd_namespace: str, cd_name: str, cd_uid: str, node: str) -> dict[str, str]:
+    """The fields every daemon line carries (``-`` for an unknown UID or node)."""
+    return {"cd": f"{cd_namespace}/{cd_name}", "cdUID": cd_uid or "-", "node": node or "-"}
 
 
-def context_string(*, cd_namespace: str, cd_name: str, cd_uid: str, node: str) -> str:
-    return f"cd={cd_namespace}/{cd_name} cdUID={cd_uid or '-'} node={node or '-'}"
-
-
-def configure(*, verbosity: int, context: str, stream: TextIO | None = None) -> logging.Handler:
-    """Install one stderr handler on the root logger honouring klog ``-v`` (`VerbosityFilter`)."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.addFilter(_ContextFilter(context))
-    handler.addFilter(VerbosityFilter(verbosity))
-    handler.setFormatter(
-        logging.Formatter(
-            "%(asctime)s level=%(levelname)s logger=%(name)s %(context)s msg=%(message)s"
-        )
-    )
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(verbosity_to_level(verbosity))
-    # The HTTP stack is chatty at debug and says nothing the daemon does not log itself.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
-    return handler
+def configure(
+    *,
+    verbosity: int,
+    context: dict[str, str],
+    logging_format: str = "text",
+    vmodule: str = "",
+    stream: TextIO | None = None,
+) -> logging.Handler:
+    """Install the process's log handler with ``context`` on every line; see `setup_logging`."""
+    return setup_logging(verbosity, logging_format=logging_format, vmodule=vmodule,
+                         context=context, stream=stream)  # fmt: skip

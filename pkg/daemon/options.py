@@ -43,6 +43,7 @@ from typing import Final
 
 from pkg.api import constants as c
 from pkg.featuregates import FeatureGateError, FeatureGates
+from pkg.runtime.logsetup import LoggingConfigError, parse_vmodule, validate_logging_format
 from pkg.runtime.versionflag import add_version_flag
 
 CDI_MISSING: Final = (
@@ -80,6 +81,8 @@ class Options:
     kubeconfig: str | None
     traceparent: str = ""  # CDI env TRACEPARENT: the domain's formation trace (may be empty)
     join_by_controller: bool = False  # CLIQUE_JOIN_BY_CONTROLLER=true (our DaemonSets)
+    logging_format: str = "text"  # --logging-format / LOGGING_FORMAT: text (klog) or json
+    vmodule: str = ""  # --vmodule / VMODULE: klog per-file verbosity, pattern=N,...
 
     @property
     def config_path(self) -> str:
@@ -117,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--imex-cmd-port", type=int, default=None)
     p.add_argument("--metrics-address", default=None)
     p.add_argument("--kubeconfig", default=None)
+    p.add_argument("--logging-format", default=None, help="text (klog, default) or json")
+    p.add_argument("--vmodule", default=None, help="per-file verbosity: pattern=N,...")
     p.add_argument("command", choices=["run", "check"])
     return p
 
@@ -162,6 +167,14 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         ).validate()
     except FeatureGateError as err:
         raise OptionsError(str(err)) from err
+    try:
+        logging_format = validate_logging_format(
+            args.logging_format or env.get("LOGGING_FORMAT") or "text"
+        )
+        vmodule = args.vmodule if args.vmodule is not None else env.get("VMODULE", "")
+        parse_vmodule(vmodule)
+    except LoggingConfigError as err:
+        raise OptionsError(str(err)) from err
     max_nodes = _int(env.get("MAX_NODES_PER_IMEX_DOMAIN"), name="MAX_NODES_PER_IMEX_DOMAIN",
                      default=c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN)  # fmt: skip
     if not 1 <= max_nodes <= 9999:
@@ -203,4 +216,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         join_by_controller=_bool(
             env.get(c.CLIQUE_JOIN_BY_CONTROLLER_ENV), name=c.CLIQUE_JOIN_BY_CONTROLLER_ENV
         ),
+        logging_format=logging_format,
+        vmodule=vmodule,
     )

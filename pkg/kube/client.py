@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from typing import Any, Literal, Protocol
@@ -23,6 +24,7 @@ import urllib3
 from kubernetes import client as k8s_client
 
 from pkg.base.types import JSON
+from pkg.base.verbosity import V
 from pkg.kube.errors import ConnectionFailedError, error_from_status
 from pkg.kube.resources import Resource
 from pkg.kube.watch import HttpWatchStream, WatchEvent, WatchStream
@@ -40,6 +42,10 @@ __all__ = [
     "WatchEvent",
     "WatchStream",
 ]
+
+log = logging.getLogger(__name__)
+# client-go's round_trippers: one "Response" line per API request at klog V(6).
+_ROUND_TRIPS = V(6)
 
 # A JSON-patch body is a list of operations; every other patch type is an object.
 PatchBody = JSON | list[JSON]
@@ -232,12 +238,19 @@ class RestClient:
         timeout = urllib3.Timeout(
             connect=self._timeout[0], read=read_timeout if read_timeout else self._timeout[1]
         )
+        started = time.monotonic()
         try:
-            return self._pool.request(
+            resp = self._pool.request(
                 method, url, body=payload, headers=headers, timeout=timeout, preload_content=False
             )
         except urllib3.exceptions.HTTPError as exc:
             raise ConnectionFailedError(f"{method} {path}: {exc}") from exc
+        if log.isEnabledFor(_ROUND_TRIPS):
+            log.log(_ROUND_TRIPS, "Response", extra={
+                "verb": method, "url": url, "status": f"{resp.status} {resp.reason or ''}".strip(),
+                "milliseconds": int((time.monotonic() - started) * 1000),
+            })  # fmt: skip
+        return resp
 
     @staticmethod
     def _raise_for_status(resp: urllib3.BaseHTTPResponse) -> None:

@@ -33,6 +33,7 @@ from pkg.reconcilers.config import (
     ControllerConfig,
     parse_extra_env,
 )
+from pkg.runtime.logsetup import LoggingConfigError, parse_vmodule, validate_logging_format
 from pkg.runtime.versionflag import add_version_flag
 
 __all__ = ["Options", "parse_duration", "parse_options"]
@@ -85,6 +86,8 @@ class Options:
     renew_deadline: float
     retry_period: float
     verbosity: int
+    logging_format: str = "text"
+    vmodule: str = ""
 
 
 # (flag, env, type, default, help)
@@ -136,6 +139,8 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
      "QPS of the separate client that writes Events (never spends the reconcile budget)"),
     ("events-burst", "EVENTS_BURST", int, 10, "burst of the Events client"),
     ("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false"),
+    ("logging-format", "LOGGING_FORMAT", str, "text", "log format: text (klog) or json"),
+    ("vmodule", "VMODULE", str, "", "per-file log verbosity, pattern=N,... (klog)"),
     ("imex-mode", "IMEX_MODE", str, DRIVER_MANAGED,
      "who runs IMEX: driverManaged (a daemon per domain) or hostManaged (the node's own "
      "nvidia-imex service; needs the HostManagedIMEXDaemon gate)"),
@@ -188,6 +193,12 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
                 parser.error(f"environment {env_name}: {exc}")
         values[dest] = default if value is None else value
     verbosity = ns["v"] if ns["v"] is not None else int(env.get("V", "0") or 0)
+    try:
+        logging_format = validate_logging_format(str(values["logging_format"]))
+        vmodule = str(values["vmodule"])
+        parse_vmodule(vmodule)
+    except LoggingConfigError as exc:
+        parser.error(str(exc))
     if not values["image_name"]:
         parser.error("--image-name (or IMAGE_NAME) is required")
     if values["additional_namespaces"]:
@@ -245,4 +256,6 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         renew_deadline=float(values["leader_election_renew_deadline"]),
         retry_period=float(values["leader_election_retry_period"]),
         verbosity=int(verbosity),
+        logging_format=logging_format,
+        vmodule=vmodule,
     )

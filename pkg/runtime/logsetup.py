@@ -1,93 +1,203 @@
-"""Structured ``key=value`` logging for the binaries, configured from klog-style ``-v``.
+"""Logging of every binary, as Kubernetes components log: klog text or component-base JSON.
 
-Verbosity follows klog: ``log.log(V(n), ...)`` is written when ``-v`` >= ``n`` (upstream's
-levels: 0 start-up, 2 processing, 4 details, 6 API round trips); ``log.debug`` counts as V(4).
+Owns the root handler, the line formats and the meaning of ``-v``. One setup for the
+controller, the kubelet plugin and the daemon:
 
-Owns the root handler and the line format
-``ts=<RFC3339> level=<lvl> logger=<name> msg="<text>" key=value ...``. Fields passed as
-``extra={...}`` (for example ``extra={"key": "ns/name"}``) are appended as ``key=value`` pairs,
-so every line of a reconcile carries its object key. Invariants: values containing spaces,
-quotes or ``=`` are quoted so a line always splits unambiguously; configuring twice replaces
-the handler instead of duplicating output.
+* **text** (default), klog's header and body::
+
+    I1127 01:23:45.123456   12345 computedomain.py:42] Processing ComputeDomain: ns/cd
+    I1127 01:23:45.123456   12345 daemon.py:88] "joined clique" cd="ns/cd" node="n1"
+
+  A record with no structured fields prints its message as is (klog's ``Infof``); one with
+  fields (``extra={...}``, or the process context) prints the message quoted, then
+  ``key="value"`` pairs (klog's ``InfoS``). Severity letters: I, W, E, F (CRITICAL).
+* **json** (``--logging-format=json``), component-base's schema: one object per line with
+  ``ts`` (seconds), ``caller``, ``msg``, ``v`` on non-error lines, ``err`` on errors, then
+  the fields.
+
+Verbosity follows klog: ``log.log(V(n), ...)`` is written when ``-v`` >= ``n`` (upstream's levels:
+0 start-up and config, 1 per-claim results, 2 processing, 3 list/watch, 4 details, 6 API round
+trips); ``log.debug`` counts as V(4). ``--vmodule=pattern=N,...`` sets the level per source
+file as klog does (``pattern`` is a glob on the file name without ``.py``).
+
+Invariants: configuring twice replaces the handler instead of duplicating output; a line never
+spans lines unless an exception's traceback follows it; every field value is quoted in text.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Mapping
+from pathlib import PurePath
 from typing import IO, Final
 
-__all__ = ["KeyValueFormatter", "V", "VerbosityFilter", "setup_logging", "verbosity_to_level"]
+from pkg.base.verbosity import V
 
-MAX_V: Final = 9
+__all__ = [
+    "LOG_FORMATS",
+    "JsonFormatter",
+    "KlogTextFormatter",
+    "LoggingConfigError",
+    "V",
+    "VerbosityFilter",
+    "parse_vmodule",
+    "setup_logging",
+    "validate_logging_format",
+    "verbosity_to_level",
+]
+
 _DEBUG_V: Final = 4
+LOG_FORMATS: Final = ("text", "json")
 
 
-def V(n: int) -> int:  # noqa: N802 - klog's name
-    """The logging level of klog's ``V(n)``: INFO for 0, between DEBUG and INFO for 1..9."""
-    if not 0 <= n <= MAX_V:
-        raise ValueError(f"klog verbosity must be 0..{MAX_V}, got {n}")
-    return logging.INFO - n
+class LoggingConfigError(ValueError):
+    """A ``--logging-format`` or ``--vmodule`` value that cannot be used."""
 
 
-for _n in range(1, MAX_V + 1):
-    logging.addLevelName(V(_n), f"V{_n}")
+def _verbosity_of(level: int) -> int:
+    """The klog V level of a record level below INFO (DEBUG counts as V(4))."""
+    return _DEBUG_V if level <= logging.DEBUG else logging.INFO - level
+
+
+def validate_logging_format(name: str) -> str:
+    """``name`` if it is a supported ``--logging-format``; raises `LoggingConfigError`."""
+    if name not in LOG_FORMATS:
+        supported = ", ".join(LOG_FORMATS)
+        raise LoggingConfigError(
+            f'--logging-format: Unsupported log format "{name}" (supported: {supported})'
+        )
+    return name
+
+
+def parse_vmodule(spec: str) -> tuple[tuple[str, int], ...]:
+    """Parse klog's ``--vmodule`` (``pattern=N,pattern=N``); raises `LoggingConfigError`."""
+    out: list[tuple[str, int]] = []
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        pattern, sep, level = item.partition("=")
+        if not sep or not pattern.strip() or not level.strip().isdigit():
+            raise LoggingConfigError(
+                f'--vmodule: invalid entry "{item}", expected pattern=N (for example '
+                f"computedomain=4)"
+            )
+        out.append((pattern.strip(), int(level)))
+    return tuple(out)
 
 
 class VerbosityFilter(logging.Filter):
-    """Passes WARNING/INFO always, ``V(n)`` when ``n <= verbosity``, DEBUG when verbosity >= 4."""
+    """Passes WARNING/INFO always, ``V(n)`` when ``n`` is at most the record's file's level
+    (``vmodule``'s first matching pattern, else ``verbosity``); DEBUG counts as V(4)."""
 
-    def __init__(self, verbosity: int) -> None:
+    def __init__(self, verbosity: int, vmodule: tuple[tuple[str, int], ...] = ()) -> None:
         super().__init__()
         self.verbosity = verbosity
+        self.vmodule = vmodule
+
+    def _limit(self, record: logging.LogRecord) -> int:
+        if self.vmodule:
+            module = PurePath(record.pathname).stem
+            for pattern, level in self.vmodule:
+                if fnmatch.fnmatchcase(module, pattern):
+                    return level
+        return self.verbosity
 
     def filter(self, record: logging.LogRecord) -> bool:
-        level = record.levelno
-        if level >= logging.INFO:
+        if record.levelno >= logging.INFO:
             return True
-        if level > logging.DEBUG:
-            return logging.INFO - level <= self.verbosity
-        return level == logging.DEBUG and self.verbosity >= _DEBUG_V
+        return _verbosity_of(record.levelno) <= self._limit(record)
 
 
 _STANDARD_ATTRS: Final = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "asctime"}
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
+    | {"message", "asctime", "taskName"}
 )
 
 
-def _quote(value: object) -> str:
-    text = str(value)
-    if text == "" or any(ch in text for ch in ' "=\n\t'):
-        escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        return f'"{escaped}"'
-    return text
+def _fields(record: logging.LogRecord) -> dict[str, object]:
+    """The record's structured fields: the process context first, then ``extra={...}``."""
+    fields: dict[str, object] = dict(getattr(record, "_log_context", {}))
+    for key, value in record.__dict__.items():
+        if key not in _STANDARD_ATTRS and not key.startswith("_"):
+            fields[key] = value
+    return fields
 
 
-def _level_name(level: int) -> str:
-    if logging.DEBUG < level < logging.INFO:
-        return "info"  # klog prints every V(n) line as info
-    return logging.getLevelName(level).lower()
+def _severity(level: int) -> str:
+    if level >= logging.CRITICAL:
+        return "F"
+    if level >= logging.ERROR:
+        return "E"
+    if level >= logging.WARNING:
+        return "W"
+    return "I"
 
 
-class KeyValueFormatter(logging.Formatter):
-    """Renders a record as one ``key=value`` line (exceptions follow on their own lines)."""
+def _go_quote(value: object) -> str:
+    """Go's ``%q`` of ``str(value)`` for the printable-ASCII-and-UTF-8 cases klog meets."""
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+class KlogTextFormatter(logging.Formatter):
+    """klog's text line: ``Lmmdd hh:mm:ss.uuuuuu pid file:line] msg`` (see the module doc)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        parts = [
-            f"ts={ts}.{int(record.msecs):03d}Z",
-            f"level={_level_name(record.levelno)}",
-            f"logger={record.name}",
-            f"msg={_quote(record.getMessage())}",
-        ]
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD_ATTRS and not key.startswith("_"):
-                parts.append(f"{key}={_quote(value)}")
-        line = " ".join(parts)
+        """One klog line for ``record``; an exception's traceback follows on its own lines."""
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
+        micros = int((record.created % 1) * 1_000_000)
+        header = (
+            f"{_severity(record.levelno)}{stamp}.{micros:06d} {record.process or os.getpid():7d} "
+            f"{record.filename}:{record.lineno}] "
+        )
+        message = record.getMessage()
+        fields = _fields(record)
+        if fields:
+            body = " ".join(
+                [_go_quote(message), *(f"{k}={_go_quote(v)}" for k, v in fields.items())]
+            )
+        else:
+            body = message
+        line = header + body
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+class JsonFormatter(logging.Formatter):
+    """component-base's JSON line: ``{"ts":..,"caller":..,"msg":..,"v":N|"err":..,...}``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """One JSON object for ``record``; a traceback goes into ``err`` (errors) or ``stack``."""
+        obj: dict[str, object] = {
+            "ts": round(record.created, 6),
+            "caller": f"{record.filename}:{record.lineno}",
+            "msg": record.getMessage(),
+        }
+        if record.levelno >= logging.ERROR:
+            obj["err"] = self.formatException(record.exc_info) if record.exc_info else None
+        else:
+            obj["v"] = 0 if record.levelno >= logging.INFO else _verbosity_of(record.levelno)
+            if record.exc_info:
+                obj["stack"] = self.formatException(record.exc_info)
+        for key, value in _fields(record).items():
+            obj.setdefault(key, value if isinstance(value, int | float | bool) else str(value))
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+class _ContextFilter(logging.Filter):
+    def __init__(self, context: Mapping[str, str]) -> None:
+        super().__init__()
+        self._context = dict(context)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record._log_context = self._context
+        return True
 
 
 def verbosity_to_level(verbosity: int) -> int:
@@ -101,17 +211,36 @@ def verbosity_to_level(verbosity: int) -> int:
     return V(max(0, verbosity))
 
 
-def setup_logging(verbosity: int, *, stream: IO[str] | None = None) -> None:
-    """Install one ``key=value`` handler on the root logger honouring klog ``-v``; idempotent."""
+def setup_logging(
+    verbosity: int,
+    *,
+    logging_format: str = "text",
+    vmodule: str = "",
+    context: Mapping[str, str] | None = None,
+    stream: IO[str] | None = None,
+) -> logging.Handler:
+    """Install one handler on the root logger honouring klog ``-v`` and ``--vmodule``; returns
+    it. ``context`` fields (the daemon's domain and node) are added to every line. Idempotent:
+    a second call replaces the first handler. Raises `LoggingConfigError` for a bad format or
+    vmodule."""
+    formatter: logging.Formatter = (
+        JsonFormatter()
+        if validate_logging_format(logging_format) == "json"
+        else KlogTextFormatter()
+    )
+    modules = parse_vmodule(vmodule)
     root = logging.getLogger()
     for handler in list(root.handlers):
-        if getattr(handler, "_kv_handler", False):
+        if getattr(handler, "_klog_handler", False):
             root.removeHandler(handler)
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
-    handler.addFilter(VerbosityFilter(verbosity))
-    handler._kv_handler = True  # type: ignore[attr-defined]
+    handler.setFormatter(formatter)
+    if context:
+        handler.addFilter(_ContextFilter(context))
+    handler.addFilter(VerbosityFilter(verbosity, modules))
+    handler._klog_handler = True  # type: ignore[attr-defined]
     root.addHandler(handler)
-    root.setLevel(verbosity_to_level(verbosity))
+    root.setLevel(verbosity_to_level(max([verbosity, *(level for _p, level in modules)])))
     # The HTTP client logs every connection at DEBUG; that is noise even at high verbosity.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
+    return handler

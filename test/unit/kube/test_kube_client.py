@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pkg.base.verbosity import V
 from pkg.kube import resources as r
 from pkg.kube.client import RestClient
 from pkg.kube.errors import (
@@ -160,3 +161,22 @@ def test_event_recorder_retries_an_outage_with_backoff_then_gives_up() -> None:
         assert pauses == [0.1, 0.4]
         api.set_available(True)
         assert [e["reason"] for e in api.objects(r.EVENTS)] == ["Lost"]
+
+
+def test_every_request_is_one_response_line_at_v6(caplog: pytest.LogCaptureFixture) -> None:
+    with FakeApiServer() as api:
+        c = api.client()
+        with caplog.at_level(V(6), logger="pkg.kube.client"):
+            c.create(r.NODES, {"metadata": {"name": "n"}})
+            with pytest.raises(NotFoundError):
+                c.get(r.NODES, "missing")
+        records = list(caplog.records)
+        with caplog.at_level(V(5), logger="pkg.kube.client"):
+            caplog.clear()
+            c.get(r.NODES, "n")
+            assert caplog.records == []  # below V(6) nothing is logged per request
+    first, second = records
+    assert (first.levelno, first.getMessage(), first.verb) == (V(6), "Response", "POST")  # type: ignore[attr-defined]
+    assert first.status == "201 Created" and first.url.endswith("/api/v1/nodes")  # type: ignore[attr-defined]
+    assert (second.verb, second.status) == ("GET", "404 Not Found")  # type: ignore[attr-defined]
+    assert isinstance(first.milliseconds, int)  # type: ignore[attr-defined]

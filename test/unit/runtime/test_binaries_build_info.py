@@ -62,21 +62,21 @@ def test_plugin_bad_env_number_is_a_usage_error_not_a_traceback() -> None:
 FIRST_LINES = {
     "compute-domain-controller": (
         ["--image-name=img", "--kubeconfig=/nonexistent"], {},
-        r'ts=\S+ level=info logger=pkg\.reconcilers\.app msg="starting compute-domain-controller" '
-        r"version={v} revision={r} buildDate={d}",
+        r'I\d{{4}} \S+ +\d+ app\.py:\d+\] "starting compute-domain-controller" '
+        r'version="{v}" revision="{r}" buildDate="{d}"',
     ),
     "compute-domain-kubelet-plugin": (
         ["--node-name=n", "--device-discovery=fake", "--kubeconfig=/nonexistent"], {},
-        r'ts=\S+ level=info logger=compute-domain-kubelet-plugin msg="starting '
-        r'compute-domain-kubelet-plugin version={v} revision={r} buildDate={d}"',
+        r"I\d{{4}} \S+ +\d+ compute_domain_kubelet_plugin\.py:\d+\] starting "
+        r"compute-domain-kubelet-plugin version={v} revision={r} buildDate={d}",
     ),
     "compute-domain-daemon": (
         ["run"],
         {"NODE_NAME": "n", "POD_NAMESPACE": "drv", "COMPUTE_DOMAIN_UUID": "u",
          "COMPUTE_DOMAIN_NAME": "cd", "COMPUTE_DOMAIN_NAMESPACE": "ns",
          "KUBECONFIG": "/nonexistent"},
-        r"\S+ \S+ level=INFO logger=compute-domain-daemon cd=ns/cd cdUID=u node=n "
-        r"msg=starting compute-domain-daemon version={v} revision={r} buildDate={d}",
+        r'I\d{{4}} \S+ +\d+ compute_domain_daemon\.py:\d+\] "starting compute-domain-daemon '
+        r'version={v} revision={r} buildDate={d}" cd="ns/cd" cdUID="u" node="n"',
     ),
 }  # fmt: skip
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import json
-import logging
 import urllib.error
 import urllib.request
 
@@ -12,7 +10,6 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer, parse_endpoint
-from pkg.runtime.logsetup import KeyValueFormatter, V, setup_logging, verbosity_to_level
 from pkg.runtime.tracing import setup_tracing
 
 
@@ -104,68 +101,6 @@ def test_debug_documents_only_when_registered() -> None:
     with pytest.raises(ValueError, match="/debug/"):
         ObservabilityServer("127.0.0.1:0", registry=registry, liveness=live, readiness=ready,
                             debug={"/metrics2": dict})  # fmt: skip
-
-
-def test_key_value_lines_carry_extra_fields_and_quote() -> None:
-    record = logging.LogRecord("pkg.x", logging.INFO, "f", 1, "hello %s", ("world",), None)
-    record.key = "ns/cd 1"
-    record.controller = "computedomain"
-    line = KeyValueFormatter().format(record)
-    assert 'msg="hello world"' in line
-    assert 'key="ns/cd 1"' in line and "controller=computedomain" in line
-    assert line.startswith("ts=") and " level=info logger=pkg.x " in line
-
-
-def test_setup_logging_is_idempotent_and_maps_verbosity() -> None:
-    root = logging.getLogger()
-    before_level, before = root.level, list(root.handlers)
-    try:
-        out = io.StringIO()
-        setup_logging(0, stream=out)
-        setup_logging(5, stream=out)
-        ours = [h for h in root.handlers if getattr(h, "_kv_handler", False)]
-        assert len(ours) == 1 and ours[0].stream is out  # type: ignore[attr-defined]
-        assert root.level == logging.DEBUG
-        logging.getLogger("t").debug("x", extra={"key": "a/b"})
-        assert "key=a/b" in out.getvalue()
-    finally:
-        for h in list(root.handlers):
-            if h not in before:
-                root.removeHandler(h)
-        root.setLevel(before_level)
-    assert verbosity_to_level(0) == logging.INFO
-    assert verbosity_to_level(2) == V(2)
-
-
-def test_verbosity_follows_klog_levels() -> None:
-    root = logging.getLogger()
-    before_level, before = root.level, list(root.handlers)
-    try:
-        out = io.StringIO()
-        setup_logging(2, stream=out)
-        log = logging.getLogger("klog")
-        log.log(V(2), "at two")
-        log.log(V(3), "at three")
-        log.debug("debug")
-        log.info("info")
-        text = out.getvalue()
-        assert "at two" in text and "info" in text
-        assert "at three" not in text and "debug" not in text
-        assert 'level=info logger=klog msg="at two"' in text
-        out.truncate(0)
-        setup_logging(4, stream=out)
-        log.log(V(4), "at four")
-        log.log(V(5), "at five")
-        log.debug("debug")
-        assert "at four" in out.getvalue() and "debug" in out.getvalue()
-        assert "at five" not in out.getvalue()
-    finally:
-        for h in list(root.handlers):
-            if h not in before:
-                root.removeHandler(h)
-        root.setLevel(before_level)
-    with pytest.raises(ValueError):
-        V(10)
 
 
 @pytest.mark.parametrize(
