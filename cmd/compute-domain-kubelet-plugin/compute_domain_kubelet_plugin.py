@@ -27,15 +27,18 @@ from prometheus_client import CollectorRegistry
 
 from pkg.featuregates import (
     CRASH_ON_NVLINK_FABRIC_ERRORS,
+    FABRIC_MANAGER_PARTITIONING,
     IMEX_DAEMONS_WITH_DNS_NAMES,
     FeatureGateError,
     FeatureGates,
 )
 from pkg.kube.client import RestClient
 from pkg.kube.config import load_api_client
+from pkg.kubeletplugin.clique import CliqueLabelError
 from pkg.kubeletplugin.discovery import DeviceDiscovery, DiscoveryError
 from pkg.kubeletplugin.discovery.base import check_driver_version
-from pkg.kubeletplugin.discovery.fake import FakeDiscovery, load_fake_config
+from pkg.kubeletplugin.discovery.fabric import is_single_node_nvlink, select_dev_root
+from pkg.kubeletplugin.discovery.fake import FakeDiscovery
 from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery, load_pynvml
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
 from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError
@@ -96,7 +99,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--logging-format", default=_env("LOGGING_FORMAT", "text"),
                    help="text (klog) or json")  # fmt: skip
     p.add_argument("--vmodule", default=_env("VMODULE"), help="per-file verbosity: pattern=N,...")
+    p.add_argument("--gpu-clique-label-enabled", nargs="?", const="true", default=None,
+                   help="keep nvidia.com/gpu.clique=<clique ID> on this node (removed on "
+                   "graceful shutdown)")  # fmt: skip
     args = p.parse_args(argv)
+    clique_label = args.gpu_clique_label_enabled
+    if clique_label is None:
+        clique_label = _env("GPU_CLIQUE_LABEL_ENABLED")
+    if clique_label.strip().lower() not in _TRUE + _FALSE:
+        p.error(f'--gpu-clique-label-enabled: invalid boolean "{clique_label}"')
+    args.gpu_clique_label_enabled = clique_label.strip().lower() in _TRUE
     try:
         validate_logging_format(args.logging_format)
         parse_vmodule(args.vmodule)
@@ -117,12 +129,20 @@ def build_discovery(
 ) -> DeviceDiscovery:
     """Fake GPUs, or NVML loaded by absolute path from the driver root (no LD_LIBRARY_PATH).
 
-    Gate CrashOnNVLinkFabricErrors decides whether a GPU with a fabric error stops start-up.
+    Gate CrashOnNVLinkFabricErrors decides whether a GPU with a fabric error stops start-up;
+    with gate FabricManagerPartitioning a single-node NVLink system (probed under the dev root
+    here, an I/O error is a `DiscoveryError`) tolerates incomplete fabric registrations.
     """
-    strict = (gates or FeatureGates()).enabled(CRASH_ON_NVLINK_FABRIC_ERRORS)
+    gates = gates or FeatureGates()
+    strict = gates.enabled(CRASH_ON_NVLINK_FABRIC_ERRORS)
+    single_node = False
+    if gates.enabled(FABRIC_MANAGER_PARTITIONING):
+        single_node = is_single_node_nvlink(select_dev_root(Path(args.container_driver_root)))
     if args.device_discovery == "fake":
-        config = load_fake_config(_env("FAKE_GPU_CONFIG"))
-        return FakeDiscovery(config=config, node_name=args.node_name, strict_fabric=strict)
+        return FakeDiscovery.from_setting(
+            _env("FAKE_GPU_CONFIG"), node_name=args.node_name, strict_fabric=strict,
+            single_node_nvlink=single_node,
+        )  # fmt: skip
     root = DriverRoot(
         host=Path(args.nvidia_driver_root), container=Path(args.container_driver_root)
     )
@@ -130,7 +150,9 @@ def build_discovery(
         library = root.nvml_library()
     except DriverRootError as err:
         raise DiscoveryError(str(err)) from err
-    return NvmlDiscovery(nvml=load_pynvml(library), strict_fabric=strict)
+    return NvmlDiscovery(
+        nvml=load_pynvml(library), strict_fabric=strict, single_node_nvlink=single_node
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -154,10 +176,12 @@ def main(argv: list[str]) -> int:
         metrics_port=int(metrics_port) if metrics_port else -1,
         metrics_host=metrics_host,
         debug_endpoints=args.debug_endpoints,
+        gpu_clique_label=args.gpu_clique_label_enabled,
     )
     try:
         gates = FeatureGates.parse(args.feature_gates).validate()
-        devices = build_discovery(args, gates=gates).discover()
+        discovery = build_discovery(args, gates=gates)
+        devices = discovery.discover()
         check_driver_version(devices, dns_names=gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES))
     except (DiscoveryError, FeatureGateError) as err:
         log.error("cannot start: %s", err)
@@ -170,10 +194,10 @@ def main(argv: list[str]) -> int:
     client = RestClient(api_client, user_agent=PROG)
     tracing = setup_tracing(PROG, env=os.environ)
     plugin = KubeletPlugin(config=config, client=client, devices=devices, registry=registry,
-                           tracer=tracing.tracer)  # fmt: skip
+                           tracer=tracing.tracer, discovery=discovery)  # fmt: skip
     try:
         plugin.start()
-    except (ProcDevicesError, OSError) as err:
+    except (ProcDevicesError, OSError, CliqueLabelError) as err:
         log.error("cannot start: %s", err)
         tracing.shutdown()
         return 1

@@ -101,6 +101,12 @@ class SlicePublisher:
         """The slice's name."""
         return self._name
 
+    def set_devices(self, devices: Sequence[JSON]) -> None:
+        """Publish ``devices`` (copied) from now on: the publishing thread updates the slice
+        with the next pool generation. Safe to call from any thread, before or after `start`."""
+        self._devices = copy.deepcopy(list(devices))  # one reference swap: readers see old or new
+        self._dirty.set()
+
     def start(self) -> None:
         """Start the informer and the publishing thread; never blocks on the API server."""
         self._registration = self._informer.add_event_handler(

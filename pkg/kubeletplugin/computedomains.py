@@ -5,7 +5,8 @@ Owns three things:
 * lookups of ComputeDomains by UID: a cluster-wide `pkg.informers` SharedInformer of
   ComputeDomains with a UID index, read through its `Lister`;
 * readiness of this node's IMEX daemon for a domain: the ComputeDomainClique
-  ``<cdUID>.<cliqueID>`` in the driver namespace (a second informer, scoped to that namespace)
+  ``<cdUID>.<cliqueID>`` in the driver namespace (a second informer, scoped to that namespace;
+  ``cliqueID`` is the node's current one, read through the injected accessor at each lookup)
   has ``daemons[nodeName == me].status == Ready``; on a node without a clique (or when no clique
   object says so) the fallback is ``cd.status.nodes[name == me].status == Ready``; or, sooner,
   the daemon's node-local readiness record (:mod:`pkg.api.localready`) names that entry's node
@@ -90,7 +91,7 @@ class DomainTracker:
         informers: SharedInformerFactory,
         node_name: str,
         driver_namespace: str,
-        clique_id: str,
+        clique_id: Callable[[], str],
         clock: Clock,
         domain_grace: float = 2.0,
         transient_backoff: tuple[float, ...] = _TRANSIENT_BACKOFF,
@@ -100,7 +101,8 @@ class DomainTracker:
         """``local_ready`` reads the node-local readiness record of a domain's daemon
         (:mod:`pkg.api.localready`), polled every ``local_poll`` seconds while a Prepare waits
         on this node's entry that exists and is not Ready; without it only the membership
-        entry counts."""
+        entry counts. ``clique_id`` returns the node's current clique ID
+        (`pkg.kubeletplugin.clique.CliqueRefresher.clique_id`)."""
         self._client = client
         self._informers = informers
         self._node = node_name
@@ -219,10 +221,9 @@ class DomainTracker:
     def _entry(self, cd_uid: str) -> JSON | None:
         """This node's membership entry for the domain: its clique's, else the domain
         status's."""
-        if self._clique_id:
-            clique = self._clique_lister.get(
-                clique_object_name(cd_uid, self._clique_id), self._namespace
-            )
+        clique_id = self._clique_id()
+        if clique_id:
+            clique = self._clique_lister.get(clique_object_name(cd_uid, clique_id), self._namespace)
             for daemon in (clique or {}).get("daemons") or []:
                 if daemon.get("nodeName") == self._node:
                     return daemon  # type: ignore[no-any-return]
@@ -253,10 +254,9 @@ class DomainTracker:
         me = self._node
         if not self.synced():
             return DaemonReadiness(None, "the plugin has not read ComputeDomains yet")
-        if self._clique_id:
-            clique = self._clique_lister.get(
-                clique_object_name(cd_uid, self._clique_id), self._namespace
-            )
+        clique_id = self._clique_id()
+        if clique_id:
+            clique = self._clique_lister.get(clique_object_name(cd_uid, clique_id), self._namespace)
             if clique is not None:
                 for daemon in clique.get("daemons") or []:
                     if daemon.get("nodeName") == me:
@@ -264,7 +264,7 @@ class DomainTracker:
                 return DaemonReadiness(
                     False,
                     f"node {me} is not a member of ComputeDomain {cd_uid} (its IMEX daemon "
-                    f"left clique {self._clique_id} or has not joined it)",
+                    f"left clique {clique_id} or has not joined it)",
                 )
         cd = self._domain(cd_uid)
         if cd is None:

@@ -5,9 +5,15 @@ per-request fan-out are the driver-agnostic library's (`pkg.draplugin`); this mo
 ComputeDomain driver on top of it (`KubeletPlugin` is its `pkg.draplugin.fanout.ClaimDriver`:
 it receives whole, allocated ResourceClaims) and owns start/stop order:
 start = plugin dir -> base CDI spec (driver root scan) -> checkpoint open (corrupt policy) ->
-domain informers -> crash/boot recovery -> DRA socket (with device health) -> registration
-socket -> health -> HTTP (metrics, probes, opt-in debug documents) -> slices;
-stop = device health streams end, then the reverse, then the informer factory. One
+``nvidia.com/gpu.clique`` label (opt-in; an error stops start-up before any thread runs) and
+the clique refresh thread (first tick one interval later) -> domain informers -> crash/boot
+recovery -> DRA socket (with device health) -> registration socket -> health -> HTTP (metrics,
+probes, opt-in debug documents) -> slices;
+stop = device health streams end, then the reverse (the clique label is removed after the
+sockets close), then the informer factory. The node's clique ID is
+`pkg.kubeletplugin.clique.CliqueRefresher`'s: every reader (Prepare, readiness lookups, the
+slice's ``cliqueID`` attribute) goes through its accessor, and a refreshed ID republishes the
+slice. One
 `pkg.informers.SharedInformerFactory` serves every watch of the process (ComputeDomains,
 driver-namespace cliques, this node's slices), and the injected `pkg.base.Clock`
 drives request deadlines, checkpoint timestamps, device-health resends and the informers'
@@ -43,13 +49,21 @@ from pkg.kubeletplugin import procdevices
 from pkg.kubeletplugin.cdi import CdiWriter
 from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, PreparedDevice, read_boot_id
 from pkg.kubeletplugin.claims import slice_devices
+from pkg.kubeletplugin.clique import (
+    LABEL_REMOVAL_TIMEOUT,
+    REFRESH_INTERVAL,
+    CliqueLabelError,
+    CliqueRefresher,
+    NodeCliqueLabel,
+)
 from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.kubeletplugin.devicehealth import DeviceHealthMonitor
-from pkg.kubeletplugin.discovery import NodeDevices
+from pkg.kubeletplugin.discovery import DeviceDiscovery, NodeDevices
 from pkg.kubeletplugin.driverroot import BINARY_DIRS, DriverFiles, DriverRoot, management_edits
 from pkg.kubeletplugin.metrics import PluginMetrics
 from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup, domain_dir
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
+from pkg.runtime.logsetup import V
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +96,10 @@ class PluginConfig:
     retry_delay: float = 1.0
     # How long a Prepare waits for a just-created ComputeDomain to reach the watch cache.
     domain_grace: float = 2.0
+    # --gpu-clique-label-enabled: keep nvidia.com/gpu.clique on this node (clique.py).
+    gpu_clique_label: bool = False
+    clique_refresh_interval: float = REFRESH_INTERVAL
+    clique_label_removal_timeout: float = LABEL_REMOVAL_TIMEOUT
 
     @property
     def plugin_dir(self) -> Path:
@@ -113,9 +131,11 @@ class KubeletPlugin:
         clock: Clock | None = None,
         store: CheckpointStore | None = None,
         tracer: trace.Tracer | None = None,
+        discovery: DeviceDiscovery | None = None,
     ) -> None:
         """``tracer``: per-claim request spans and this node's part of each domain's formation
-        trace (default: no tracing)."""
+        trace (default: no tracing). ``devices``: start-up discovery's result; ``discovery``:
+        what the periodic clique refresh runs again (None: the clique ID stays ``devices``')."""
         self.config = config
         self._tracer = tracer or trace.NoOpTracer()
         self.devices = devices
@@ -137,9 +157,20 @@ class KubeletPlugin:
         # Failed LIST/WATCH calls back off from `retry_delay` up to 30x it (jittered).
         backoff = BackoffPolicy(initial=config.retry_delay, cap=30 * config.retry_delay)
         self.informers = SharedInformerFactory(client, clock=self.clock, backoff=backoff)
+        label = (
+            NodeCliqueLabel(client=client, node_name=config.node_name, clock=self.clock)
+            if config.gpu_clique_label
+            else None
+        )
+        self.clique = CliqueRefresher(
+            initial=devices.clique_id, discovery=discovery, clock=self.clock, label=label,
+            interval=config.clique_refresh_interval, on_change=self._clique_changed,
+            label_removal_timeout=config.clique_label_removal_timeout,
+        )  # fmt: skip
+        self._clique_started = False
         self.domains = DomainTracker(
             client=client, informers=self.informers, node_name=config.node_name,
-            driver_namespace=config.namespace, clique_id=devices.clique_id, clock=self.clock,
+            driver_namespace=config.namespace, clique_id=self.clique.clique_id, clock=self.clock,
             domain_grace=config.domain_grace,
             local_ready=lambda uid: localready.read(domain_dir(config.plugin_dir, uid)),
         )  # fmt: skip
@@ -177,14 +208,21 @@ class KubeletPlugin:
         )
         mgmt = None
         caps_file = cfg.imex_mgmt_caps_file or self.driver_root.imex_mgmt_caps_file()
-        if self.devices.clique_id and caps_file.exists():
-            caps_major = procdevices.char_device_major(
-                procdevices.NVIDIA_CAPS_DEVICE, path=cfg.proc_devices
-            )
-            mgmt = procdevices.imex_mgmt_node(caps_file=caps_file, caps_major=caps_major)
+        if caps_file.exists():
+            # Read even without a clique: a refresh may give the node one later. Only a node
+            # that has a clique now cannot start without it.
+            try:
+                caps_major = procdevices.char_device_major(
+                    procdevices.NVIDIA_CAPS_DEVICE, path=cfg.proc_devices
+                )
+                mgmt = procdevices.imex_mgmt_node(caps_file=caps_file, caps_major=caps_major)
+            except (procdevices.ProcDevicesError, OSError) as err:
+                if self.devices.clique_id:
+                    raise
+                log.log(V(4), "no fabric-imex-mgmt device node on this node: %s", err)
         return NodeSetup(
             node_name=cfg.node_name,
-            clique_id=self.devices.clique_id,
+            clique_id=self.clique.clique_id,
             channel_nodes=procdevices.imex_channel_nodes(major, IMEX_CHANNEL_COUNT),
             imex_mgmt_node=mgmt,
             plugin_dir=cfg.plugin_dir,
@@ -238,6 +276,11 @@ class KubeletPlugin:
             now=self.clock.now,
         )  # fmt: skip
         self._on_checkpoint_change(list(self.store.entries().values()))
+        try:
+            self.clique.start()
+        except CliqueLabelError as err:
+            raise CliqueLabelError(f"error starting ComputeDomain manager: {err}") from err
+        self._clique_started = True
         self.domains.start()
         self.domains.wait_synced(10.0)  # best effort: recovery reads domains
         self.state.recover(report)
@@ -284,6 +327,8 @@ class KubeletPlugin:
         if self.http is not None:
             self.http.stop()
         self.slices.stop()
+        if self._clique_started:
+            self.clique.stop()
         self.domains.stop()
         self.informers.shutdown()
         self.fanout.shutdown()
@@ -295,6 +340,10 @@ class KubeletPlugin:
                     self.state.collect_stale(deadline=self._monotonic() + 20.0)
                 except Exception:
                     log.exception("stale checkpoint cleanup failed")
+
+    def _clique_changed(self, clique_id: str) -> None:
+        """A refresh adopted ``clique_id``: the slice's ``cliqueID`` attribute follows."""
+        self.slices.set_devices(slice_devices(clique_id))
 
     def _on_checkpoint_change(self, entries: list[ClaimEntry]) -> None:
         self.device_health.set_prepared(entries)

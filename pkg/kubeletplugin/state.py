@@ -145,10 +145,12 @@ class NodeLock:
 
 @dataclass(frozen=True)
 class NodeSetup:
-    """Node facts fixed at start-up."""
+    """Node facts fixed at start-up, and the accessor of the one that is not."""
 
     node_name: str
-    clique_id: str
+    # The node's current clique ID (`pkg.kubeletplugin.clique.CliqueRefresher.clique_id`):
+    # it can change while the plugin runs, so it is read at each use.
+    clique_id: Callable[[], str]
     channel_nodes: tuple[DeviceNode, ...]
     imex_mgmt_node: DeviceNode | None
     plugin_dir: Path
@@ -363,7 +365,7 @@ class DeviceState:
                 f"current node not ready in ComputeDomain {config.domain_id}: the IMEX daemon on "
                 f"node {self._setup.node_name} is not Ready yet"
             )
-        if not self._setup.clique_id:
+        if not self._setup.clique_id():
             return ContainerEdits()  # non-NVLink node: released without an IMEX channel
         nodes = self._setup.channel_nodes[: config.channel_count]
         return ContainerEdits(device_nodes=tuple(n.to_cdi() for n in nodes))
@@ -376,7 +378,7 @@ class DeviceState:
             raise PermanentError(str(err)) from err
         domain_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         env: tuple[str, ...] = (
-            f"CLIQUE_ID={self._setup.clique_id}",
+            f"CLIQUE_ID={self._setup.clique_id()}",
             f"COMPUTE_DOMAIN_UUID={meta.get('uid', '')}",
             f"COMPUTE_DOMAIN_NAME={meta.get('name', '')}",
             f"COMPUTE_DOMAIN_NAMESPACE={meta.get('namespace', '')}",
@@ -391,7 +393,7 @@ class DeviceState:
             "options": ["rw", "nosuid", "nodev", "bind"],
         }
         nodes: tuple[dict[str, object], ...] = ()
-        if self._setup.clique_id and self._setup.imex_mgmt_node is not None:
+        if self._setup.clique_id() and self._setup.imex_mgmt_node is not None:
             nodes = (self._setup.imex_mgmt_node.to_cdi(),)
         return ContainerEdits(env=env, device_nodes=nodes, mounts=(mount,))
 

@@ -275,24 +275,24 @@ def test_plugin_may_write_only_its_own_nodes_slices(
                    "may not modify ResourceSlices of driver 'gpu.nvidia.com'")  # fmt: skip
 
 
-def test_plugin_may_label_only_its_own_node_with_the_domain_label(
+def test_plugin_may_label_only_its_own_node_with_its_two_labels(
     cluster: Cluster, driver: Driver, fleet: NodeFleet
 ) -> None:
     me, other = sorted(n.name for n in fleet)[:2]
     plugin = "compute-domain-kubelet-plugin"
+    only = "may change only the resource.nvidia.com/computeDomain and nvidia.com/gpu.clique"
 
     def label(node: str, key: str, claim: dict[str, str]) -> subprocess.CompletedProcess[str]:
         body = json.dumps({"metadata": {"labels": {key: "x"}}})
         return _as(cluster, plugin, claim, ["patch", "node", node, "--type=merge", "-p", body,
                                             "--dry-run=server"])  # fmt: skip
 
-    ok = label(me, c.COMPUTE_DOMAIN_LABEL, {NODE_CLAIM: me})
-    assert ok.returncode == 0, ok.stderr
-    assert _denied(label(other, c.COMPUTE_DOMAIN_LABEL, {NODE_CLAIM: me}),
-                   f"may not modify node '{other}'")  # fmt: skip
-    assert _denied(label(me, "nvidia.com/gpu.clique", {NODE_CLAIM: me}),
-                   "may change only the resource.nvidia.com/computeDomain node label")  # fmt: skip
-    assert _denied(label(me, c.COMPUTE_DOMAIN_LABEL, {}), "no node-name claim")
+    for key in (c.COMPUTE_DOMAIN_LABEL, c.GPU_CLIQUE_NODE_LABEL):
+        ok = label(me, key, {NODE_CLAIM: me})
+        assert ok.returncode == 0, ok.stderr
+        assert _denied(label(other, key, {NODE_CLAIM: me}), f"may not modify node '{other}'")
+    assert _denied(label(me, "nvidia.com/gpu.product", {NODE_CLAIM: me}), only)
+    assert _denied(label(me, c.GPU_CLIQUE_NODE_LABEL, {}), "no node-name claim")
 
 
 def _claim_docs(namespace: str) -> dict[str, dict[str, Any]]:

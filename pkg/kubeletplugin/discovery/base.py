@@ -9,6 +9,9 @@ NVML and fake backends so both refuse and accept exactly the same fabric states:
   (upstream "refusing to start": the fabric manager is still training or broken) -- unless the
   gate ``CrashOnNVLinkFabricErrors`` is off (``strict=False``, upstream's legacy go-nvlib
   ``IsFabricAttached`` rule): then that GPU is simply not fabric-attached and has no clique;
+* on a single-node NVLink system (``single_node_nvlink``, detected by `fabric` only with the
+  gate ``FabricManagerPartitioning`` on) a state other than COMPLETED is skipped with a log line
+  even in strict mode: its fabric manager may still be registering GPUs after a reboot;
 * all-zero cluster UUID -> no clique;
 * no GPU with a clique -> ``""`` (non-NVLink node); more than one distinct cluster UUID or
   clique id -> `DiscoveryError` (in both modes); else ``"<clusterUUID>.<cliqueId>"``.
@@ -66,12 +69,19 @@ class NodeDevices:
 
 class DeviceDiscovery(Protocol):
     def discover(self) -> NodeDevices:
-        """Inspect the node once; raise `DiscoveryError` if the plugin must not start."""
+        """Inspect the node's GPUs now; raise `DiscoveryError` if the plugin must not start.
+
+        Called once at start-up and again by the periodic clique refresh, so every call
+        re-reads the devices (nothing is cached) and logs the clique detection again.
+        """
         ...
 
 
-def clique_id_from_fabric(gpus: Sequence[GpuInfo], *, strict: bool = True) -> str:
-    """The node's clique ID (module docstring); ``strict`` is gate CrashOnNVLinkFabricErrors."""
+def clique_id_from_fabric(
+    gpus: Sequence[GpuInfo], *, strict: bool = True, single_node_nvlink: bool = False
+) -> str:
+    """The node's clique ID (module docstring); ``strict`` is gate CrashOnNVLinkFabricErrors,
+    ``single_node_nvlink`` tolerates incomplete registrations (module docstring)."""
     cluster_uuids: set[str] = set()
     clique_ids: set[int] = set()
     for gpu in gpus:
@@ -83,6 +93,13 @@ def clique_id_from_fabric(gpus: Sequence[GpuInfo], *, strict: bool = True) -> st
             log.info(
                 "no-clique fallback: NVLink fabric not attached (GPU %d/%s, state %s, status %d)",
                 gpu.index, gpu.uuid, _STATE_NAMES.get(fabric.state, fabric.state), fabric.status,
+            )  # fmt: skip
+            continue
+        if fabric.state != FABRIC_STATE_COMPLETED and single_node_nvlink:
+            log.info(
+                "no-clique fallback: ignoring incomplete NVLink registration (device=%d/%s, "
+                "state=%d) on single-node NVLink system",
+                gpu.index, gpu.uuid, fabric.state,
             )  # fmt: skip
             continue
         if fabric.state != FABRIC_STATE_COMPLETED:
@@ -98,6 +115,10 @@ def clique_id_from_fabric(gpus: Sequence[GpuInfo], *, strict: bool = True) -> st
             )
         if fabric.cluster_uuid == ZERO_UUID:
             continue
+        log.info(
+            "identified fabric clique UUID/ID (device %d/%s): %s/%d",
+            gpu.index, gpu.uuid, fabric.cluster_uuid, fabric.clique_id,
+        )  # fmt: skip
         cluster_uuids.add(fabric.cluster_uuid)
         clique_ids.add(fabric.clique_id)
     if not cluster_uuids:

@@ -17,6 +17,9 @@ path of a JSON file. Schema (all keys optional)::
 Without ``clusterUUID`` every GPU reports NOT_SUPPORTED (non-NVLink node, empty clique). The
 fake infos pass through the same `clique_id_from_fabric` rules as NVML, so fabric errors can be
 rehearsed. GPU UUIDs are derived from the node name so they are stable across restarts.
+A config given as a file path is re-read on every `FakeDiscovery.discover` (`from_setting`),
+so a test changes the node's clique at runtime by rewriting that file, as fabric partitioning
+would, and the plugin's periodic clique refresh picks it up.
 Invariant: an invalid config raises `DiscoveryError` naming the offending key.
 """
 
@@ -99,15 +102,48 @@ class FakeDiscovery:
     """`DeviceDiscovery` that reports GPUs described by a config dict (see module docstring)."""
 
     def __init__(
-        self, *, config: dict[str, Any], node_name: str, strict_fabric: bool = True
+        self,
+        *,
+        config: dict[str, Any],
+        node_name: str,
+        strict_fabric: bool = True,
+        single_node_nvlink: bool = False,
+        config_file: Path | None = None,
     ) -> None:
-        """``strict_fabric``: gate CrashOnNVLinkFabricErrors (see `clique_id_from_fabric`)."""
+        """``strict_fabric``: gate CrashOnNVLinkFabricErrors; ``single_node_nvlink``: the node
+        is one (see `clique_id_from_fabric`); ``config_file``: re-read on every `discover`,
+        replacing ``config``."""
         self._config = config
         self._node = node_name
         self._strict = strict_fabric
+        self._single_node_nvlink = single_node_nvlink
+        self._config_file = config_file
+
+    @classmethod
+    def from_setting(
+        cls,
+        value: str,
+        *,
+        node_name: str,
+        strict_fabric: bool = True,
+        single_node_nvlink: bool = False,
+    ) -> FakeDiscovery:
+        """Discovery for a ``FAKE_GPU_CONFIG`` value: inline JSON is parsed once, a file path
+        is read now (an invalid file fails here) and again on every `discover`."""
+        config = load_fake_config(value)
+        is_file = bool(value.strip()) and not value.lstrip().startswith("{")
+        return cls(
+            config=config, node_name=node_name, strict_fabric=strict_fabric,
+            single_node_nvlink=single_node_nvlink,
+            config_file=Path(value) if is_file else None,
+        )  # fmt: skip
 
     def discover(self) -> NodeDevices:
-        cfg = self._config
+        """The configured GPUs (the file's current content, if there is one) and their clique;
+        `DiscoveryError` for an invalid config or a fabric state the plugin must not run with."""
+        cfg = (
+            self._config if self._config_file is None else load_fake_config(str(self._config_file))
+        )
         count = cfg.get("gpuCount", 4)
         overrides = cfg.get("gpus", [])
         if not isinstance(count, int) or count < 0:
@@ -133,5 +169,7 @@ class FakeDiscovery:
         return NodeDevices(
             driver_version=version,
             gpus=tuple(gpus),
-            clique_id=clique_id_from_fabric(gpus, strict=self._strict),
+            clique_id=clique_id_from_fabric(
+                gpus, strict=self._strict, single_node_nvlink=self._single_node_nvlink
+            ),
         )

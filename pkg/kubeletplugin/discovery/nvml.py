@@ -44,12 +44,18 @@ def _error_code(nvml: Any, err: BaseException) -> int | None:
 class NvmlDiscovery:
     """`DeviceDiscovery` backed by a real (or mocked) NVML library module."""
 
-    def __init__(self, *, nvml: Any, strict_fabric: bool = True) -> None:
-        """``strict_fabric``: gate CrashOnNVLinkFabricErrors (see `clique_id_from_fabric`)."""
+    def __init__(
+        self, *, nvml: Any, strict_fabric: bool = True, single_node_nvlink: bool = False
+    ) -> None:
+        """``strict_fabric``: gate CrashOnNVLinkFabricErrors; ``single_node_nvlink``: the
+        node is one (`pkg.kubeletplugin.discovery.fabric`); see `clique_id_from_fabric`."""
         self._nvml = nvml
         self._strict = strict_fabric
+        self._single_node_nvlink = single_node_nvlink
 
     def discover(self) -> NodeDevices:
+        """Query NVML afresh (init, read, shut down) and derive the clique; `DiscoveryError`
+        on an NVML failure or a fabric state the plugin must not run with."""
         nvml = self._nvml
         try:
             nvml.nvmlInitWithFlags(_NVML_INIT_FLAG_NO_GPUS)
@@ -64,7 +70,9 @@ class NvmlDiscovery:
             # A shutdown failure cannot change what was discovered.
             with contextlib.suppress(nvml.NVMLError):
                 nvml.nvmlShutdown()
-        clique_id = clique_id_from_fabric(gpus, strict=self._strict)
+        clique_id = clique_id_from_fabric(
+            gpus, strict=self._strict, single_node_nvlink=self._single_node_nvlink
+        )
         return NodeDevices(driver_version=version, gpus=gpus, clique_id=clique_id)
 
     def _gpu(self, index: int) -> GpuInfo:

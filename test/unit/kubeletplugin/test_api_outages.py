@@ -87,7 +87,7 @@ def tracker(api: FakeApiServer, clock: FakeClock) -> DomainTracker:
     client = api.client()
     return DomainTracker(
         client=client, informers=SharedInformerFactory(client, clock=clock), node_name=NODE,
-        driver_namespace=DRIVER_NS, clique_id="cl.1", clock=clock,
+        driver_namespace=DRIVER_NS, clique_id=lambda: "cl.1", clock=clock,
     )  # fmt: skip
 
 

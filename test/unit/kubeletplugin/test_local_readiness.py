@@ -60,7 +60,7 @@ def tracker(api: FakeApiServer, plugin_dir: Path, *, clique_id: str = "cl.1") ->
     client = api.client()
     t = DomainTracker(
         client=client, informers=SharedInformerFactory(client, clock=RealClock()),
-        node_name=NODE, driver_namespace=NS, clique_id=clique_id, clock=RealClock(),
+        node_name=NODE, driver_namespace=NS, clique_id=lambda: clique_id, clock=RealClock(),
         local_ready=lambda uid: localready.read(domain_dir(plugin_dir, uid)),
         local_poll=0.02,
     )  # fmt: skip
@@ -177,7 +177,7 @@ def test_the_record_is_polled_only_while_an_entry_it_could_speak_for_exists(
     clock = FakeClock(advance_on_wait=True)
     t = DomainTracker(
         client=client, informers=SharedInformerFactory(client, clock=RealClock()),
-        node_name=NODE, driver_namespace=NS, clique_id="cl.1", clock=clock,
+        node_name=NODE, driver_namespace=NS, clique_id=lambda: "cl.1", clock=clock,
         local_ready=lambda uid: localready.read(domain_dir(tmp_path, uid)), local_poll=0.05,
     )  # fmt: skip
     t.start()

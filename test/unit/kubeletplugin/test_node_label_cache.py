@@ -56,7 +56,7 @@ def synced_tracker(
     factory = SharedInformerFactory(client, clock=RealClock())
     tracker = DomainTracker(
         client=client, informers=factory, node_name=NODE, driver_namespace=DRIVER_NS,
-        clique_id="cl.1", clock=RealClock(),
+        clique_id=lambda: "cl.1", clock=RealClock(),
     )  # fmt: skip
     tracker.start()
     eventually(tracker._nodes.has_synced)
