@@ -23,6 +23,7 @@ __all__ = [
     "BY_NODE",
     "BY_UID",
     "Caches",
+    "MergedCache",
     "ObjectCache",
     "allocated_node",
     "channel_domain_id",
@@ -133,12 +134,40 @@ def index_by_slice_node(slice_: JSON) -> list[str]:
     return [str(spec["nodeName"])]
 
 
+class MergedCache:
+    """One :class:`ObjectCache` over several, e.g. one informer per managed namespace.
+
+    Keys are ``namespace/name``, so at most one part holds a key; ``list`` and ``by_index``
+    concatenate the parts' answers in the order the parts were given. No parts: always
+    empty (a resource the controller does not watch in this mode)."""
+
+    def __init__(self, *parts: ObjectCache) -> None:
+        self._parts = parts
+
+    def get_by_key(self, key: str) -> JSON | None:
+        """The object at ``key`` in the first part that holds it."""
+        for part in self._parts:
+            obj = part.get_by_key(key)
+            if obj is not None:
+                return obj
+        return None
+
+    def list(self) -> builtins.list[JSON]:
+        """Every part's objects."""
+        return [obj for part in self._parts for obj in part.list()]
+
+    def by_index(self, index: str, value: str) -> builtins.list[JSON]:
+        """Every part's objects whose ``index`` yields ``value``."""
+        return [obj for part in self._parts for obj in part.by_index(index, value)]
+
+
 @dataclass(frozen=True)
 class Caches:
     """Every cache the controller reads, with the indexes each must provide.
 
     ``compute_domains`` (all namespaces; BY_UID), ``daemonsets``/``pods``/``cliques`` (driver
-    namespace, label ``computeDomain`` exists; BY_DOMAIN, pods and cliques also BY_NODE: the
+    namespace and the additional ones, label ``computeDomain`` exists; cliques only with gate
+    ``ComputeDomainCliques``; BY_DOMAIN, pods and cliques also BY_NODE: the
     pod's node, the nodes of a clique's entries), ``rcts`` (all namespaces, label
     exists; BY_DOMAIN), ``nodes`` (all; BY_DOMAIN), ``claims`` (all; BY_NODE, BY_DOMAIN),
     ``slices`` (all; BY_NODE).

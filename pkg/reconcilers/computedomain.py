@@ -53,6 +53,7 @@ from pkg.api.computedomain import (
     InvalidComputeDomainError,
     parse_compute_domain,
     set_condition,
+    status_nodes,
 )
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
@@ -73,6 +74,7 @@ from pkg.reconcilers.status import (
     Member,
     Problem,
     aggregate,
+    as_written,
     condition_events,
     render_status,
     status_events,
@@ -167,7 +169,7 @@ class ComputeDomainReconciler:
             return Result(requeue_after=1.0)
         if problem is not None:
             self._events.event(obj, WARNING, problem.reason, problem.message)
-        found = self._aggregate(cd.uid)
+        found = self._aggregate(obj)
         unreachable = num_nodes_problem(
             cd.num_nodes,
             candidate_nodes(self._caches.slices.list(), self._caches.nodes),
@@ -232,13 +234,19 @@ class ComputeDomainReconciler:
             ]
         return [what for what, cache, key in wanted if cache.get_by_key(key) is None]
 
-    def _aggregate(self, uid: str) -> Aggregate:
+    def _aggregate(self, obj: JSON) -> Aggregate:
+        """The members of the domain ``obj``: from its cliques, or (gate
+        ``ComputeDomainCliques`` off) from the ``status.nodes`` its daemons wrote into ``obj``."""
+        uid = str(obj["metadata"].get("uid"))
         pods = self._caches.pods.by_index(BY_DOMAIN, uid)
         names = {str(p.get("spec", {}).get("nodeName") or "") for p in pods} - {""}
         nodes = {n: node for n in names if (node := self._caches.nodes.get_by_key(n))}
+        by_daemons = not self._config.compute_domain_cliques
         return aggregate(
-            cliques=self._caches.cliques.by_index(BY_DOMAIN, uid), pods=pods, nodes=nodes,
-            now=self._clock.now(), node_loss_grace=self._config.node_loss_grace_period,
+            cliques=[] if by_daemons else self._caches.cliques.by_index(BY_DOMAIN, uid),
+            entries=status_nodes(obj.get("status")) if by_daemons else None,
+            pods=pods, nodes=nodes, now=self._clock.now(),
+            node_loss_grace=self._config.node_loss_grace_period,
             max_nodes=self._config.max_nodes_per_imex_domain,
         )  # fmt: skip
 
@@ -313,21 +321,35 @@ class ComputeDomainReconciler:
     ) -> float | None:
         """Write the domain's status if it changed; returns the seconds after which a write
         that was held back (``status_update_interval``: only counts and lists moved since our
-        last write) is due, else None."""
+        last write) is due, else None.
+
+        With gate ``ComputeDomainCliques`` off the daemons write ``status.nodes`` too: the
+        domain's status as read (not our last write) is what the new one is compared with,
+        ``status.nodes`` keeps each daemon's entry as written (:func:`as_written`), and after a
+        409 the members are aggregated again from the domain as re-read, so a daemon's
+        concurrent write is never overwritten."""
         uid = str(obj["metadata"].get("uid"))
         try:
             cd = parse_compute_domain(obj)
         except InvalidComputeDomainError:
             cd = None
+        by_daemons = not self._config.compute_domain_cliques and cd is not None
         for attempt in range(_STATUS_WRITE_ATTEMPTS):
             with self._lock:
-                previous = self._written.get(uid, obj.get("status"))
+                last = self._written.get(uid, obj.get("status"))
+            previous = obj.get("status") if by_daemons else last
             now = format_time(self._clock.now())
             if cd is None:
                 new = _invalid_status(obj, problem, previous=previous, now=now)
             else:
+                if by_daemons and attempt > 0:
+                    found = self._aggregate(obj)
+                    members = found.members
+                listed = (
+                    as_written(members, status_nodes(obj.get("status"))) if by_daemons else None
+                )
                 new = render_status(cd, members=members, previous=previous, problem=problem,
-                                    now=now)  # fmt: skip
+                                    now=now, listed=listed)  # fmt: skip
             if new == previous:
                 # Keeps the per-status gauge right after a restart, when nothing is written.
                 self._metrics.observe_status(
@@ -355,7 +377,7 @@ class ComputeDomainReconciler:
             with self._lock:
                 self._written[uid] = written.get("status") or new
                 self._status_written_at[uid] = self._clock.monotonic()
-            self._after_write(obj, previous=previous, new=new, members=members, found=found)
+            self._after_write(obj, previous=last, new=new, members=members, found=found)
             return None
         return None
 

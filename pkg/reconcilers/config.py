@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from pkg.api import constants as c
+from pkg.api.namespaces import valid_namespace
 from pkg.imex.mode import ImexModeConfig
 
 __all__ = [
@@ -126,9 +127,23 @@ class ControllerConfig:
     are coalesced into one reconcile at its end; the first event after a quiet period is
     reconciled at once. 0: one reconcile per event (upstream)."""
     extra_daemon_labels: dict[str, str] = field(default_factory=dict)
+    compute_domain_cliques: bool = True
+    """Gate ``ComputeDomainCliques``: daemons record themselves in ComputeDomainClique objects
+    (the controller aggregates them into ``status.nodes``); off, they write
+    ``ComputeDomain.status.nodes`` themselves and the controller keeps and prunes that list."""
+    additional_namespaces: tuple[str, ...] = ()
+    """``ADDITIONAL_NAMESPACES``: namespaces besides :attr:`namespace` whose daemon
+    DaemonSets, pods and cliques the controller watches, adopts and tears down (upstream's
+    migration aid); new daemon objects are still created in :attr:`namespace` only."""
+
     imex: ImexModeConfig = field(default_factory=ImexModeConfig)
     """``IMEX_MODE``/``IMEX_ISOLATION`` (validated by the binary): in host-managed mode the
     controller runs :mod:`pkg.reconcilers.hostmanaged` instead of the daemon machinery."""
+
+    @property
+    def managed_namespaces(self) -> tuple[str, ...]:
+        """The driver namespace first, then each additional one (no duplicates)."""
+        return tuple(dict.fromkeys((self.namespace, *self.additional_namespaces)))
 
     def validate(self) -> ControllerConfig:
         """``self`` if every field is usable; ``ValueError`` naming the flag otherwise."""
@@ -146,5 +161,11 @@ class ControllerConfig:
             raise ValueError("status-update-interval: must be >= 0")
         if self.domain_batch_period < 0:
             raise ValueError("domain-batch-period: must be >= 0")
+        for ns in self.additional_namespaces:
+            if not valid_namespace(ns):
+                raise ValueError(
+                    f"additional-namespaces: {ns!r} is not a valid namespace name "
+                    "(lowercase RFC 1123 label)"
+                )
         _check_extra_env(self.daemon_extra_env)
         return self

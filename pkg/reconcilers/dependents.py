@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from dataclasses import replace
 
 from pkg.api import constants as c
 from pkg.api.computedomain import ComputeDomain
@@ -142,12 +143,13 @@ class Dependents:
         problem = self.ensure_workload_rct(cd, cd_obj)
         if problem is not None or not daemons:
             return problem
+        config = self._daemon_config(cd.uid)
         try:
-            daemon = render_daemon_rct(cd, self._config)
+            daemon = render_daemon_rct(cd, config)
             problem = self._ensure_rct(cd, cd_obj, daemon, what="daemon")
             if problem is not None:
                 return problem
-            return self._ensure_daemonset(cd, cd_obj)
+            return self._ensure_daemonset(cd, cd_obj, config)
         except (NotFoundError, ForbiddenError) as exc:
             if isinstance(exc, ForbiddenError) and "being terminated" not in exc.message:
                 raise
@@ -191,8 +193,27 @@ class Dependents:
             "spec.channel.resourceClaimTemplate.name or delete that object",
         )
 
-    def _ensure_daemonset(self, cd: ComputeDomain, cd_obj: JSON) -> Problem | None:
-        desired = render_daemonset(cd, self._config)
+    def _daemon_config(self, uid: str) -> ControllerConfig:
+        """The config to render the domain's daemon objects with: ours, or, when its DaemonSet
+        exists only in an additional namespace (``ADDITIONAL_NAMESPACES``, an older
+        installation's), ours with that namespace, so that DaemonSet and its daemon RCT are
+        adopted there and nothing is created in the driver namespace (upstream's rule)."""
+        elsewhere = sorted(
+            str(ds["metadata"].get("namespace"))
+            for ds in self._caches.daemonsets.by_index(BY_DOMAIN, uid)
+            if ds["metadata"].get("namespace") in self._config.additional_namespaces
+        )
+        if not elsewhere or any(
+            ds["metadata"].get("namespace") == self._config.namespace
+            for ds in self._caches.daemonsets.by_index(BY_DOMAIN, uid)
+        ):
+            return self._config
+        return replace(self._config, namespace=elsewhere[0])
+
+    def _ensure_daemonset(
+        self, cd: ComputeDomain, cd_obj: JSON, config: ControllerConfig
+    ) -> Problem | None:
+        desired = render_daemonset(cd, config)
         key = _key(desired)
         existing = self._cached(DAEMONSETS, self._caches.daemonsets, key, cd.uid)
         if existing is True:
@@ -202,7 +223,7 @@ class Dependents:
                 self._client.create(DAEMONSETS, desired)
             except AlreadyExistsError:
                 existing = self._client.get(
-                    DAEMONSETS, desired["metadata"]["name"], namespace=self._config.namespace
+                    DAEMONSETS, desired["metadata"]["name"], namespace=config.namespace
                 )
             else:
                 self._remember(DAEMONSETS, key, cd.uid)

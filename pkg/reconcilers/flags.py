@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pkg.api import constants as c
+from pkg.api.namespaces import parse_namespace_list
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, FeatureGateError, FeatureGates
 from pkg.imex.mode import (
     DRIVER_MANAGED,
@@ -119,7 +120,9 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
     ("pprof-path", "PPROF_PATH", str, "", "accepted for compatibility; ignored"),
     ("debug-endpoints", "DEBUG_ENDPOINTS", _bool, False,
      "also serve /debug/informers (every cache's keys and resourceVersions) on --http-endpoint"),
-    ("additional-namespaces", "ADDITIONAL_NAMESPACES", str, "", "not supported; must be empty"),
+    ("additional-namespaces", "ADDITIONAL_NAMESPACES", str, "",
+     "more namespaces whose daemon DaemonSets, pods and cliques are watched, adopted and "
+     "torn down (comma separated; new daemons are created in --namespace)"),
     ("leader-election-enabled", "LEADER_ELECTION_ENABLED", _bool, False, "run leader election"),
     ("leader-election-lease-lock-namespace", "LEADER_ELECTION_LEASE_LOCK_NAMESPACE", str, "",
      "Lease namespace (default: --namespace)"),
@@ -139,13 +142,13 @@ _FLAGS: tuple[tuple[str, str | None, Callable[[str], Any], object, str], ...] = 
      "QPS of the separate client that writes Events (never spends the reconcile budget)"),
     ("events-burst", "EVENTS_BURST", int, 10, "burst of the Events client"),
     ("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false"),
-    ("logging-format", "LOGGING_FORMAT", str, "text", "log format: text (klog) or json"),
-    ("vmodule", "VMODULE", str, "", "per-file log verbosity, pattern=N,... (klog)"),
     ("imex-mode", "IMEX_MODE", str, DRIVER_MANAGED,
      "who runs IMEX: driverManaged (a daemon per domain) or hostManaged (the node's own "
      "nvidia-imex service; needs the HostManagedIMEXDaemon gate)"),
     ("imex-isolation", "IMEX_ISOLATION", str, ISOLATION_DOMAIN,
      'IMEX channel isolation: domain ("" means domain; channel is not supported yet)'),
+    ("logging-format", "LOGGING_FORMAT", str, "text", "log format: text (klog) or json"),
+    ("vmodule", "VMODULE", str, "", "per-file log verbosity, pattern=N,... (klog)"),
 )  # fmt: skip
 # Upstream's CLI lets a set-but-empty variable override these defaults (IMEX_MODE="" is then
 # refused by the IMEX validation); every other variable counts only when non-empty.
@@ -201,8 +204,6 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         parser.error(str(exc))
     if not values["image_name"]:
         parser.error("--image-name (or IMAGE_NAME) is required")
-    if values["additional_namespaces"]:
-        parser.error("--additional-namespaces is not supported by this controller")
     try:
         gates = FeatureGates.parse(str(values["feature_gates"])).validate()
     except FeatureGateError as exc:
@@ -211,14 +212,17 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         ImexModeConfig(mode=str(values["imex_mode"]), isolation=str(values["imex_isolation"])),
         gates=gates, stderr=sys.stderr,
     )  # fmt: skip
-    if not imex.host_managed and not gates.enabled(COMPUTE_DOMAIN_CLIQUES):
-        parser.error(f"--feature-gates: {COMPUTE_DOMAIN_CLIQUES}=false is not supported")
     gates = effective_gates(gates, imex)
     secrets = tuple(
         s for s in re.split(r"[,\s]+", str(values["cd_daemon_image_pull_secret_names"])) if s
     )
     try:
         extra_env = parse_extra_env(str(values["cd_daemon_extra_env"]))
+        additional = tuple(
+            n
+            for n in parse_namespace_list(str(values["additional_namespaces"]))
+            if n != values["namespace"]
+        )
         controller = ControllerConfig(
             namespace=str(values["namespace"]),
             image_name=str(values["image_name"]),
@@ -233,6 +237,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             clique_entry_grace_period=float(values["clique_entry_grace_period"]),
             status_update_interval=float(values["status_update_interval"]),
             domain_batch_period=float(values["domain_batch_period"]),
+            compute_domain_cliques=gates.enabled(COMPUTE_DOMAIN_CLIQUES),
+            additional_namespaces=additional,
             imex=imex,
         ).validate()
     except ValueError as exc:

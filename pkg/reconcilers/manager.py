@@ -19,6 +19,12 @@ with their own named queues run the reconcilers:
 * ``cliquejoin`` (key clique ``ns/<cdUID>.<cliqueID>``, the clique may not exist yet): from the
   daemon pods, the cliques, ResourceSlices (a node's clique) and node health.
 
+DaemonSets, daemon pods and cliques are watched in the driver namespace and in each
+``ADDITIONAL_NAMESPACES`` one (one informer each, read through one merged cache). With gate
+``ComputeDomainCliques`` off there is no clique informer and no ``cliqueprune``/``cliquejoin``:
+the daemons write ``status.nodes`` and the ``computedomain`` reconciler, woken by those writes,
+keeps it (:func:`pkg.reconcilers.status.as_written`).
+
 Invariants: workers start only after every cache has synced (:meth:`ControllerManager.start`
 blocks until then); :meth:`stop` stops the queues, the sweep and the informers, in that order.
 """
@@ -48,6 +54,7 @@ from pkg.reconcilers.cache import (
     BY_UID,
     INDEXES,
     Caches,
+    MergedCache,
     allocated_node,
     channel_domain_id,
 )
@@ -119,26 +126,44 @@ class ControllerManager:
             client, clock=informer_clock, resync_period=RESYNC_PERIOD, transform=slim_object,
             watch_list=True,
         )  # fmt: skip
-        ns, label = config.namespace, c.COMPUTE_DOMAIN_LABEL
+        label = c.COMPUTE_DOMAIN_LABEL
         f = self._factory
         informers: dict[str, SharedInformer] = {
             "compute_domains": f.informer_for(res.COMPUTE_DOMAINS),
-            "daemonsets": f.informer_for(res.DAEMONSETS, ns, label_selector=label),
-            "pods": f.informer_for(res.PODS, ns, label_selector=label),
-            "cliques": f.informer_for(res.COMPUTE_DOMAIN_CLIQUES, ns, label_selector=label),
             "rcts": f.informer_for(res.RESOURCE_CLAIM_TEMPLATES, label_selector=label),
             "nodes": f.informer_for(res.NODES, transform=as_node_metadata, metadata_only=True),
             "claims": f.informer_for(res.RESOURCE_CLAIMS),
             "slices": f.informer_for(res.RESOURCE_SLICES),
         }
+        # Daemon objects: one informer per managed namespace (driver namespace plus
+        # ADDITIONAL_NAMESPACES); cliques only while daemons record themselves in them.
+        scoped_kinds = [("daemonsets", res.DAEMONSETS), ("pods", res.PODS)]
+        if config.compute_domain_cliques:
+            scoped_kinds.append(("cliques", res.COMPUTE_DOMAIN_CLIQUES))
+        self._scoped: dict[str, list[SharedInformer]] = {"cliques": []}
+        for name, resource in scoped_kinds:
+            self._scoped[name] = [
+                f.informer_for(resource, ns, label_selector=label)
+                for ns in config.managed_namespaces
+            ]
         for name, inf in informers.items():
             inf.add_indexers(INDEXES[name])
+        for name, scoped in self._scoped.items():
+            for inf in scoped:
+                inf.add_indexers(INDEXES[name])
         # Health (conditions, taints) only of the Nodes that host a domain's daemons.
         self._node_health = f.informer_for(res.NODES, label_selector=label, transform=slim_node)
         caches: dict[str, Any] = {name: inf.indexer for name, inf in informers.items()}
+        for name, scoped in self._scoped.items():
+            caches[name] = (
+                scoped[0].indexer if len(scoped) == 1 else MergedCache(*(i.indexer for i in scoped))
+            )
         caches["nodes"] = NodeView(informers["nodes"].indexer, self._node_health.indexer)
         self.caches = Caches(**caches)
         informers["node_health"] = self._node_health
+        for name, scoped in self._scoped.items():
+            for i, inf in enumerate(scoped):
+                informers[f"{name}[{i}]"] = inf
         self._informers = informers
         once = OnceEvents(events)
         reconcile_metrics = ReconcileMetrics(registry)
@@ -177,11 +202,16 @@ class ControllerManager:
             # ~0.5 s for the last node at a busy API server).
             controller("resourceclaim", self.claims, 4),
             controller("cliquelabel", self.cliques, 1),
-            controller("cliqueprune", self.prune, 1),
-            # One worker per clique being formed at once: a slow write to one clique (an API
-            # server busy with a large domain) must not hold back the joins of the others.
-            controller("cliquejoin", self.joins, 4),
         ]
+        if config.compute_domain_cliques:
+            # Clique entries (ComputeDomainCliques on); off, the daemons' status.nodes entries
+            # are kept and pruned by the computedomain reconciler's status writes.
+            self.controllers += [
+                controller("cliqueprune", self.prune, 1),
+                # One worker per clique being formed at once: a slow write to one clique (an
+                # API server busy with a large domain) must not hold back the others' joins.
+                controller("cliquejoin", self.joins, 4),
+            ]
         self.cleaner = OrphanCleaner(
             client=client, caches=self.caches, config=config, events=events, clock=clock
         )
@@ -251,8 +281,9 @@ class ControllerManager:
         )
 
     def _wire(self) -> None:
-        cd_ctl, claim_ctl, clique_ctl, prune_ctl, join_ctl = self.controllers
+        cd_ctl, claim_ctl, clique_ctl = self.controllers[:3]
         inf = self._informers
+        scoped = self._scoped
         self._watch(inf["compute_domains"], cd_ctl, lambda o: [_key(o)])
         # Orphan sweeps are event-driven: a domain went away, or something names an unknown one.
         inf["compute_domains"].add_event_handler(on_delete=lambda _o: self.cleaner.poke())
@@ -260,8 +291,8 @@ class ControllerManager:
         def maybe_orphan(obj: JSON) -> None:
             self.cleaner.maybe_orphan(obj)
 
-        for name in ("daemonsets", "rcts"):
-            inf[name].add_event_handler(
+        for informer in (*scoped["daemonsets"], inf["rcts"]):
+            informer.add_event_handler(
                 on_add=maybe_orphan, on_update=lambda _old, new: maybe_orphan(new)
             )
 
@@ -282,12 +313,10 @@ class ControllerManager:
             lambda o: self.claims.nodes_of_domain(str(o["metadata"].get("uid"))),
             relevant=lambda old, new: _deleting(old) != _deleting(new),
         )  # fmt: skip
-        for name in ("daemonsets", "pods", "cliques", "rcts"):
-            self._watch(inf[name], cd_ctl, self._domain_keys)
+        for informer in (*scoped["daemonsets"], *scoped["pods"], *scoped["cliques"], inf["rcts"]):
+            self._watch(informer, cd_ctl, self._domain_keys)
         self._watch(inf["nodes"], cd_ctl, self._domain_keys_of_node, relevant=node_changed)
-        self._watch(inf["nodes"], prune_ctl, self.prune.keys_for_node, relevant=node_changed)
         self._watch(inf["node_health"], cd_ctl, self._domain_keys_of_node)
-        self._watch(inf["node_health"], prune_ctl, self.prune.keys_for_node)
         # Nodes that could ever join (reachability): re-check domains still waiting for nodes.
         # That set changes only when a node appears, goes or starts being deleted.
         self._watch(inf["slices"], cd_ctl, lambda _o: self._waiting_domain_keys())
@@ -295,15 +324,8 @@ class ControllerManager:
             inf["nodes"], cd_ctl, lambda _o: self._waiting_domain_keys(),
             relevant=lambda old, new: _deleting(old) != _deleting(new),
         )  # fmt: skip
-        self._watch(inf["cliques"], prune_ctl, lambda o: [_key(o)])
-        self._watch(inf["pods"], prune_ctl, self.prune.keys_for_pod)
-        # Entries for joining daemons: their pods (IP, clique label, deletion), their clique,
-        # the clique of a node whose daemon has not labelled its pod yet, node health.
-        self._watch(inf["pods"], join_ctl, self.joins.keys_for_pod)
-        self._watch(inf["cliques"], join_ctl, lambda o: [_key(o)])
-        self._watch(inf["slices"], join_ctl, self.joins.keys_for_slice)
-        self._watch(inf["node_health"], join_ctl,
-                    lambda o: self.joins.keys_for_node(str(o["metadata"]["name"])))  # fmt: skip
+        if len(self.controllers) > 3:
+            self._wire_cliques(*self.controllers[3:5], node_changed=node_changed)
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
         # The first allocated channel claim of a domain makes it create its daemon objects.
         self._watch(inf["claims"], cd_ctl, self._domain_keys_of_claim)
@@ -315,6 +337,26 @@ class ControllerManager:
             inf["slices"], clique_ctl,
             lambda o: [str(n)] if (n := (o.get("spec") or {}).get("nodeName")) else [],
         )  # fmt: skip
+
+    def _wire_cliques(
+        self, prune_ctl: Controller, join_ctl: Controller,
+        *, node_changed: Callable[[JSON, JSON], bool],
+    ) -> None:  # fmt: skip
+        """The clique reconcilers' handlers (gate ``ComputeDomainCliques`` on)."""
+        inf, scoped = self._informers, self._scoped
+        self._watch(inf["nodes"], prune_ctl, self.prune.keys_for_node, relevant=node_changed)
+        self._watch(inf["node_health"], prune_ctl, self.prune.keys_for_node)
+        for cliques in scoped["cliques"]:
+            self._watch(cliques, prune_ctl, lambda o: [_key(o)])
+            self._watch(cliques, join_ctl, lambda o: [_key(o)])
+        # Entries for joining daemons: their pods (IP, clique label, deletion), their clique,
+        # the clique of a node whose daemon has not labelled its pod yet, node health.
+        for pods in scoped["pods"]:
+            self._watch(pods, prune_ctl, self.prune.keys_for_pod)
+            self._watch(pods, join_ctl, self.joins.keys_for_pod)
+        self._watch(inf["slices"], join_ctl, self.joins.keys_for_slice)
+        self._watch(inf["node_health"], join_ctl,
+                    lambda o: self.joins.keys_for_node(str(o["metadata"]["name"])))  # fmt: skip
 
     # -- lifecycle ---------------------------------------------------------------------------
 

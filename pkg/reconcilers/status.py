@@ -3,7 +3,10 @@
 Owns the rule "who is a member of domain X and is it Ready". Inputs are cache snapshots: the
 domain's ComputeDomainCliques (written by the daemons), its daemon pods and the Nodes they run
 on. The controller is the only writer of ``cd.status``; daemons write their own clique
-entries, and nothing here ever writes a clique. Invariants:
+entries, and nothing here ever writes a clique. With gate ``ComputeDomainCliques`` off the
+daemons write their entries into ``cd.status.nodes`` instead: that list is the input in place
+of the cliques, and :func:`as_written` decides what the controller publishes back (the same
+members, each live daemon's entry as it wrote it). Invariants:
 
 * a clique entry counts only while a daemon pod of *this* domain exists on that node (a stale
   entry of a departed daemon is ignored here at once; :mod:`pkg.reconcilers.cliqueprune`
@@ -71,6 +74,7 @@ __all__ = [
     "Problem",
     "Shortfall",
     "aggregate",
+    "as_written",
     "clique_condition",
     "collect_members",
     "condition_events",
@@ -214,11 +218,11 @@ class Aggregate:
 
 
 def _shortfalls(
-    cliques: list[JSON], pods_by_node: Mapping[str, JSON], joined: set[str], max_nodes: int
+    daemons: list[NodeEntry], pods_by_node: Mapping[str, JSON], joined: set[str], max_nodes: int
 ) -> list[Shortfall]:
     sizes: dict[str, int] = {}
-    for clique in cliques:
-        for daemon in clique_daemons(clique):
+    for daemon in daemons:
+        if daemon.clique_id:
             sizes[daemon.clique_id] = sizes.get(daemon.clique_id, 0) + 1
     waiting: dict[str, list[tuple[str, JSON]]] = {}
     for node_name, pod in sorted(pods_by_node.items()):
@@ -242,41 +246,48 @@ def aggregate(
     now: float | None = None,
     node_loss_grace: float | None = None,
     max_nodes: int | None = None,
+    entries: list[NodeEntry] | None = None,
 ) -> Aggregate:
     """Members of one domain from its cliques, its daemon pods and the nodes (by name).
 
     With ``now`` and ``node_loss_grace`` lost nodes leave; with ``max_nodes`` daemons that a
-    full clique leaves out are reported.
+    full clique leaves out are reported. ``entries`` (gate ``ComputeDomainCliques`` off: the
+    domain's ``status.nodes`` as the daemons wrote it) replaces the cliques' ``daemons[]``;
+    entries without a ``cliqueID`` there are the controller's own non-fabric entries and are
+    rebuilt from the pods, as with cliques.
     """
+    if entries is None:
+        daemons = [d for clique in cliques for d in clique_daemons(clique)]
+    else:
+        daemons = [e for e in entries if e.clique_id]
     pods_by_node: dict[str, JSON] = {}
     for pod in pods:
         node_name = pod.get("spec", {}).get("nodeName")
         if node_name and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             pods_by_node[node_name] = pod
-    entries: dict[str, NodeEntry] = {}
+    found: dict[str, NodeEntry] = {}
     in_clique: set[str] = set()
-    for clique in cliques:
-        for daemon in clique_daemons(clique):
-            in_clique.add(daemon.name)
-            if daemon.name in pods_by_node:
-                entries[daemon.name] = daemon
+    for daemon in daemons:
+        in_clique.add(daemon.name)
+        if daemon.name in pods_by_node:
+            found[daemon.name] = daemon
     for node_name, pod in pods_by_node.items():
         labels = pod.get("metadata", {}).get("labels") or {}
         ip = pod.get("status", {}).get("podIP")
-        if labels.get(c.CLIQUE_ID_LABEL) == "" and ip and node_name not in entries:
+        if labels.get(c.CLIQUE_ID_LABEL) == "" and ip and node_name not in found:
             ready = c.STATUS_READY if _pod_ready(pod) else c.STATUS_NOT_READY
-            entries[node_name] = NodeEntry(node_name, str(ip), "", -1, ready)
-        elif node_name not in entries and driver_root_incomplete(pod):
+            found[node_name] = NodeEntry(node_name, str(ip), "", -1, ready)
+        elif node_name not in found and driver_root_incomplete(pod):
             # It exited before joining its clique; a member all the same, so the domain says why.
             clique_id = str(labels.get(c.CLIQUE_ID_LABEL) or "")
-            entries[node_name] = NodeEntry(node_name, str(ip or ""), clique_id, -1,
-                                           c.STATUS_NOT_READY)  # fmt: skip
+            found[node_name] = NodeEntry(node_name, str(ip or ""), clique_id, -1,
+                                         c.STATUS_NOT_READY)  # fmt: skip
     members = []
     lost: dict[str, str] = {}
     recheck: float | None = None
     judge_loss = now is not None and node_loss_grace is not None
-    for name in sorted(entries):
-        entry = entries[name]
+    for name in sorted(found):
+        entry = found[name]
         node = nodes.get(name)
         problem = node_problem(node)
         if problem and judge_loss:
@@ -299,7 +310,7 @@ def aggregate(
         members.append(Member(entry, problem))
     live_pods = {n: p for n, p in pods_by_node.items() if n not in lost}
     shortfalls = (
-        _shortfalls(cliques, live_pods, in_clique, max_nodes) if max_nodes is not None else []
+        _shortfalls(daemons, live_pods, in_clique, max_nodes) if max_nodes is not None else []
     )
     incomplete = [
         pods_by_node[m.entry.name] for m in members if m.problem == c.REASON_DRIVER_ROOT_INCOMPLETE
@@ -433,6 +444,27 @@ def _fabric_conditions(
     return conditions
 
 
+DAEMON_SILENT_PROBLEMS = frozenset({DAEMON_NOT_RUNNING, c.REASON_DRIVER_ROOT_INCOMPLETE})
+"""Member problems under which the daemon cannot be writing its own entry (it is not running)."""
+
+
+def as_written(members: list[Member], written: list[NodeEntry]) -> list[NodeEntry]:
+    """The ``status.nodes`` to publish when the daemons write it (gate ``ComputeDomainCliques``
+    off): each member's entry as its daemon wrote it, in the order written (members the
+    controller adds, the non-fabric ones, after them by name). Only a member whose daemon is not
+    running (:data:`DAEMON_SILENT_PROBLEMS`) is published NotReady over its own word: a daemon
+    that still runs (on a NotReady node, or terminating) would write its status back at once,
+    so there its problem shows in ``status.status`` and the Ready condition instead."""
+    position = {e.name: i for i, e in enumerate(written)}
+    by_name = {e.name: e for e in written}
+    out = []
+    for m in members:
+        own = by_name.get(m.entry.name)
+        keep = own is not None and own.clique_id and m.problem not in DAEMON_SILENT_PROBLEMS
+        out.append(own if keep and own is not None else m.entry)
+    return sorted(out, key=lambda e: (position.get(e.name, len(position)), e.name))
+
+
 def render_status(
     cd: ComputeDomain,
     *,
@@ -440,8 +472,12 @@ def render_status(
     previous: JSON | None,
     problem: Problem | None,
     now: str,
+    listed: list[NodeEntry] | None = None,
 ) -> JSON:
-    """The complete ``status`` for ``cd``; equal to ``previous`` when nothing changed."""
+    """The complete ``status`` for ``cd``; equal to ``previous`` when nothing changed.
+
+    ``listed`` (default: the members' entries) is what ``status.nodes`` shows; ``status``,
+    the counts and the conditions always follow the members."""
     entries = [m.entry for m in members]
     ready, reason, message = _ready_condition(cd, members, problem)
     status = global_status(entries, num_nodes=cd.num_nodes)
@@ -458,8 +494,9 @@ def render_status(
     )
     conditions = _fabric_conditions(conditions, members, generation=cd.generation, now=now)
     out: JSON = {"status": status}
-    if entries:  # upstream omits an empty list (omitempty); its e2e tests check for that
-        out["nodes"] = [e.to_status_node() for e in entries]
+    shown = entries if listed is None else listed
+    if shown:  # upstream omits an empty list (omitempty); its e2e tests check for that
+        out["nodes"] = [e.to_status_node() for e in shown]
     out["readyNodes"] = sum(1 for e in entries if e.status == c.STATUS_READY)
     out["nodeCount"] = len(entries)
     out["conditions"] = conditions

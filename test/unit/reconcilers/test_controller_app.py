@@ -98,12 +98,49 @@ def test_daemon_defaults_and_extra_env() -> None:
 
 
 @pytest.mark.parametrize(
+    ("gates", "cliques", "dns"),
+    [
+        ("", True, True),
+        ("ComputeDomainCliques=false", False, True),
+        ("ComputeDomainCliques=false,IMEXDaemonsWithDNSNames=false", False, False),
+    ],
+    ids=["defaults", "cliques-off", "ip-mode"],
+)
+def test_every_upstream_gate_mode_is_accepted(gates: str, cliques: bool, dns: bool) -> None:
+    opts = parse_options(["--image-name=x"], {"FEATURE_GATES": gates})
+    assert opts.controller.compute_domain_cliques is cliques
+    assert opts.gates.enabled("IMEXDaemonsWithDNSNames") is dns
+    # The daemons get the whole effective map, so they pick the same membership and IMEX mode.
+    rendered = dict(kv.split("=") for kv in opts.controller.feature_gates.split(","))
+    assert rendered["ComputeDomainCliques"] == str(cliques).lower()
+    assert rendered["IMEXDaemonsWithDNSNames"] == str(dns).lower()
+
+
+def test_additional_namespaces_from_flag_or_env() -> None:
+    opts = parse_options(["--image-name=x", "--namespace=drv"],
+                         {"ADDITIONAL_NAMESPACES": "old, older,,old drv"})  # fmt: skip
+    assert opts.controller.additional_namespaces == ("old", "older")
+    assert opts.controller.managed_namespaces == ("drv", "old", "older")
+    opts = parse_options(["--image-name=x", "--additional-namespaces=x1"],
+                         {"ADDITIONAL_NAMESPACES": "ignored"})  # fmt: skip
+    assert opts.controller.managed_namespaces == ("default", "x1")
+    assert parse_options(["--image-name=x"], {}).controller.additional_namespaces == ()
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         ([], "--image-name"),
         (["--image-name=x", "--feature-gates=Nope=true"], "unrecognized feature gate: Nope"),
-        (["--image-name=x", "--feature-gates=ComputeDomainCliques=false"], "not supported"),
-        (["--image-name=x", "--additional-namespaces=old"], "not supported"),
+        (
+            ["--image-name=x", "--feature-gates=IMEXDaemonsWithDNSNames=false"],
+            "feature gate ComputeDomainCliques requires IMEXDaemonsWithDNSNames to also be "
+            "enabled (set IMEXDaemonsWithDNSNames=true or ComputeDomainCliques=false)",
+        ),
+        (
+            ["--image-name=x", "--additional-namespaces=old,Bad_NS"],
+            "additional-namespaces: 'Bad_NS' is not a valid namespace name",
+        ),
         (["--image-name=x", "--leader-election-retry-period=soon"], "invalid duration"),
         (["--image-name=x", "--cd-daemon-extra-env=POD_NAME=x"], "cd-daemon-extra-env"),
         (["--image-name=x", "--cd-daemon-extra-env=bad name=x"], "cd-daemon-extra-env"),
@@ -114,8 +151,8 @@ def test_daemon_defaults_and_extra_env() -> None:
     ids=[
         "no-image",
         "bad-gate",
-        "cliques-off",
-        "additional-ns",
+        "dns-off-needs-cliques-off",
+        "additional-ns-invalid",
         "bad-duration",
         "extra-env-core",
         "extra-env-name",
