@@ -213,6 +213,11 @@ class FeatureGates:
         """Every gate this driver implements with its effective value."""
         return {name: self.enabled(name) for name in sorted(DEFAULTS)}
 
+    def all_values(self) -> dict[str, bool]:
+        """Every gate a spec may name (the Go driver's too) with its effective value, sorted:
+        the map the binaries print at start-up as upstream does."""
+        return {name: self.enabled(name) for name in known_gates()}
+
     def render(self) -> str:
         """``"A=true,B=false"`` for the daemons' ``FEATURE_GATES``.
 

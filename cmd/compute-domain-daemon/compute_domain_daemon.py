@@ -10,6 +10,7 @@ needed), configure logging, log the build as ``run``'s first line, build the rea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -29,6 +30,7 @@ from pkg.daemon.check import run_check  # noqa: E402
 from pkg.daemon.options import Options, OptionsError, parse  # noqa: E402
 from pkg.imex.ctl import SubprocessCommandRunner  # noqa: E402
 from pkg.runtime.buildinfo import load_build_info  # noqa: E402
+from pkg.runtime.startupconfig import startup_config  # noqa: E402
 
 PROG = "compute-domain-daemon"
 
@@ -57,6 +59,13 @@ def _run(opts: Options) -> int:
     """``run``: wire the real dependencies and run the daemon until SIGTERM/SIGINT."""
     build_info = load_build_info()
     logging.getLogger(PROG).info("%s", build_info.startup_message(PROG))
+    flags: dict[str, object] = {
+        f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name != "gates"
+    }
+    flags["feature_gates"] = opts.gates.render()
+    logging.getLogger(PROG).info("%s", startup_config(
+        revision=build_info.revision, gates=opts.gates.all_values(), flags=flags,
+        type_name="*main.Flags"))  # fmt: skip
     from pkg.base.clock import RealClock  # noqa: PLC0415
     from pkg.daemon.daemon import Daemon  # noqa: PLC0415
     from pkg.daemon.metrics import DaemonMetrics  # noqa: PLC0415

@@ -51,6 +51,7 @@ from pkg.runtime.logsetup import (
     setup_logging,
     validate_logging_format,
 )
+from pkg.runtime.startupconfig import startup_config
 from pkg.runtime.tracing import setup_tracing
 from pkg.runtime.versionflag import add_version_flag
 
@@ -186,6 +187,9 @@ def main(argv: list[str]) -> int:
     except (DiscoveryError, FeatureGateError) as err:
         log.error("cannot start: %s", err)
         return 1
+    dump = startup_config(revision=build_info.revision, gates=gates.all_values(),
+                          flags=vars(args), type_name="*main.Flags")  # fmt: skip
+    log.info("%s", dump)
     try:
         api_client = load_api_client(args.kubeconfig)
     except Exception as err:  # the kubernetes loader raises several unrelated types

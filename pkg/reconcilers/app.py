@@ -46,6 +46,7 @@ from pkg.runtime.buildinfo import BuildInfo, load_build_info
 from pkg.runtime.buildinfometric import register_build_info
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector
+from pkg.runtime.startupconfig import startup_config
 from pkg.runtime.tracing import setup_tracing
 
 __all__ = ["BUILD_INFO_METRIC", "COMPONENT", "run"]
@@ -95,6 +96,9 @@ def run(
     """
     build_info = build_info or load_build_info()
     log.info("starting %s", COMPONENT, extra=build_info.log_fields())
+    dump = startup_config(revision=build_info.revision, gates=options.gates.all_values(),
+                          flags=dict(options.flag_values), type_name="*main.Flags")  # fmt: skip
+    log.info("%s", dump)
     clock = clock or RealClock()
     if registry is None:
         registry = CollectorRegistry()

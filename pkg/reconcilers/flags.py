@@ -89,6 +89,8 @@ class Options:
     verbosity: int
     logging_format: str = "text"
     vmodule: str = ""
+    # every flag's effective value by flag name, for the start-up dump (`startup_config`)
+    flag_values: tuple[tuple[str, object], ...] = ()
 
 
 # (flag, env, type, default, help)
@@ -264,4 +266,5 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         verbosity=int(verbosity),
         logging_format=logging_format,
         vmodule=vmodule,
+        flag_values=tuple(sorted({**values, "v": int(verbosity)}.items())),
     )

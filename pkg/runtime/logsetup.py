@@ -10,7 +10,8 @@ controller, the kubelet plugin and the daemon:
 
   A record with no structured fields prints its message as is (klog's ``Infof``); one with
   fields (``extra={...}``, or the process context) prints the message quoted, then
-  ``key="value"`` pairs (klog's ``InfoS``). Severity letters: I, W, E, F (CRITICAL).
+  ``key="value"`` pairs (klog's ``InfoS``), except a message of several lines (the start-up
+  dump), which stays raw with the pairs after it. Severity letters: I, W, E, F (CRITICAL).
 * **json** (``--logging-format=json``), component-base's schema: one object per line with
   ``ts`` (seconds), ``caller``, ``msg``, ``v`` on non-error lines, ``err`` on errors, then
   the fields.
@@ -20,8 +21,8 @@ Verbosity follows klog: ``log.log(V(n), ...)`` is written when ``-v`` >= ``n`` (
 trips); ``log.debug`` counts as V(4). ``--vmodule=pattern=N,...`` sets the level per source
 file as klog does (``pattern`` is a glob on the file name without ``.py``).
 
-Invariants: configuring twice replaces the handler instead of duplicating output; a line never
-spans lines unless an exception's traceback follows it; every field value is quoted in text.
+Invariants: configuring twice replaces the handler instead of duplicating output; a record
+spans lines only for a traceback or a multi-line message; every field value is quoted in text.
 """
 
 from __future__ import annotations
@@ -157,10 +158,13 @@ class KlogTextFormatter(logging.Formatter):
         )
         message = record.getMessage()
         fields = _fields(record)
-        if fields:
-            body = " ".join(
-                [_go_quote(message), *(f"{k}={_go_quote(v)}" for k, v in fields.items())]
-            )
+        pairs = [f"{k}={_go_quote(v)}" for k, v in fields.items()]
+        if "\n" in message:
+            # A dump (the start-up configuration): as klog's Infof prints it, so it stays
+            # greppable line by line; the fields close its last line.
+            body = " ".join([message, *pairs])
+        elif pairs:
+            body = " ".join([_go_quote(message), *pairs])
         else:
             body = message
         line = header + body
