@@ -34,6 +34,11 @@ TARGET_WORKLOAD: Final = "Workload"
 TRACEPARENT_ANNOTATION: Final = "resource.nvidia.com/traceparent"
 # Node label users put in podAffinity topologyKey (GFD's name, so existing manifests work).
 GPU_CLIQUE_NODE_LABEL: Final = "nvidia.com/gpu.clique"
+# Who keeps that label on a node, written with it: "true" = the controller (mirrors the node's
+# ResourceSlices), GPU_CLIQUE_MANAGED_BY_PLUGIN = the node's kubelet plugin
+# (--gpu-clique-label-enabled), which the controller then leaves alone. Absent: someone else's.
+GPU_CLIQUE_MANAGED_ANNOTATION: Final = "resource.nvidia.com/gpu.clique-managed"
+GPU_CLIQUE_MANAGED_BY_PLUGIN: Final = "kubelet-plugin"
 
 CHANNEL_DEVICE_CLASS: Final = "compute-domain-default-channel.nvidia.com"
 DAEMON_DEVICE_CLASS: Final = "compute-domain-daemon.nvidia.com"

@@ -17,7 +17,9 @@ Owns two things:
   a JSON merge patch of this node at start (an error fails start-up), again on every refresh
   (an error is logged), and a merge patch with ``null`` on graceful shutdown, bounded by a
   timeout and only logged on failure. A clique ID of ``""`` writes nothing, so a label someone
-  else set on a non-NVLink node is left alone.
+  else set on a non-NVLink node is left alone. Each patch also sets (or removes) the annotation
+  ``resource.nvidia.com/gpu.clique-managed=kubelet-plugin``: the controller, which otherwise
+  mirrors the clique onto the same label, leaves a node so marked alone (`pkg.api.constants`).
 
 Adopting a change affects what is prepared from then on; claims already prepared keep the
 devices and env they were given (upstream's behaviour).
@@ -30,8 +32,13 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-from pkg.api.constants import GPU_CLIQUE_NODE_LABEL
+from pkg.api.constants import (
+    GPU_CLIQUE_MANAGED_ANNOTATION,
+    GPU_CLIQUE_MANAGED_BY_PLUGIN,
+    GPU_CLIQUE_NODE_LABEL,
+)
 from pkg.base.clock import Clock
+from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.kube.resources import NODES
 from pkg.kubeletplugin.discovery import DeviceDiscovery
@@ -63,9 +70,8 @@ class NodeCliqueLabel:
         (message ``error patching node with label ...: <cause>``) if the patch fails."""
         if not clique_id:
             return
-        body = {"metadata": {"labels": {GPU_CLIQUE_NODE_LABEL: clique_id}}}
         try:
-            self._client.patch(NODES, self._node, body, patch_type="merge")
+            self._client.patch(NODES, self._node, _patch(clique_id), patch_type="merge")
         except Exception as err:
             raise CliqueLabelError(
                 f"error patching node with label {GPU_CLIQUE_NODE_LABEL}={clique_id}: {err}"
@@ -78,9 +84,8 @@ class NodeCliqueLabel:
         failure: list[BaseException] = []
 
         def patch() -> None:
-            body = {"metadata": {"labels": {GPU_CLIQUE_NODE_LABEL: None}}}
             try:
-                self._client.patch(NODES, self._node, body, patch_type="merge")
+                self._client.patch(NODES, self._node, _patch(None), patch_type="merge")
             except Exception as err:
                 failure.append(err)
             finally:
@@ -94,6 +99,17 @@ class NodeCliqueLabel:
             )  # fmt: skip
         elif failure:
             log.error("error removing %s node label: %s", GPU_CLIQUE_NODE_LABEL, failure[0])
+
+
+def _patch(clique_id: str | None) -> JSON:
+    """Merge patch setting (or, for None, removing) the label and its owner annotation."""
+    owner = None if clique_id is None else GPU_CLIQUE_MANAGED_BY_PLUGIN
+    return {
+        "metadata": {
+            "labels": {GPU_CLIQUE_NODE_LABEL: clique_id},
+            "annotations": {GPU_CLIQUE_MANAGED_ANNOTATION: owner},
+        }
+    }
 
 
 class CliqueRefresher:

@@ -6,6 +6,10 @@ label to write ``podAffinity`` with ``topologyKey: nvidia.com/gpu.clique``. Inva
 
 * the label is ours only while the node also carries the annotation
   ``resource.nvidia.com/gpu.clique-managed=true``, written together with it;
+* a node whose kubelet plugin keeps the label itself (``--gpu-clique-label-enabled``; it marks
+  the node with that annotation set to ``kubelet-plugin``) is left alone entirely: no write, no
+  Event. The plugin adopts a refreshed clique before its slices show it, and removes label and
+  mark on graceful shutdown, after which this reconciler labels the node again from its slices;
 * a label someone else set (GPU feature discovery uses the same key) is never changed or
   removed: an equal value is left alone, a different value yields one Warning Event on the node;
 * when the node's slices stop publishing a clique, our label (and annotation) is removed;
@@ -32,7 +36,7 @@ __all__ = ["MANAGED_ANNOTATION", "CliqueLabelReconciler", "slice_clique_ids"]
 log = logging.getLogger(__name__)
 
 
-MANAGED_ANNOTATION = "resource.nvidia.com/gpu.clique-managed"
+MANAGED_ANNOTATION = c.GPU_CLIQUE_MANAGED_ANNOTATION
 _ATTRIBUTE_KEYS = ("cliqueID", f"{c.DRIVER_NAME}/cliqueID")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -64,6 +68,9 @@ class CliqueLabelReconciler:
         node = self._caches.nodes.get_by_key(key)
         if node is None:
             return Result()
+        owner = (node["metadata"].get("annotations") or {}).get(MANAGED_ANNOTATION)
+        if owner == c.GPU_CLIQUE_MANAGED_BY_PLUGIN:
+            return Result()  # the node's plugin keeps the label (--gpu-clique-label-enabled)
         ids: set[str] = set()
         for slice_ in self._caches.slices.by_index(BY_NODE, key):
             ids |= slice_clique_ids(slice_)

@@ -294,6 +294,31 @@ def test_plugin_may_label_only_its_own_node_with_its_two_labels(
     assert _denied(label(me, "nvidia.com/gpu.product", {NODE_CLAIM: me}), only)
     assert _denied(label(me, c.GPU_CLIQUE_NODE_LABEL, {}), "no node-name claim")
 
+    def annotate(node: str, value: str) -> subprocess.CompletedProcess[str]:
+        """The merge patch --gpu-clique-label-enabled sends: label plus owner mark."""
+        body = json.dumps(
+            {
+                "metadata": {
+                    "labels": {c.GPU_CLIQUE_NODE_LABEL: "x"},
+                    "annotations": {c.GPU_CLIQUE_MANAGED_ANNOTATION: value},
+                }
+            }
+        )
+        return _as(cluster, plugin, {NODE_CLAIM: me}, ["patch", "node", node, "--type=merge",
+                                                       "-p", body, "--dry-run=server"])  # fmt: skip
+
+    marked = annotate(me, c.GPU_CLIQUE_MANAGED_BY_PLUGIN)
+    assert marked.returncode == 0, marked.stderr
+    assert _denied(annotate(me, "some-other-owner"), "may not change node annotations")
+    assert _denied(
+        annotate(other, c.GPU_CLIQUE_MANAGED_BY_PLUGIN), f"may not modify node '{other}'"
+    )
+    other_annotation = json.dumps({"metadata": {"annotations": {"example.com/x": "y"}}})
+    assert _denied(_as(cluster, plugin, {NODE_CLAIM: me}, ["patch", "node", me, "--type=merge",
+                                                           "-p", other_annotation,
+                                                           "--dry-run=server"]),
+                   "may not change node annotations")  # fmt: skip
+
 
 def _claim_docs(namespace: str) -> dict[str, dict[str, Any]]:
     """ResourceClaims/-Templates the daemon-device policy must refuse outside the driver

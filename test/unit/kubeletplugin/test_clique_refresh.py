@@ -209,10 +209,20 @@ def plugin_on(
         plugin.stop()
 
 
+def node_annotations(api: FakeApiServer) -> dict[str, str]:
+    node = api.client().get(res.NODES, NODE)
+    return dict(node["metadata"].get("annotations") or {})
+
+
 def test_label_is_set_at_start_and_removed_on_shutdown(api: FakeApiServer, root: Path) -> None:
+    """With its mark for the controller (which then leaves the label to the plugin)."""
+    owner = c.GPU_CLIQUE_MANAGED_ANNOTATION
+    api.client().patch(res.NODES, NODE, {"metadata": {"annotations": {owner: "true"}}})
     with plugin_on(api, root, clique=CLIQUE, label=True):
         assert node_labels(api)[LABEL] == CLIQUE
+        assert node_annotations(api)[owner] == c.GPU_CLIQUE_MANAGED_BY_PLUGIN
     assert LABEL not in node_labels(api)
+    assert owner not in node_annotations(api)
 
 
 def test_without_the_flag_the_plugin_never_touches_the_label(

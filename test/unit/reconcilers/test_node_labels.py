@@ -243,3 +243,26 @@ def test_an_adopted_claim_allocated_again_labels_its_node(
     client.update(res.RESOURCE_CLAIMS, w0, subresource="status")
     term.reconcile("a")
     assert labels(server, "a")[c.COMPUTE_DOMAIN_LABEL] == uid
+
+
+def test_a_node_whose_plugin_keeps_the_clique_label_is_left_alone(
+    server: FakeApiServer, cliques: CliqueLabelReconciler, events: RecordedEvents
+) -> None:
+    """A plugin with --gpu-clique-label-enabled marks the node; a slice that still shows the
+    old clique changes nothing and raises no Event. Once the plugin removed label and mark on
+    shutdown, the controller labels the node from its slices again."""
+    plugin_labelled = node("a", labels={c.GPU_CLIQUE_NODE_LABEL: "uuid.8"})
+    plugin_labelled["metadata"]["annotations"] = {
+        MANAGED_ANNOTATION: c.GPU_CLIQUE_MANAGED_BY_PLUGIN
+    }
+    server.seed(res.NODES, plugin_labelled)
+    server.seed(res.RESOURCE_SLICES, resource_slice("a", clique_id="uuid.7"))
+    server.clear_log()
+    cliques.reconcile("a")
+    assert [m for m, _ in server.request_log if m != "GET"] == []
+    assert events.reasons() == []
+    assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.8"
+    server.seed(res.NODES, node("a"))  # the plugin's shutdown removed both
+    cliques.reconcile("a")
+    assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.7"
+    assert node_annotations(server, "a")[MANAGED_ANNOTATION] == "true"
