@@ -7,15 +7,17 @@ claims the other prepared, and a rollback never makes the Go plugin crash on the
 Invariants:
 * Every write goes to a temp file in the same directory, is fsynced, renamed over the old file,
   and the directory is fsynced: after a crash the file is the old or the new version.
-* Entries move ``PrepareStarted`` -> ``PrepareCompleted`` -> removed; the Started record is
-  durable *before* any side effect (CDI file, node label) so a crash can always be undone.
+* Entries move ``PrepareStarted`` -> ``PrepareCompleted`` -> removed, or ``PrepareStarted`` ->
+  ``PrepareAborted`` (Unprepare before completion) -> expired by the cleanup (`state`,
+  `cleanup`); the Started record is durable *before* any side effect (CDI file, node label) so
+  a crash can always be undone.
 * Readers re-load the file when it changed on disk (inode/mtime/size), so a second plugin
   instance (rolling update) working under the same node lock sees the other's writes.
 * Entries written during another boot (``nodeBootID`` differs from
   ``/proc/sys/kernel/random/boot_id``) are dropped on open: device nodes and ``/var/run/cdi`` do
   not survive a reboot (upstream behaviour). A file without a boot ID (older Go driver) keeps its
-  entries and gets the current one, as upstream does. ``PrepareAborted`` tombstones (newer Go
-  driver) hold no devices and are dropped on open.
+  entries and gets the current one, as upstream does. ``PrepareAborted`` tombstones are kept
+  like any entry (upstream v0.4.1+ writes and reads them).
 
 Corrupt-file policy (never a silent reset, never a crash loop): if the file cannot be parsed or a
 checksum does not verify, then (1) the file is moved aside to
@@ -129,11 +131,6 @@ class CheckpointStore:
                 "checkpoint %s is corrupt (%s): moved to %s, recovered %d entries, lost %d",
                 self._path, problem, moved, report.recovered, report.lost,
             )  # fmt: skip
-        aborted = [uid for uid, e in entries.items() if e.state == ClaimState.PREPARE_ABORTED]
-        for uid in aborted:
-            del entries[uid]
-        if aborted:
-            log.info("dropped %d PrepareAborted checkpoint entries", len(aborted))
         dropped: tuple[ClaimEntry, ...] = ()
         if boot_id and self._boot_id and boot_id != self._boot_id:
             dropped = tuple(entries.values())

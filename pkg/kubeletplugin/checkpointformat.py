@@ -23,7 +23,10 @@ Invariants:
 * `decode_checkpoint` accepts a section when its checksum matches either the file's own bytes
   (any upstream version, including fields newer than ours) or our canonical re-marshal, and
   verifies each section on its own so a damaged file still yields the entries of a verified one;
-* a v1-only file (older upstream) reads as PrepareCompleted entries without name/namespace.
+* a v1-only file (older upstream) reads as PrepareCompleted entries without name/namespace;
+* ``name``/``namespace`` are written for every state, ``abortedAt`` (`go_time`) only for
+  ``PrepareAborted`` entries, which -- like ``PrepareStarted`` ones -- are left out of ``v1``
+  (the downgrade view holds only completed claims).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import enum
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from pkg.kubeletplugin import gojson
@@ -52,9 +56,15 @@ from pkg.kubeletplugin.gojson import (
 
 
 class ClaimState(enum.StrEnum):
+    """``checkpointState``: Started -> Completed -> (deleted), or Started -> Aborted -> (expired).
+
+    ``PrepareAborted`` is the tombstone Unprepare leaves for a claim that never completed: it
+    holds no devices, keeps the status a Prepare retry is compared with, and carries
+    ``abortedAt`` so the cleanup can expire it.
+    """
+
     PREPARE_STARTED = "PrepareStarted"
     PREPARE_COMPLETED = "PrepareCompleted"
-    # Newer upstream keeps a tombstone after unpreparing a PrepareStarted claim; it holds nothing.
     PREPARE_ABORTED = "PrepareAborted"
 
 
@@ -321,6 +331,25 @@ _V1: Final = Struct(
         ),
     )
 )
+
+
+def go_time(epoch: float) -> str:
+    """``metav1.Time`` on the wire: RFC 3339 in UTC, whole seconds (``abortedAt``)."""
+    return datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_go_time(value: str) -> float:
+    """Epoch seconds of a `go_time` string (as `decode_checkpoint` normalises every time)."""
+    return datetime.fromisoformat(value).timestamp()
+
+
+def same_status(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two canonical claim statuses are semantically equal.
+
+    Compared by their Go marshal, so a status read back from the file (numbers kept as source
+    text) equals the same status fetched from the API server.
+    """
+    return gojson.marshal(dict(a)) == gojson.marshal(dict(b))
 
 
 def canonical_status(status: Any) -> dict[str, Any]:

@@ -10,13 +10,15 @@ Owns upstream's config resolution (``GetOpaqueDeviceConfigs`` + ``getConfigResul
   request (``req``, or ``req/sub`` for a subrequest) or that has empty ``requests`` and the
   result's type wins -- a later ``requests: []`` config beats an earlier one naming the request;
   a config naming the request but of the other type is an error;
+* results are grouped by the config that applies to them (`config_groups`), and each group is
+  prepared on its own, so one claim may hold both ``channel-0`` and ``daemon-0``;
 * only the devices this node publishes (``channel-0``, ``daemon-0``; `slice_devices` is what
   the ResourceSlice says about them) can be prepared.
 
 Fetching the claim and checking the kubelet's reference is the library's
 (`pkg.draplugin.claims`); this module only reads the object it hands over.
 
-Invariant: `resolve_claim_config` is pure and every failure is a `PermanentError` that names the
+Invariant: `config_groups` is pure and every failure is a `PermanentError` that names the
 offending config, field or device, because retrying the same claim cannot fix it.
 `status_targets` is the lenient twin for stored state (checkpoint entries written by either
 driver): it never raises and skips what it cannot read.
@@ -25,6 +27,7 @@ driver): it never raises and skips what it cannot read.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pkg.api.constants import (
@@ -149,24 +152,48 @@ def _our_results(status: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[Any
     return devices, results
 
 
-def resolve_claim_config(claim: JSON) -> tuple[JSON, OpaqueConfig] | None:
-    """Our allocation result and its decoded config, or None if the claim has none of ours."""
+@dataclass(frozen=True)
+class ConfigGroup:
+    """One of our allocation results and the opaque config that applies to it.
+
+    Upstream groups results by config and prepares each group on its own; a group holds one
+    device here because each config type fits only one of the two devices a node publishes,
+    and a device is allocated at most once per claim.
+    """
+
+    kind: str  # "channel" | "daemon"
+    config: OpaqueConfig
+    result: JSON
+
+
+def config_groups(claim: JSON) -> tuple[ConfigGroup, ...]:
+    """Each of our allocation results with its config, in the claim's order; ``()`` if none.
+
+    Upstream's ``getConfigResultsMap`` + per-config ``applyConfig``: a claim may hold both
+    ``channel-0`` and ``daemon-0``, each prepared with its own config. A device named twice
+    (only possible with adminAccess) is refused. Pure; every failure is a `PermanentError`.
+    """
     devices, ours = _our_results(claim.get("status") or {})
     configs = _configs(devices, strict=True)
-    if not ours:
-        return None
-    if len(ours) != 1:
-        raise PermanentError(
-            f"expected exactly one device of driver {DRIVER_NAME} in the claim, got {len(ours)}"
-        )
-    result = ours[0]
-    request = str(result.get("request", ""))
-    kind = device_kind(str(result.get("device", "")))
-    chosen = _select(configs, request=request, kind=kind, strict=True)
-    if chosen is None:
-        wanted = "ComputeDomainChannelConfig" if kind == "channel" else "ComputeDomainDaemonConfig"
-        raise PermanentError(f'no {wanted} for request "{request}" (a domainID is required)')
-    return dict(result), chosen
+    out: list[ConfigGroup] = []
+    for result in ours:
+        request = str(result.get("request", ""))
+        name = str(result.get("device", ""))
+        kind = device_kind(name)
+        chosen = _select(configs, request=request, kind=kind, strict=True)
+        if chosen is None:
+            wanted = CHANNEL_CONFIG_KIND if kind == "channel" else DAEMON_CONFIG_KIND
+            raise PermanentError(f'no {wanted} for request "{request}" (a domainID is required)')
+        out.append(ConfigGroup(kind, chosen, dict(result)))
+    names = [str(g.result.get("device", "")) for g in out]
+    for name in dict.fromkeys(names):
+        count = names.count(name)
+        if count != 1:
+            raise PermanentError(
+                f"expected exactly one device of driver {DRIVER_NAME} named {name} in the "
+                f"claim, got {count}"
+            )
+    return tuple(out)
 
 
 def status_targets(status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -27,7 +27,6 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
@@ -47,8 +46,15 @@ from pkg.informers.snapshot import factory_snapshot
 from pkg.kube.client import KubeClient
 from pkg.kubeletplugin import procdevices
 from pkg.kubeletplugin.cdi import CdiWriter
-from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, PreparedDevice, read_boot_id
+from pkg.kubeletplugin.checkpoint import (
+    CheckpointStore,
+    ClaimEntry,
+    ClaimState,
+    PreparedDevice,
+    read_boot_id,
+)
 from pkg.kubeletplugin.claims import slice_devices
+from pkg.kubeletplugin.cleanup import CheckpointCleanup
 from pkg.kubeletplugin.clique import (
     LABEL_REMOVAL_TIMEOUT,
     REFRESH_INTERVAL,
@@ -66,8 +72,6 @@ from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 from pkg.runtime.logsetup import V
 
 log = logging.getLogger(__name__)
-
-STALE_GC_INTERVAL: Final = 600.0
 
 NVIDIA_GPU_MAJOR = 195
 
@@ -186,6 +190,7 @@ class KubeletPlugin:
         )  # fmt: skip
         self._stop = threading.Event()
         self.state: DeviceState | None = None
+        self.cleanup: CheckpointCleanup | None = None
         self.registration = RegistrationServicer(
             driver_name=DRIVER_NAME, endpoint=str(config.dra_socket)
         )
@@ -270,7 +275,7 @@ class KubeletPlugin:
             )
             self.metrics.checkpoint_corruptions.labels(DRIVER_NAME).inc()
         self.state = DeviceState(
-            client=self._client, store=self.store, cdi=self.cdi, domains=self.domains,
+            store=self.store, cdi=self.cdi, domains=self.domains,
             lock=NodeLock(cfg.plugin_dir / "pu.lock"), setup=setup, monotonic=self._monotonic,
             on_checkpoint_change=self._on_checkpoint_change, tracer=self._tracer,
             now=self.clock.now,
@@ -284,6 +289,8 @@ class KubeletPlugin:
         self.domains.start()
         self.domains.wait_synced(10.0)  # best effort: recovery reads domains
         self.state.recover(report)
+        self.cleanup = CheckpointCleanup(claims=self.state, client=self._client, clock=self.clock)
+        self.cleanup.start()  # the start-up pass runs before the kubelet can call in
         self.servers.start()
         if cfg.healthcheck_port >= 0:
             servicer = HealthServicer(
@@ -297,7 +304,6 @@ class KubeletPlugin:
             self.http = self._http_server()
             self.http.start()
         self.slices.start()
-        threading.Thread(target=self._gc_loop, name="stale-gc", daemon=True).start()
 
     def _http_server(self) -> ObservabilityServer:
         """``/metrics``; ``/healthz`` (the process answers); ``/readyz`` (every cache synced);
@@ -329,17 +335,11 @@ class KubeletPlugin:
         self.slices.stop()
         if self._clique_started:
             self.clique.stop()
+        if self.cleanup is not None:
+            self.cleanup.stop()
         self.domains.stop()
         self.informers.shutdown()
         self.fanout.shutdown()
-
-    def _gc_loop(self) -> None:
-        while not self._stop.wait(STALE_GC_INTERVAL):
-            if self.state is not None:
-                try:
-                    self.state.collect_stale(deadline=self._monotonic() + 20.0)
-                except Exception:
-                    log.exception("stale checkpoint cleanup failed")
 
     def _clique_changed(self, clique_id: str) -> None:
         """A refresh adopted ``clique_id``: the slice's ``cliqueID`` attribute follows."""
@@ -348,7 +348,11 @@ class KubeletPlugin:
     def _on_checkpoint_change(self, entries: list[ClaimEntry]) -> None:
         self.device_health.set_prepared(entries)
         self.metrics.set_prepared_devices(
-            e.kind for e in entries for _ in e.devices if e.state == "PrepareCompleted"
+            g.kind
+            for e in entries
+            if e.state == ClaimState.PREPARE_COMPLETED
+            for g in e.groups
+            for _ in g.devices
         )
 
     # -- pkg.draplugin.fanout.ClaimDriver ----------------------------------------------------------

@@ -3,23 +3,33 @@
 Owns the order of side effects for a claim and the locking around them:
 
 1. take the claim the library fetched (`pkg.draplugin.claims.fetch_claim`: allocated, same
-   UID), pick our driver's results, strictly decode the opaque configs (``domainID`` must be a
-   UID) and refuse a daemon claim outside the driver namespace - failures here are permanent and
-   have no side effects (no checkpoint entry, directory or CDI spec);
-2. under the node lock: return the checkpointed devices if the claim is PrepareCompleted;
-   refuse a second channel claim (channel 0 is node-exclusive) and any device another claim
-   already holds, e.g. ``daemon-0`` (both retryable); record PrepareStarted with the claim's
+   UID), group our driver's results by the config that applies to each
+   (`claims.config_groups`: a claim may hold ``channel-0`` and ``daemon-0``), strictly decode
+   the opaque configs (``domainID`` must be a UID) and refuse a daemon claim outside the driver
+   namespace - failures here are permanent and have no side effects (no checkpoint entry,
+   directory or CDI spec);
+2. under the node lock: return the checkpointed devices if the claim is PrepareCompleted; refuse
+   permanently a PrepareAborted claim whose stored status equals the claim's (a stale retry
+   after Unprepare); refuse channel 0 while another PrepareCompleted claim holds a channel, and
+   any device another PrepareCompleted claim holds, e.g. ``daemon-0`` (both retryable; Started
+   and Aborted entries block nothing, as upstream); record PrepareStarted with the claim's
    status (the Go driver's checkpoint shape, see `checkpoint`);
-3. without the lock: domain checks (exists, same namespace: permanent), node label
-   (retryable on conflict) and the event-driven wait for this node's IMEX daemon (retryable on
-   timeout). The label and the Started record are kept on a retryable error - the daemon can only
-   come up *because* of the label;
-4. under the node lock: write the CDI spec and record PrepareCompleted with the devices.
+3. without the lock, per config group: domain checks (exists, same namespace: permanent), node
+   label (retryable on conflict) and the event-driven wait for this node's IMEX daemon
+   (retryable on timeout). The label and the Started record are kept on a retryable error - the
+   daemon can only come up *because* of the label; a permanent error undoes the earlier groups
+   and removes the entry;
+4. under the node lock: still PrepareStarted (else Unprepare came meanwhile: retryable), the
+   step-2 checks again (another claim may have completed), write the CDI spec (one device per
+   group) and record PrepareCompleted with the devices.
 
-Unprepare (idempotent) removes the label if this was the domain's last channel claim here, the
-per-domain dir if it was the last daemon claim, the CDI spec and finally the checkpoint entry --
+Unprepare (idempotent) removes the label if this was the domain's last channel claim here and
+the per-domain dir if it was the last daemon claim (Aborted entries hold nothing), then
+deletes a PrepareCompleted entry, or turns a PrepareStarted one into a PrepareAborted tombstone
+with ``abortedAt``, then deletes the CDI spec; a PrepareAborted or unknown claim is a no-op --
 for entries either driver wrote: what to undo comes from the entry's device groups, or for a
-PrepareStarted entry from the configs in its stored claim status.
+PrepareStarted entry from the configs in its stored claim status. `expire_aborted` deletes old
+tombstones (called by `cleanup`).
 The node lock is an in-process mutex plus ``flock(<plugin dir>/pu.lock)`` so a second plugin
 instance during a rolling update is serialised too; claims of one request run in parallel
 outside it.
@@ -54,9 +64,6 @@ from pkg.api.opaque import ChannelConfig, DaemonConfig
 from pkg.base.types import JSON
 from pkg.draplugin.claims import ClaimRef
 from pkg.draplugin.errors import PermanentError, RetryableError
-from pkg.kube.client import KubeClient
-from pkg.kube.errors import ApiError, NotFoundError
-from pkg.kube.resources import RESOURCE_CLAIMS
 from pkg.kubeletplugin.cdi import CdiDevice, CdiWriter, ContainerEdits, qualified_name
 from pkg.kubeletplugin.checkpoint import (
     CheckpointStore,
@@ -67,9 +74,11 @@ from pkg.kubeletplugin.checkpoint import (
     PreparedDevice,
     canonical_status,
 )
-from pkg.kubeletplugin.claims import requested_devices, resolve_claim_config
+from pkg.kubeletplugin.checkpointformat import go_time, parse_go_time, same_status
+from pkg.kubeletplugin.claims import ConfigGroup, config_groups, requested_devices
 from pkg.kubeletplugin.gojson import SchemaError
 from pkg.kubeletplugin.procdevices import DeviceNode
+from pkg.runtime.logsetup import V
 from pkg.runtime.tracing import (
     TRACEPARENT_ENV,
     child_span,
@@ -162,7 +171,6 @@ class DeviceState:
     def __init__(
         self,
         *,
-        client: KubeClient,
         store: CheckpointStore,
         cdi: CdiWriter,
         domains: Domains,
@@ -175,7 +183,6 @@ class DeviceState:
     ) -> None:
         """``tracer`` records Prepare's part of each domain's formation trace (spans under the
         domain's ``traceparent`` annotation; none without one); ``now`` times those spans."""
-        self._client = client
         self._store = store
         self._cdi = cdi
         self._domains = domains
@@ -190,32 +197,13 @@ class DeviceState:
     # -- start-up -------------------------------------------------------------------------------
 
     def recover(self, report: OpenReport) -> None:
-        """Clean what a previous boot or a crash left behind (see module and checkpoint docs)."""
+        """Delete the CDI specs of entries a previous boot left behind (see checkpoint docs).
+
+        Stale PrepareStarted entries are the periodic cleanup's (`cleanup.CheckpointCleanup`),
+        whose first pass runs at start-up.
+        """
         for entry in report.dropped_other_boot:
             self._cdi.delete_claim_spec(entry.uid)
-        self.collect_stale(deadline=self._monotonic() + 20.0)
-
-    def collect_stale(self, *, deadline: float) -> None:
-        """Unprepare PrepareStarted entries whose claim is gone or was replaced (new UID)."""
-        with self._lock.held():
-            started = [
-                e for e in self._store.entries().values() if e.state == ClaimState.PREPARE_STARTED
-            ]
-        for entry in started:
-            if not entry.name:
-                continue  # written without a name (older Go driver): cannot look it up
-            try:
-                claim = self._client.get(RESOURCE_CLAIMS, entry.name, namespace=entry.namespace)
-                gone = (claim.get("metadata") or {}).get("uid") != entry.uid
-            except NotFoundError:
-                gone = True
-            except ApiError as err:
-                log.warning("stale-entry check for claim %s failed: %s", entry.uid, err)
-                continue
-            if gone:
-                log.info("unpreparing stale PrepareStarted claim %s/%s (%s)",
-                         entry.namespace, entry.name, entry.uid)  # fmt: skip
-                self.unprepare(ClaimRef(entry.namespace, entry.uid, entry.name), deadline=deadline)
 
     def entries(self) -> dict[str, ClaimEntry]:
         """A snapshot of the checkpoint entries, read under the node lock."""
@@ -228,16 +216,20 @@ class DeviceState:
         """Prepare one allocated ResourceClaim (the whole object, as the library fetched it);
         raises `ClaimError` (permanent or retryable).
 
-        Idempotent: a claim already PrepareCompleted (by either driver) gets its recorded
-        devices back without any side effect.
+        Each of our results is prepared with the config that applies to it (`config_groups`),
+        so one claim may hold both ``channel-0`` and ``daemon-0``. Idempotent: a claim already
+        PrepareCompleted (by either driver) gets its recorded devices back without any side
+        effect. A claim whose entry is PrepareAborted with the same status is a stale retry
+        arriving after Unprepare: refused permanently, with no side effect; a different
+        status (the claim was re-allocated) is prepared afresh.
         """
         ref = ClaimRef.of(claim)
-        resolved = resolve_claim_config(claim)
-        if resolved is None:
+        groups = config_groups(claim)
+        if not groups:
             return ()  # nothing of ours in this claim
-        result, config = resolved
-        kind = "channel" if isinstance(config, ChannelConfig) else "daemon"
-        if kind == "daemon" and ref.namespace != self._setup.driver_namespace:
+        if ref.namespace != self._setup.driver_namespace and any(
+            g.kind == "daemon" for g in groups
+        ):
             # Before any side effect: the daemon device carries the node's IMEX management
             # device and a read-write host directory (issue 33).
             raise PermanentError(
@@ -248,85 +240,133 @@ class DeviceState:
             status = canonical_status(claim.get("status"))
         except SchemaError as err:
             raise PermanentError(f"cannot record the claim's status: {err}") from err
+        kinds = {g.kind for g in groups}
+        wanted = requested_devices(status)
         with self._tracer.start_as_current_span("record PrepareStarted"), self._lock.held():
             entries = self._store.entries()
             existing = entries.get(ref.uid)
             if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
+                log.log(V(4), "Skip prepare: claim already in PrepareCompleted state: %s",
+                        ref)  # fmt: skip
                 return existing.devices
-            self._assert_not_held(ref, kind, requested_devices(status), entries.values())
+            if (
+                existing is not None
+                and existing.state == ClaimState.PREPARE_ABORTED
+                and same_status(existing.status, status)
+            ):
+                raise PermanentError(
+                    f"stale prepare for claim {ref}: claim prepare was already aborted"
+                )
+            self._assert_not_held(ref, kinds, wanted, entries.values())
             started = ClaimEntry(
                 uid=ref.uid, state=ClaimState.PREPARE_STARTED, status=status,
                 namespace=ref.namespace, name=ref.name,
             )  # fmt: skip
             self._put(started)
+        edits: list[ContainerEdits] = []
         try:
-            domain = self._domains.get_domain(config.domain_id, deadline=deadline)
-            if domain is None:
-                raise PermanentError(f"ComputeDomain with UID {config.domain_id} not found")
-            with self._span(
-                parent_context(traceparent_of(domain)), f"prepare {kind} claim",
-                {"claim.uid": ref.uid, "claim.namespace": ref.namespace, "claim.name": ref.name},
-            ) as span:  # fmt: skip
-                parent = trace.set_span_in_context(span)
-                if isinstance(config, ChannelConfig):
-                    edits = self._prepare_channel(ref, config, domain, deadline=deadline,
-                                                  trace_parent=parent)  # fmt: skip
-                else:
-                    edits = self._prepare_daemon(config, domain)
+            for group in groups:
+                edits.append(self._prepare_group(ref, group, deadline=deadline))
         except PermanentError:
             with self._lock.held():
-                self._remove(ref.uid)  # nothing was changed yet for permanent failures
+                current = self._store.entries()
+                entry = current.get(ref.uid)
+                if entry is not None and entry.state == ClaimState.PREPARE_STARTED:
+                    # Undo what the groups before the failing one did, then forget the claim.
+                    done = tuple((g.kind, g.config.domain_id) for g in groups[: len(edits)])
+                    del current[ref.uid]
+                    self._undo_targets(ref, done, current.values())
+                    self._remove(ref.uid)
             raise
-        request = str(result.get("request", ""))
-        device_name = str(result.get("device", ""))
         with (
             self._tracer.start_as_current_span("write CDI spec, record PrepareCompleted"),
             self._lock.held(),
         ):
-            if ref.uid not in self._store.entries():
+            current = self._store.entries()
+            entry = current.get(ref.uid)
+            if entry is None or entry.state != ClaimState.PREPARE_STARTED:
                 raise RetryableError("claim was unprepared while it was being prepared")
-            ids = self._cdi.write_claim_spec(ref.uid, [CdiDevice(device_name, edits)])
-            cdi_ids = ([self._base_cdi_id] if kind == "daemon" else []) + list(ids.values())
-            devices = (
-                PreparedDevice(
-                    request_names=(request,) if request else (),
-                    pool_name=str(result.get("pool", "")),
-                    device_name=device_name,
-                    cdi_device_ids=tuple(cdi_ids),
-                ),
+            # Another claim may have completed while this one waited outside the lock.
+            self._assert_not_held(ref, kinds, wanted, current.values())
+            ids = self._cdi.write_claim_spec(
+                ref.uid,
+                [
+                    CdiDevice(str(g.result.get("device", "")), e)
+                    for g, e in zip(groups, edits, strict=True)
+                ],
             )
+            checkpoint_groups = tuple(self._device_group(g, ids) for g in groups)
             self._put(
                 ClaimEntry(
                     uid=ref.uid,
                     state=ClaimState.PREPARE_COMPLETED,
                     status=status,
-                    groups=(DeviceGroup(kind, config.domain_id, devices),),
+                    groups=checkpoint_groups,
                     namespace=ref.namespace,
                     name=ref.name,
                 )
             )
-        return devices
+        return tuple(d for g in checkpoint_groups for d in g.devices)
+
+    def _prepare_group(
+        self, ref: ClaimRef, group: ConfigGroup, *, deadline: float
+    ) -> ContainerEdits:
+        """Side effects of one config group (without the node lock); the CDI edits it needs."""
+        config = group.config
+        domain = self._domains.get_domain(config.domain_id, deadline=deadline)
+        if domain is None:
+            raise PermanentError(f"ComputeDomain with UID {config.domain_id} not found")
+        with self._span(
+            parent_context(traceparent_of(domain)), f"prepare {group.kind} claim",
+            {"claim.uid": ref.uid, "claim.namespace": ref.namespace, "claim.name": ref.name},
+        ) as span:  # fmt: skip
+            parent = trace.set_span_in_context(span)
+            if isinstance(config, ChannelConfig):
+                return self._prepare_channel(ref, config, domain, deadline=deadline,
+                                             trace_parent=parent)  # fmt: skip
+            assert isinstance(config, DaemonConfig)
+            return self._prepare_daemon(config, domain)
+
+    def _device_group(self, group: ConfigGroup, cdi_ids: dict[str, str]) -> DeviceGroup:
+        """The checkpoint record of one prepared config group (upstream ``PreparedDeviceGroup``)."""
+        result = group.result
+        request = str(result.get("request", ""))
+        device_name = str(result.get("device", ""))
+        ids = [cdi_ids[device_name]] if device_name in cdi_ids else []
+        if group.kind == "daemon":
+            ids.insert(0, self._base_cdi_id)
+        device = PreparedDevice(
+            request_names=(request,) if request else (),
+            pool_name=str(result.get("pool", "")),
+            device_name=device_name,
+            cdi_device_ids=tuple(ids),
+        )
+        return DeviceGroup(group.kind, group.config.domain_id, (device,))
 
     def _assert_not_held(
-        self, ref: ClaimRef, kind: str, wanted: set[str], entries: Iterable[ClaimEntry]
+        self, ref: ClaimRef, kinds: set[str], wanted: set[str], entries: Iterable[ClaimEntry]
     ) -> None:
-        """Refuse devices another (Started or Completed) claim holds; retryable.
+        """Refuse devices another PrepareCompleted claim holds; retryable.
 
-        Channel claims all use IMEX channel 0, so any other channel claim blocks one (upstream
-        ``assertImexChannelNotAllocated``); any other overlap of device names -- e.g. a second
-        daemon claim for ``daemon-0`` -- is refused like upstream's
-        ``validateNoOverlappingPreparedDevices``. adminAccess results never conflict.
+        Only PrepareCompleted entries count, as upstream's ``assertImexChannelNotAllocated`` and
+        ``validateNoOverlappingPreparedDevices`` do: a claim stuck in PrepareStarted (or an
+        Aborted tombstone) blocks nobody. Channel claims all use IMEX channel 0, so any other
+        completed channel claim blocks one; any other overlap of device names -- e.g. a second
+        daemon claim for ``daemon-0`` -- is refused too. adminAccess results never conflict.
+        Called again right before PrepareCompleted, because the domain steps run outside the
+        node lock.
         """
         for other in entries:
-            if other.uid == ref.uid or other.state == ClaimState.PREPARE_ABORTED:
+            if other.uid == ref.uid or other.state != ClaimState.PREPARE_COMPLETED:
                 continue
-            holder = f"{other.namespace}/{other.name} ({other.uid})"
-            if kind == "channel" and any(k == "channel" for k, _ in other.targets):
+            if "channel" in kinds and any(k == "channel" for k, _ in other.targets):
                 raise RetryableError(
-                    f"IMEX channel 0 on node {self._setup.node_name} is in use by claim {holder}"
+                    f"allocation failed: channel 0 already allocated by claim {other.uid} "
+                    "(according to checkpoint)"
                 )
             clash = sorted(wanted & other.held_devices())
             if clash:
+                holder = f"{other.namespace}/{other.name} ({other.uid})"
                 raise RetryableError(
                     f"requested device {clash[0]} is already allocated to different claim {holder}"
                 )
@@ -403,29 +443,80 @@ class DeviceState:
     # -- unprepare ------------------------------------------------------------------------------
 
     def unprepare(self, ref: ClaimRef, *, deadline: float) -> None:
-        """Undo a claim; unknown claims succeed. Raises `ClaimError` on failure."""
+        """Undo a claim, by its checkpoint state; raises `ClaimError` on failure.
+
+        * unknown claim: success (its CDI specs are deleted anyway, in case the entry was lost
+          to a corrupt checkpoint);
+        * PrepareAborted: success, nothing touched;
+        * PrepareCompleted: undo the devices, delete the entry, then the CDI spec;
+        * PrepareStarted (kubelet or the stale-claim cleanup): undo the devices, rewrite the
+          entry as PrepareAborted (status kept, devices dropped, name/namespace from ``ref``,
+          ``abortedAt`` now) so a Prepare retry still in flight cannot re-create the claim's
+          state, then delete the CDI spec. `expire_aborted` drops the tombstone later.
+
+        Undoing removes the node label when this was the domain's last channel claim here and
+        the per-domain dir when it was the last daemon claim (Aborted entries do not count).
+        """
         del deadline  # every step is a bounded single API call
+        text = str(ref)
         with self._lock.held():
             entries = self._store.entries()
             entry = entries.pop(ref.uid, None)
             if entry is None:
+                log.log(V(2), "Unprepare noop: claim not found in checkpoint data: %s", text)
                 self._cdi.delete_claim_spec(ref.uid)  # also covers entries lost to corruption
                 return
-            for target in entry.targets:
-                kind, domain_id = target
-                if not domain_id or any(target in e.targets for e in entries.values()):
-                    continue  # another claim of this domain still needs it
-                if kind == "channel":
-                    self._domains.remove_node_label(domain_id)
-                    continue
-                try:
-                    path = self._domain_dir(domain_id)
-                except ValueError as err:  # a hand-edited or foreign checkpoint: remove nothing
-                    log.warning("claim %s: not removing a domain directory: %s", ref.uid, err)
-                    continue
-                shutil.rmtree(path, ignore_errors=True)
+            if entry.state == ClaimState.PREPARE_ABORTED:
+                log.log(V(2), "Unprepare noop: claim in PrepareAborted state: %s", text)
+                return
+            self._undo_targets(ref, entry.targets, entries.values())
+            if entry.state == ClaimState.PREPARE_COMPLETED:
+                self._remove(ref.uid)
+                log.log(V(6), "Deleted claim from checkpoint: %s", text)
+                self._cdi.delete_claim_spec(ref.uid)
+                return
+            aborted = ClaimEntry(
+                uid=ref.uid, state=ClaimState.PREPARE_ABORTED, status=entry.status,
+                namespace=ref.namespace or entry.namespace, name=ref.name or entry.name,
+                aborted_at=go_time(self._now()),
+            )  # fmt: skip
+            self._put(aborted)
+            log.log(V(6), "Marked claim PrepareAborted in checkpoint: %s", text)
             self._cdi.delete_claim_spec(ref.uid)
-            self._remove(ref.uid)
+
+    def expire_aborted(self, *, ttl: float) -> int:
+        """Delete PrepareAborted entries aborted ``ttl`` seconds ago or more (or with no
+        ``abortedAt``); returns how many. Takes the node lock."""
+        now = self._now()
+        with self._lock.held():
+            expired = [
+                uid
+                for uid, e in self._store.entries().items()
+                if e.state == ClaimState.PREPARE_ABORTED
+                and (e.aborted_at is None or now - parse_go_time(e.aborted_at) >= ttl)
+            ]
+            for uid in expired:
+                self._remove(uid)
+        return len(expired)
+
+    def _undo_targets(
+        self, ref: ClaimRef, targets: Iterable[tuple[str, str]], others: Iterable[ClaimEntry]
+    ) -> None:
+        """Remove the node label / domain dir of ``targets`` no other live claim still needs."""
+        live = [e for e in others if e.uid != ref.uid and e.state != ClaimState.PREPARE_ABORTED]
+        for target in targets:
+            kind, domain_id = target
+            if not domain_id or any(target in e.targets for e in live):
+                continue  # another claim of this domain still needs it
+            if kind == "channel":
+                self._domains.remove_node_label(domain_id)
+                continue
+            try:
+                path = self._domain_dir(domain_id)
+            except ValueError as err:  # a hand-edited or foreign checkpoint: remove nothing
+                log.warning("claim %s: not removing a domain directory: %s", ref.uid, err)
+                continue
+            shutil.rmtree(path, ignore_errors=True)
 
     # -- checkpoint helpers (node lock held) ------------------------------------------------------
 

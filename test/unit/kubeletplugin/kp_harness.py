@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pkg.api import constants as c
+from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.draplugin.claims import ClaimRef
 from pkg.draplugin.client import DraClient, RegistrationClient
@@ -219,10 +220,11 @@ def running_plugin(
     clique: str = CLIQUE,
     healthcheck_port: int = -1,
     gpus: tuple[GpuInfo, ...] = (),
+    clock: Clock | None = None,
 ) -> Iterator[tuple[KubeletPlugin, Kubelet]]:
     config = make_config(root, healthcheck_port=healthcheck_port)
     devices = NodeDevices(driver_version="580.65.06", gpus=gpus, clique_id=clique)
-    plugin = KubeletPlugin(config=config, client=api.client(), devices=devices)
+    plugin = KubeletPlugin(config=config, client=api.client(), devices=devices, clock=clock)
     plugin.start()
     try:
         yield plugin, Kubelet(config)

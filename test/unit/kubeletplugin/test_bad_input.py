@@ -38,7 +38,7 @@ from pkg.kubeletplugin.checkpoint import (
     canonical_status,
 )
 from pkg.kubeletplugin.checkpointformat import decode_checkpoint, encode_checkpoint
-from pkg.kubeletplugin.claims import resolve_claim_config, status_targets
+from pkg.kubeletplugin.claims import config_groups, status_targets
 from pkg.testing.fakeapiserver import FakeApiServer
 
 FIXTURES = Path(__file__).parent / "testdata" / "upstream_checkpoint"
@@ -251,11 +251,11 @@ def test_generated_claims_resolve_or_fail_permanently_naming_what() -> None:
         tally.case()
         claim = {"status": status}
         try:
-            resolved = resolve_claim_config(claim)
+            groups = config_groups(claim)
         except PermanentError as err:
             tally.count(f"permanent error: {claim_error_kind(str(err))}")
         else:
-            tally.count("not ours (nothing to prepare)" if resolved is None else "accepted")
+            tally.count("accepted" if groups else "not ours (nothing to prepare)")
         # The lenient readers of stored state never raise.
         status_targets(status)
         try:
@@ -356,7 +356,7 @@ def _expected(data: bytes) -> tuple[dict[str, ClaimEntry], bool]:
         decoded = decode_checkpoint(data)
     except ValueError:
         return {}, True
-    entries = {u: e for u, e in decoded.entries.items() if e.state != ClaimState.PREPARE_ABORTED}
+    entries = dict(decoded.entries)
     if decoded.boot_id and decoded.boot_id != BOOT_ID:
         entries = {}
     return entries, bool(decoded.problems)
@@ -487,8 +487,15 @@ def test_generated_grpc_requests_get_per_claim_errors_and_leave_nothing(
             for uid, result in response.claims.items():
                 if result.error:
                     tally.count(_classify(uid, result.error, False, refs, "unprepare"))
-            # Nothing left on the node but the baseline claim, which is untouched.
-            assert set(plugin.store.entries()) == {daemon["metadata"]["uid"]}
+            # Nothing left on the node but the baseline claim, which is untouched, and the
+            # PrepareAborted tombstones of claims unprepared before they completed (no devices;
+            # expired here so that the next example starts clean).
+            left = plugin.store.entries()
+            assert {u for u, e in left.items() if e.state != ClaimState.PREPARE_ABORTED} == {
+                daemon["metadata"]["uid"]
+            }
+            assert plugin.state is not None
+            plugin.state.expire_aborted(ttl=0.0)
             assert decode_checkpoint(plugin.store.path.read_bytes()).problems == ()
             assert sorted(p.name for p in plugin.config.cdi_root.iterdir()) == cdi_before
             node = api.client().get(res.NODES, NODE)
@@ -522,8 +529,13 @@ PLUGIN_ERRORS = [
     (r"^ComputeDomain with UID \S+ not found$", "ComputeDomain not found"),
     (r"^the ResourceClaim's namespace is different", "ComputeDomain in another namespace"),
     (r"^ComputeDomain daemon claims are only prepared in the driver namespace ", "daemon claim"),
-    (r"^IMEX channel 0 on node \S+ is in use by claim ", "channel 0 in use"),
+    (
+        r"^allocation failed: channel 0 already allocated by claim \S+ "
+        r"\(according to checkpoint\)$",
+        "channel 0 in use",
+    ),
     (r"^requested device \S+ is already allocated to different claim ", "device held"),
+    (r"^stale prepare for claim \S+: claim prepare was already aborted$", "stale prepare"),
 ]
 
 

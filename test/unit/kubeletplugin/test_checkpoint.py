@@ -183,11 +183,13 @@ def test_store_reads_v1_only_checkpoint(tmp_path: Path) -> None:
     assert decode_checkpoint(store.path.read_bytes()).problems == ()
 
 
-def test_store_drops_aborted_tombstones(tmp_path: Path) -> None:
+def test_store_keeps_aborted_tombstones(tmp_path: Path) -> None:
     install(tmp_path, "v2-aborted.json")
     store = CheckpointStore(directory=tmp_path, boot_id="boot-1")
     assert not store.open().corrupt
-    assert set(store.entries()) == {CHANNEL_UID, DAEMON_UID}
+    assert set(store.entries()) == {CHANNEL_UID, DAEMON_UID, STARTED_UID}
+    assert store.entries()[STARTED_UID].state == ClaimState.PREPARE_ABORTED
+    assert store.path.read_bytes() == fixture("v2-aborted.json")
 
 
 def test_store_drops_entries_of_another_boot(tmp_path: Path) -> None:

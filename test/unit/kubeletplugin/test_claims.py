@@ -10,7 +10,7 @@ import pytest
 
 from pkg.api import constants as c
 from pkg.draplugin.errors import PermanentError
-from pkg.kubeletplugin.claims import resolve_claim_config, status_targets
+from pkg.kubeletplugin.claims import config_groups, status_targets
 
 
 def uid_for(name: str) -> str:
@@ -35,9 +35,8 @@ def opaque(
 
 
 def domain(configs: list[dict[str, Any]], device: str = "channel-0") -> str:
-    resolved = resolve_claim_config(claim_with(configs, device))
-    assert resolved is not None
-    return resolved[1].domain_id
+    (group,) = config_groups(claim_with(configs, device))
+    return group.config.domain_id
 
 
 @pytest.mark.parametrize(
@@ -139,7 +138,7 @@ def test_last_matching_config_wins(configs: list[dict[str, Any]], expected: str)
 )
 def test_permanent_errors(configs: list[dict[str, Any]], device: str, message: str) -> None:
     with pytest.raises(PermanentError, match=re.escape(message)):
-        resolve_claim_config(claim_with(configs, device))
+        config_groups(claim_with(configs, device))
 
 
 def test_status_targets_is_lenient() -> None:
@@ -150,3 +149,39 @@ def test_status_targets_is_lenient() -> None:
     assert status_targets(claim_with(configs, "daemon-3")["status"]) == ()
     assert status_targets(claim_with(configs)["status"]) == (("channel", uid_for("cd")),)
     assert status_targets({"allocation": "garbage"}) == ()
+
+
+def test_channel_and_daemon_in_one_claim_are_prepared_by_their_own_configs() -> None:
+    """Upstream prepares each config group of a claim; a claim holding both devices of a node
+    is not refused (it was: "expected exactly one device ... got 2")."""
+    claim = claim_with(
+        [
+            opaque("FromClaim", ["ch"], domainID=uid_for("a")),
+            opaque("FromClaim", ["dm"], c.DAEMON_CONFIG_KIND, domainID=uid_for("b")),
+        ]
+    )
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results[:] = [
+        {"request": "dm", "driver": c.DRIVER_NAME, "pool": "n", "device": "daemon-0"},
+        {"request": "ch", "driver": c.DRIVER_NAME, "pool": "n", "device": "channel-0"},
+        {"request": "x", "driver": "other.example.com", "pool": "n", "device": "gpu-0"},
+    ]
+    groups = config_groups(claim)
+    assert [(g.kind, g.config.domain_id, g.result["device"]) for g in groups] == [
+        ("daemon", uid_for("b"), "daemon-0"),
+        ("channel", uid_for("a"), "channel-0"),
+    ]
+
+
+def test_a_device_named_twice_is_refused() -> None:
+    claim = claim_with([opaque("FromClaim", [], domainID=uid_for("a"))])
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "request": "other", "adminAccess": True})
+    with pytest.raises(PermanentError, match="named channel-0 in the claim, got 2"):
+        config_groups(claim)
+
+
+def test_a_claim_without_our_results_has_no_groups() -> None:
+    claim = claim_with([opaque("FromClaim", [], domainID=uid_for("a"))])
+    claim["status"]["allocation"]["devices"]["results"][0]["driver"] = "other.example.com"
+    assert config_groups(claim) == ()

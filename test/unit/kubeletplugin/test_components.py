@@ -14,7 +14,7 @@ import pytest
 from pkg.api import constants as c
 from pkg.draplugin.errors import PermanentError
 from pkg.kubeletplugin.cdi import CdiWriter, ContainerEdits, minimum_version
-from pkg.kubeletplugin.claims import resolve_claim_config
+from pkg.kubeletplugin.claims import config_groups
 from pkg.kubeletplugin.discovery import DiscoveryError
 from pkg.kubeletplugin.discovery.base import NodeDevices, check_driver_version
 from pkg.kubeletplugin.discovery.fake import FakeDiscovery, load_fake_config
@@ -205,18 +205,16 @@ def test_claim_config_precedence() -> None:
         opaque("FromClass", ["req"], domainID=uid_for("class-specific")),
         opaque("FromClaim", ["req"], domainID=uid_for("claim-specific")),
     ]
-    resolved = resolve_claim_config(claim_with(configs))
-    assert resolved is not None and resolved[1].domain_id == uid_for("claim-specific")
-    assert resolve_claim_config({"status": {"allocation": {"devices": {"results": []}}}}) is None
+    (group,) = config_groups(claim_with(configs))
+    assert group.config.domain_id == uid_for("claim-specific")
+    assert config_groups({"status": {"allocation": {"devices": {"results": []}}}}) == ()
 
 
 def test_claim_config_type_mismatch_and_missing() -> None:
     with pytest.raises(PermanentError, match="cannot apply"):
-        resolve_claim_config(
-            claim_with([opaque("FromClaim", ["req"], domainID=uid_for("x"))], "daemon-0")
-        )
+        config_groups(claim_with([opaque("FromClaim", ["req"], domainID=uid_for("x"))], "daemon-0"))
     with pytest.raises(PermanentError, match="ComputeDomainChannelConfig"):
-        resolve_claim_config(claim_with([]))
+        config_groups(claim_with([]))
 
 
 @pytest.mark.parametrize(

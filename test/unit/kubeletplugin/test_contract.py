@@ -211,7 +211,10 @@ def test_second_channel_claim_waits_for_first(api: FakeApiServer, root: Path) ->
     with running_plugin(api, root) as (_plugin, kubelet):
         assert kubelet.prepare(first).claims[first["metadata"]["uid"]].error == ""
         error = kubelet.prepare(second).claims[second["metadata"]["uid"]].error
-        assert "in use by claim" in error
+        assert error.endswith(
+            f"allocation failed: channel 0 already allocated by claim {first['metadata']['uid']} "
+            "(according to checkpoint)"
+        )
         kubelet.unprepare(first)
         assert kubelet.prepare(second).claims[second["metadata"]["uid"]].error == ""
 

@@ -132,8 +132,12 @@ def test_stale_started_entry_of_deleted_claim_is_unprepared_at_start(
     try:
 
         def cleaned() -> bool:
+            # Unprepared, and left as upstream's PrepareAborted tombstone (no devices).
             doc = json.loads((config.plugin_dir / "checkpoint.json").read_text())
-            return uid not in doc["v2"].get("preparedClaims", {})
+            entry = doc["v2"].get("preparedClaims", {}).get(uid, {})
+            return (
+                entry.get("checkpointState") == "PrepareAborted" and "preparedDevices" not in entry
+            )
 
         eventually(cleaned, 20)
         node = api.client().get(res.NODES, NODE)

@@ -95,9 +95,12 @@ def test_claims_prepared_by_the_go_driver_are_unprepared(api: FakeApiServer, roo
         # name, with this driver's content.
         assert base_specs(root) == [f"{c.CDI_VENDOR}-device_base.yaml"]
         assert "NVIDIA_VISIBLE_DEVICES=void" in plugin.cdi.base_spec_path().read_text()
-        # The stale PrepareStarted claim (gone from the API) is collected at start; the
-        # completed channel claim of the same domain keeps the label.
-        assert set(plugin.store.entries()) == {CHANNEL_UID, DAEMON_UID}
+        # The stale PrepareStarted claim (gone from the API) is unprepared at start and left as
+        # a PrepareAborted tombstone; the completed channel claim of the same domain keeps the
+        # label.
+        entries = plugin.store.entries()
+        assert set(entries) == {CHANNEL_UID, DAEMON_UID, STARTED_UID}
+        assert entries[STARTED_UID].state == ClaimState.PREPARE_ABORTED
         assert node_labels(api)[c.COMPUTE_DOMAIN_LABEL] == FIXTURE_CD
 
         resp = kubelet.unprepare(ref(CHANNEL_UID, "workload-claim", "team"))
@@ -110,7 +113,7 @@ def test_claims_prepared_by_the_go_driver_are_unprepared(api: FakeApiServer, roo
         assert not (plugin_dir / "domains" / FIXTURE_CD).exists()
         assert not go_spec_path(root, DAEMON_UID).exists()
         decoded = decode_checkpoint((plugin_dir / "checkpoint.json").read_bytes())
-        assert decoded.problems == () and decoded.entries == {}
+        assert decoded.problems == () and set(decoded.entries) == {STARTED_UID}
 
 
 def test_damaged_go_checkpoint_keeps_the_verified_claims_and_reports_it(
