@@ -3,28 +3,39 @@
 Installed as the console script ``kubectl-computedomain`` (kubectl runs any ``kubectl-<name>``
 on ``PATH`` as ``kubectl <name>``). Subcommands:
 
-``get [-n NS | -A]``
-    a table of domains: namespace, name, status, nodes ready/total, cliques, age;
-``describe NAME [-n NS]``
+``get [-n NS | -A] [-o json|yaml]``
+    a table of domains: namespace, name, status, nodes ready/total, cliques, age; with ``-o``
+    kubectl's ``List`` of the objects;
+``describe NAME [-n NS] [-o json|yaml]``
     the domain's status and nodes, its conditions, its cliques with every daemon's IMEX state
     (index, readiness, peers connected / unreachable, from the clique entries the daemons
     write), its daemon pods, its workload pods (pods of the domain's namespace whose claims come
-    from its ResourceClaimTemplate) and its most recent Events.
+    from its ResourceClaimTemplate) and its most recent Events; with ``-o`` the same objects as
+    one document (``computeDomain``, ``cliques``, ``daemonPods``, ``workloadPods``, ``events``,
+    ``hidden``).
 
 Credentials are kubectl's: ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``,
 with ``--context``; the namespace defaults to the context's. Reads only; nothing is written.
-The rendering functions are pure (objects in, text out) so tests need no cluster.
+A user with rights in one namespace only gets what those rights allow: the cliques and daemon
+pods live in the driver's namespace, so each section the API server refuses is left out and
+named under ``Hidden``, never an error. The rendering functions are pure (objects in, text
+out) so tests need no cluster.
+
+Dependencies: the API client (``pkg.kube``) and PyYAML only, never the driver's gRPC, NVML,
+metrics or tracing stacks, so the ``kubectl-computedomain`` distribution
+(``hack/build-cli-dist.py``) installs on a laptop with nothing else.
 """
 
 from __future__ import annotations
 
 import argparse
 import calendar
+import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pkg.api import constants as c
@@ -32,9 +43,17 @@ from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
-from pkg.kube.errors import ApiError, NotFoundError
+from pkg.kube.errors import ApiError, ForbiddenError, NotFoundError
 
-__all__ = ["DomainView", "collect", "main", "render_describe", "render_get"]
+__all__ = [
+    "DomainView",
+    "collect",
+    "main",
+    "render_describe",
+    "render_describe_document",
+    "render_get",
+    "render_get_list",
+]
 
 RECENT_EVENTS = 12
 
@@ -100,6 +119,7 @@ class DomainView:
     daemon_pods: list[JSON]
     workload_pods: list[JSON]
     events: list[JSON]
+    hidden: list[str] = field(default_factory=list)  # sections the API server refused
 
 
 def _items(client: KubeClient, resource: res.Resource, **kw: Any) -> list[JSON]:
@@ -114,23 +134,74 @@ def uses_template(pod: JSON, template: str) -> bool:
 
 
 def collect(client: KubeClient, namespace: str, name: str) -> DomainView:
-    """Read the domain ``namespace/name`` and everything around it (raises NotFoundError)."""
+    """Read the domain ``namespace/name`` and everything around it.
+
+    Raises NotFoundError / ForbiddenError for the domain itself; a section the caller may not
+    read (cliques and daemon pods across namespaces, pods, events) is empty and named in
+    ``hidden``."""
     cd = client.get(res.COMPUTE_DOMAINS, name, namespace=namespace)
     uid = str(cd["metadata"].get("uid", ""))
     by_uid = f"{c.COMPUTE_DOMAIN_LABEL}={uid}"
     template = str((((cd.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate")
                     or {}).get("name", ""))  # fmt: skip
-    pods = _items(client, res.PODS, namespace=namespace)
-    events = _items(client, res.EVENTS, namespace=namespace,
-                    field_selector=f"involvedObject.uid={uid}")  # fmt: skip
+    hidden: list[str] = []
+
+    def read(what: str, resource: res.Resource, **kw: Any) -> list[JSON]:
+        try:
+            return _items(client, resource, **kw)
+        except ForbiddenError:
+            where = f'namespace "{kw["namespace"]}"' if kw.get("namespace") else "all namespaces"
+            hidden.append(f"{what}: you may not list {resource.plural} in {where}")
+            return []
+
+    pods = read("workload pods", res.PODS, namespace=namespace)
+    events = read("events", res.EVENTS, namespace=namespace,
+                  field_selector=f"involvedObject.uid={uid}")  # fmt: skip
     events.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
     return DomainView(
         domain=cd,
-        cliques=_items(client, res.COMPUTE_DOMAIN_CLIQUES, label_selector=by_uid),
-        daemon_pods=_items(client, res.PODS, label_selector=by_uid),
+        cliques=read(
+            "cliques (IMEX state per daemon)", res.COMPUTE_DOMAIN_CLIQUES, label_selector=by_uid
+        ),
+        daemon_pods=read("daemon pods", res.PODS, label_selector=by_uid),
         workload_pods=[p for p in pods if template and uses_template(p, template)],
         events=events[-RECENT_EVENTS:],
+        hidden=hidden,
     )
+
+
+def _with_kind(obj: JSON, resource: res.Resource) -> JSON:
+    """``obj`` with ``apiVersion``/``kind`` (list items arrive without them), as kubectl shows."""
+    return {"apiVersion": resource.api_version, "kind": resource.kind, **obj}
+
+
+def render_get_list(domains: list[JSON]) -> JSON:
+    """``get -o json|yaml``: kubectl's ``List`` of ``domains`` (sorted by namespace and name)."""
+    items = sorted(domains, key=lambda o: (o["metadata"].get("namespace", ""),
+                                           o["metadata"]["name"]))  # fmt: skip
+    return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+            "items": [_with_kind(cd, res.COMPUTE_DOMAINS) for cd in items]}  # fmt: skip
+
+
+def render_describe_document(view: DomainView) -> JSON:
+    """``describe -o json|yaml``: every object the screen is made of, in one document."""
+    return {
+        "computeDomain": _with_kind(view.domain, res.COMPUTE_DOMAINS),
+        "cliques": [_with_kind(x, res.COMPUTE_DOMAIN_CLIQUES) for x in view.cliques],
+        "daemonPods": [_with_kind(x, res.PODS) for x in view.daemon_pods],
+        "workloadPods": [_with_kind(x, res.PODS) for x in view.workload_pods],
+        "events": [_with_kind(x, res.EVENTS) for x in view.events],
+        "hidden": list(view.hidden),
+    }
+
+
+def _serialize(doc: JSON, output: str) -> str:
+    if output == "json":
+        return json.dumps(doc, indent=4) + "\n"
+    import yaml  # noqa: PLC0415  (only -o yaml needs it)
+
+    text: str = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+    return text
 
 
 def _pod_state(pod: JSON) -> tuple[str, str, str]:
@@ -239,6 +310,9 @@ def render_describe(view: DomainView, *, now: float) -> str:
         ], indent="  ")  # fmt: skip
     else:
         out.append("  <none>")
+    if view.hidden:
+        out.append("Hidden (your account may not read these; ask for read access):")
+        out += [f"  {note}" for note in view.hidden]
     return "\n".join(out) + "\n"
 
 
@@ -265,9 +339,11 @@ def _parser() -> argparse.ArgumentParser:
     get = sub.add_parser("get", help="list ComputeDomains")
     get.add_argument("-A", "--all-namespaces", action="store_true")
     get.add_argument("-n", "--namespace", dest="sub_namespace", default=None)
+    get.add_argument("-o", "--output", choices=["json", "yaml"], default=None)
     describe = sub.add_parser("describe", help="show one ComputeDomain in detail")
     describe.add_argument("name")
     describe.add_argument("-n", "--namespace", dest="sub_namespace", default=None)
+    describe.add_argument("-o", "--output", choices=["json", "yaml"], default=None)
     return parser
 
 
@@ -301,12 +377,21 @@ def run(
     try:
         if args.command == "get":
             ns = None if args.all_namespaces else namespace
-            return 0, render_get(_items(client, res.COMPUTE_DOMAINS, namespace=ns), now=when)
+            domains = _items(client, res.COMPUTE_DOMAINS, namespace=ns)
+            if args.output:
+                return 0, _serialize(render_get_list(domains), args.output)
+            return 0, render_get(domains, now=when)
         view = collect(client, str(namespace), args.name)
     except NotFoundError:
         return 1, f'Error: computedomain "{args.name}" not found in namespace "{namespace}"\n'
+    except ForbiddenError:
+        where = "all namespaces" if namespace is None else f'namespace "{namespace}"'
+        hint = "; name one with -n NAMESPACE" if namespace is None else ""
+        return 1, f"Error: you may not read ComputeDomains in {where}{hint}\n"
     except ApiError as err:
         return 1, f"Error: {err}\n"
+    if args.output:
+        return 0, _serialize(render_describe_document(view), args.output)
     return 0, render_describe(view, now=when)
 
 

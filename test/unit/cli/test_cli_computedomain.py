@@ -7,10 +7,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from pkg.api import constants as c
 from pkg.cli.computedomain import age, run
 from pkg.kube import resources as res
+from pkg.kube.errors import ForbiddenError
 from pkg.testing.fakeapiserver import FakeApiServer
 
 NS, DRIVER_NS = "team", "nvidia-dra-driver"
@@ -154,3 +158,76 @@ def test_installed_entry_point_uses_kubeconfig_context_namespace(tmp_path: Path)
         done = subprocess.run([str(exe), "--kubeconfig", str(cfg), "get"],  # namespace "default"
                               capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert done.stdout == "No ComputeDomains found.\n"
+
+
+def test_output_json_and_yaml_carry_the_objects() -> None:
+    with FakeApiServer() as api:
+        uid = seed_domain(api)
+        code, text = run(["get", "-n", NS, "-o", "json"], api.client(), now=NOW)
+        assert code == 0
+        listing = json.loads(text)
+        assert (listing["apiVersion"], listing["kind"]) == ("v1", "List")
+        assert [(i["kind"], i["metadata"]["name"]) for i in listing["items"]] == [
+            (c.COMPUTE_DOMAIN_KIND, "train")
+        ]
+        assert listing["items"][0]["status"]["readyNodes"] == 2
+        code, text = run(["describe", "train", "-n", NS, "-o", "yaml"], api.client(), now=NOW)
+        assert code == 0
+        doc = yaml.safe_load(text)
+        assert doc["computeDomain"]["metadata"]["uid"] == uid
+        assert sorted(x["metadata"]["name"] for x in doc["cliques"]) == [
+            f"{uid}.cl.0",
+            f"{uid}.cl.1",
+        ]
+        assert sorted(p["metadata"]["name"] for p in doc["workloadPods"]) == [
+            "worker-0",
+            "worker-1",
+        ]
+        assert len(doc["daemonPods"]) == 3 and doc["hidden"] == []
+        assert {e["reason"] for e in doc["events"]} == {"MultipleCliques", "NodeJoined"}
+        code, text = run(["describe", "train", "-n", NS, "-o", "json"], api.client(), now=NOW)
+        assert json.loads(text)["computeDomain"]["kind"] == c.COMPUTE_DOMAIN_KIND
+
+
+class OneNamespaceClient:
+    """The fake API server's client as a user with read rights in ``NS`` only sees it."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def get(self, resource: res.Resource, name: str, **kw: Any) -> Any:
+        if kw.get("namespace") != NS:
+            raise ForbiddenError(403, "Forbidden")
+        return self._inner.get(resource, name, **kw)
+
+    def list(self, resource: res.Resource, **kw: Any) -> Any:
+        if kw.get("namespace") != NS:
+            raise ForbiddenError(403, "Forbidden")
+        return self._inner.list(resource, **kw)
+
+
+def test_a_user_of_one_namespace_sees_what_its_rights_allow() -> None:
+    with FakeApiServer() as api:
+        seed_domain(api)
+        client = OneNamespaceClient(api.client())
+        code, text = run(["describe", "train", "-n", NS], client, now=NOW)  # type: ignore[arg-type]
+        assert code == 0, text
+        assert "worker-0" in text.split("Workload pods:")[1]  # its own namespace: shown
+        assert "MultipleCliques happened" in text.split("Events:")[1]
+        hidden = text.split("Hidden (your account may not read these; ask for read access):")[1]
+        assert (
+            "cliques (IMEX state per daemon): you may not list computedomaincliques in all namespaces"
+            in hidden
+        )
+        assert "daemon pods: you may not list pods in all namespaces" in hidden
+        assert "train-daemon-gpu-1" not in text
+        code, text = run(["describe", "train", "-n", NS, "-o", "json"], client, now=NOW)  # type: ignore[arg-type]
+        assert len(json.loads(text)["hidden"]) == 2
+        code, text = run(["get", "-A"], client, now=NOW)  # type: ignore[arg-type]
+        assert code == 1
+        assert (
+            text
+            == "Error: you may not read ComputeDomains in all namespaces; name one with -n NAMESPACE\n"
+        )
+        code, text = run(["get", "-n", NS], client, now=NOW)  # type: ignore[arg-type]
+        assert code == 0 and "train" in text
