@@ -25,6 +25,7 @@ except ImportError:  # run as a script from a checkout: make the repo root impor
 
 from prometheus_client import CollectorRegistry
 
+from pkg.api.namespaces import parse_namespace_list
 from pkg.featuregates import (
     CRASH_ON_NVLINK_FABRIC_ERRORS,
     FABRIC_MANAGER_PARTITIONING,
@@ -76,6 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_version_flag(p)
     p.add_argument("--node-name", default=_env("NODE_NAME"))
     p.add_argument("--namespace", default=_env("NAMESPACE", "default"))
+    p.add_argument("--additional-namespaces", default=_env("ADDITIONAL_NAMESPACES"),
+                   help="more namespaces whose IMEX daemons' claims are prepared (comma "
+                   "separated; the controller's ADDITIONAL_NAMESPACES)")  # fmt: skip
     p.add_argument("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"))
     # Upstream's names: the host path of the driver installation and its mount in this pod.
     host_root = _env("NVIDIA_DRIVER_ROOT") or _env("HOST_DRIVER_ROOT") or "/"
@@ -164,9 +168,15 @@ def main(argv: list[str]) -> int:
     registry = CollectorRegistry()
     register_build_info(registry, name=BUILD_INFO_METRIC, info=build_info)
     metrics_host, _, metrics_port = args.http_endpoint.rpartition(":")
+    try:
+        additional = parse_namespace_list(args.additional_namespaces)
+    except ValueError as err:
+        log.error("cannot start: %s", err)
+        return 1
     config = PluginConfig(
         node_name=args.node_name,
         namespace=args.namespace,
+        additional_namespaces=tuple(n for n in additional if n != args.namespace),
         cdi_root=Path(args.cdi_root),
         registrar_dir=Path(args.kubelet_registrar_directory_path),
         plugins_dir=Path(args.kubelet_plugins_directory_path),

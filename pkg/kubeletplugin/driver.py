@@ -98,6 +98,8 @@ class PluginConfig:
     debug_endpoints: bool = False
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     retry_delay: float = 1.0
+    # ADDITIONAL_NAMESPACES (as the controller's): daemon claims are prepared there too.
+    additional_namespaces: tuple[str, ...] = ()
     # How long a Prepare waits for a just-created ComputeDomain to reach the watch cache.
     domain_grace: float = 2.0
     # --gpu-clique-label-enabled: keep nvidia.com/gpu.clique on this node (clique.py).
@@ -232,6 +234,7 @@ class KubeletPlugin:
             imex_mgmt_node=mgmt,
             plugin_dir=cfg.plugin_dir,
             driver_namespace=cfg.namespace,
+            daemon_namespaces=cfg.additional_namespaces,
         )
 
     def start(self) -> None:

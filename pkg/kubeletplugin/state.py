@@ -165,6 +165,9 @@ class NodeSetup:
     plugin_dir: Path
     # Where the controller creates the daemons' claims; daemon claims elsewhere are refused.
     driver_namespace: str
+    # ADDITIONAL_NAMESPACES: namespaces whose (older installations') daemons may claim the
+    # daemon device as well, as the controller adopts their DaemonSets there.
+    daemon_namespaces: tuple[str, ...] = ()
 
 
 class DeviceState:
@@ -227,9 +230,7 @@ class DeviceState:
         groups = config_groups(claim)
         if not groups:
             return ()  # nothing of ours in this claim
-        if ref.namespace != self._setup.driver_namespace and any(
-            g.kind == "daemon" for g in groups
-        ):
+        if not self._daemon_namespace(ref.namespace) and any(g.kind == "daemon" for g in groups):
             # Before any side effect: the daemon device carries the node's IMEX management
             # device and a read-write host directory (issue 33).
             raise PermanentError(
@@ -409,6 +410,13 @@ class DeviceState:
             return ContainerEdits()  # non-NVLink node: released without an IMEX channel
         nodes = self._setup.channel_nodes[: config.channel_count]
         return ContainerEdits(device_nodes=tuple(n.to_cdi() for n in nodes))
+
+    def _daemon_namespace(self, namespace: str) -> bool:
+        """Whether daemon claims may be prepared in ``namespace``: the driver namespace or one of
+        ``ADDITIONAL_NAMESPACES``."""
+        return namespace == self._setup.driver_namespace or (
+            namespace in self._setup.daemon_namespaces
+        )
 
     def _prepare_daemon(self, config: DaemonConfig, domain: JSON) -> ContainerEdits:
         meta = domain.get("metadata") or {}
