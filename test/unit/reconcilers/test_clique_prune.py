@@ -343,7 +343,7 @@ def test_the_plugin_holds_channel_prepares_while_the_entry_is_marked_not_ready(
     informers = SharedInformerFactory(client, clock=RealClock())
     tracker = DomainTracker(
         client=client, informers=informers, node_name="b", driver_namespace=DRIVER_NS,
-        clique_id="cl.1", clock=RealClock(),
+        clique_id=lambda: "cl.1", clock=RealClock(),
     )  # fmt: skip
     tracker.start()
     try:
