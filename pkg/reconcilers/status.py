@@ -343,7 +343,7 @@ def _ready_condition(
             False,
             "WaitingForNodes",
             (
-                "no node has joined yet; the domain forms on the nodes of pods that use "
+                "no node has joined yet; the domain forms on the node of each pod that uses "
                 f"ResourceClaimTemplate {cd.resource_claim_template_name}"
             ),
         )
@@ -425,7 +425,12 @@ def _fabric_conditions(
     conditions: list[JSON], members: list[Member], *, generation: int, now: str
 ) -> list[JSON]:
     judged = (
-        (CONDITION_SINGLE_CLIQUE, clique_condition(members), "NoNodes", "the domain has no nodes"),
+        (
+            CONDITION_SINGLE_CLIQUE,
+            clique_condition(members),
+            "NoNodes",
+            "no node is a member of the domain",
+        ),
         (
             CONDITION_IMEX_CONNECTED,
             connectivity_condition(members),
