@@ -164,7 +164,11 @@ class NodeFleet:
 
 
 def _checkpoint_uids(path: Path) -> set[str]:
-    """Claim UIDs in a plugin checkpoint (upstream v1/v2 layout or a flat map)."""
+    """Claim UIDs in a plugin checkpoint (upstream v1/v2 layout or a flat map).
+
+    ``PrepareAborted`` entries are left out: they are tombstones of claims already unprepared
+    (no devices, label or CDI spec), kept until a cleanup pass at least 90 s later.
+    """
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -176,7 +180,14 @@ def _checkpoint_uids(path: Path) -> set[str]:
             for key in ("preparedClaims", "prepared_claims", "claims"):
                 v = d.get(key)
                 if isinstance(v, dict):
-                    uids.update(v)
+                    uids.update(
+                        uid
+                        for uid, entry in v.items()
+                        if not (
+                            isinstance(entry, dict)
+                            and entry.get("checkpointState") == "PrepareAborted"
+                        )
+                    )
             for k in ("v1", "v2", "V1", "V2", "data"):
                 collect(d.get(k))
 

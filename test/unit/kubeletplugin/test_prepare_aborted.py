@@ -279,6 +279,15 @@ def test_prepare_of_aborted_claim_with_a_new_status_prepares_it(
         assert lines(logs, "Unprepare noop") == [
             (V(2), f"Unprepare noop: claim not found in checkpoint data: {text(claim)}")
         ]
+        # upstream's V(1) success lines, also for the idempotent and no-op calls
+        assert (
+            lines(logs, "Prepared devices")
+            == [(V(1), f"Prepared devices for claim '{text(claim)}': [channel-0]")] * 2
+        )
+        assert (
+            lines(logs, "Unprepared devices")
+            == [(V(1), f"Unprepared devices for claim '{text(claim)}'")] * 2
+        )
 
 
 def test_aborted_entries_expire_after_90_seconds_in_the_cleanup_pass(
