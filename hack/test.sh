@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
 start=$(date +%s)
 hack/check.sh
+echo "==> helm (test/unit/helm; built from the Go module proxy once, then cached)"
+hack/helm.sh >/dev/null
 echo "==> unit tests"
 "$PY" -m pytest test/unit -q -p no:cacheprovider
 if [[ "${SKIP_E2E:-}" != "1" ]]; then

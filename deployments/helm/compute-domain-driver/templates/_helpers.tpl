@@ -1,0 +1,91 @@
+{{/*
+Helpers of the compute-domain-driver chart. Object names are fixed (as in config/), so one
+release per cluster: the DeviceClasses are cluster-scoped and the admission policies match the
+ServiceAccount usernames system:serviceaccount:<namespace>:compute-domain-*.
+*/}}
+
+{{/* The driver namespace: namespaceOverride, else the release namespace. */}}
+{{- define "cdd.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{/*
+Labels of every top-level object: config/default's part-of label plus Helm's own
+(docs/operators.md lists these three as the only Helm-only labels). Pod templates and selectors
+carry config/'s labels only, so a switch between the two installs does not replace the pods for
+a label.
+*/}}
+{{- define "cdd.labels" -}}
+app.kubernetes.io/part-of: compute-domain-driver
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* <repository>/<name>:<tag>; the argument is (list $ "<name>"). */}}
+{{- define "cdd.image" -}}
+{{- $ := index . 0 -}}
+{{- $tag := default $.Chart.AppVersion $.Values.image.tag -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $.Values.image.repository) (index . 1) $tag -}}
+{{- end -}}
+
+{{/* The port of a "[host]:port" endpoint. */}}
+{{- define "cdd.port" -}}
+{{- regexFind "[0-9]+$" . -}}
+{{- end -}}
+
+{{/* "true" when resources.computeDomains.imex.mode is hostManaged, else "". */}}
+{{- define "cdd.hostManagedIMEX" -}}
+{{- if eq (toString (dig "mode" "" (.Values.resources.computeDomains.imex | default dict))) "hostManaged" -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* FEATURE_GATES: "Name=bool,..." (names sorted), "" when featureGates is empty. */}}
+{{- define "cdd.featureGates" -}}
+{{- $items := list -}}
+{{- range $name, $on := .Values.featureGates -}}
+{{- $items = append $items (printf "%s=%t" $name $on) -}}
+{{- end -}}
+{{- join "," $items -}}
+{{- end -}}
+
+{{/* The data of the driver ConfigMap (the configMapGenerator of config/default). */}}
+{{- define "cdd.configData" -}}
+FEATURE_GATES: {{ include "cdd.featureGates" . | quote }}
+LOG_VERBOSITY: {{ toString .Values.logVerbosity | quote }}
+{{- end -}}
+
+{{/*
+The driver ConfigMap's name: a suffix from its data, as kustomize's configMapGenerator does (not
+the same hash function), so changing logVerbosity or featureGates rolls the pods.
+*/}}
+{{- define "cdd.configName" -}}
+{{- printf "compute-domain-driver-config-%s" (include "cdd.configData" . | sha256sum | trunc 10) -}}
+{{- end -}}
+
+{{/*
+Fail-fast checks of resources.computeDomains.imex, with upstream's messages (the binaries check
+the same at start: IMEX_MODE / IMEX_ISOLATION).
+*/}}
+{{- define "cdd.validateIMEXConfig" -}}
+{{- $imex := .Values.resources.computeDomains.imex | default dict -}}
+{{- $mode := toString (dig "mode" "driverManaged" $imex) -}}
+{{- $isolation := toString (dig "isolation" "domain" $imex) -}}
+{{- $gates := .Values.featureGates | default dict -}}
+{{- $gateEnabled := and (hasKey $gates "HostManagedIMEXDaemon") (eq (toString (get $gates "HostManagedIMEXDaemon")) "true") -}}
+{{- if eq $mode "hostManaged" -}}
+  {{- if not $gateEnabled -}}
+    {{- fail "resources.computeDomains.imex.mode=hostManaged requires featureGates.HostManagedIMEXDaemon=true" -}}
+  {{- end -}}
+{{- else if ne $mode "driverManaged" -}}
+  {{- fail (printf "unknown resources.computeDomains.imex.mode %q: must be \"driverManaged\" or \"hostManaged\"" $mode) -}}
+{{- end -}}
+{{- if and (ne $isolation "") (ne $isolation "domain") -}}
+  {{- if eq $isolation "channel" -}}
+    {{- fail "resources.computeDomains.imex.isolation=channel is not supported yet: per-workload IMEX channel allocation is not implemented. Use the default, \"domain\"." -}}
+  {{- else -}}
+    {{- fail (printf "unknown resources.computeDomains.imex.isolation %q: must be \"domain\" or \"channel\"" $isolation) -}}
+  {{- end -}}
+{{- end -}}
+{{- end -}}

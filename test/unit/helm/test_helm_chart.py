@@ -1,0 +1,515 @@
+"""The Helm chart (deployments/helm/compute-domain-driver) against config/default and upstream.
+
+With default values ``helm template`` must render the objects ``kubectl kustomize config/default``
+renders, apart from what docs/operators.md lists (Helm's own labels, the ConfigMap name's hash,
+no Namespace object, and the IMEX/clique env the chart always renders while config/ lacks it).
+Upstream's value names must reach the objects they name; upstream's fail-fast messages for
+``resources.computeDomains.imex`` must be upstream's text; every value this driver cannot honour
+must be refused with a message naming it; the release namespace must reach the admission
+policies; the driver root is one value; host-managed mode drops the daemon objects; and an
+operator's values file written for upstream's chart renders.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helmchart import (
+    CHART,
+    CONFIG,
+    NS,
+    REPO,
+    Obj,
+    container,
+    env,
+    find,
+    kustomize,
+    refusal,
+    run_helm,
+    template,
+    without_config_hash,
+)
+
+# Labels the chart adds to every templated top-level object (never to pod templates or
+# selectors; not to the CRDs, which Helm installs from crds/ verbatim).
+HELM_ONLY_LABELS = {"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart"}
+# Env the chart always renders (upstream's chart does), with the binaries' defaults; config/
+# renders them too once it sets them, and then they must be equal.
+CHART_ONLY_ENV = {
+    "compute-domain-controller": {"IMEX_MODE": "driverManaged", "IMEX_ISOLATION": "domain"},
+    "compute-domain-kubelet-plugin": {
+        "IMEX_MODE": "driverManaged",
+        "IMEX_ISOLATION": "domain",
+        "IMEX_HOST_SOCKET_PATH": "/etc/nvidia-imex/imex_ctrl.sock",
+        "GPU_CLIQUE_LABEL_ENABLED": "false",
+    },
+}
+WORKLOADS = {
+    "compute-domain-controller": "Deployment",
+    "compute-domain-kubelet-plugin": "DaemonSet",
+}
+DAEMON_OBJECTS = {
+    ("ServiceAccount", "compute-domain-daemon"),
+    ("Role", "compute-domain-daemon"),
+    ("RoleBinding", "compute-domain-daemon"),
+    ("DeviceClass", "compute-domain-daemon.nvidia.com"),
+}
+HOST_MANAGED = ("resources.computeDomains.imex.mode=hostManaged",
+                "featureGates.HostManagedIMEXDaemon=true")  # fmt: skip
+
+
+def keyed(objs: list[Obj]) -> dict[tuple[str, str], Obj]:
+    """Objects by (kind, name), the ConfigMap's hash suffix replaced."""
+    out = {(o["kind"], o["metadata"]["name"]): o for o in without_config_hash(objs)}
+    assert len(out) == len(objs), "two objects of one kind share a name"
+    return out
+
+
+def comparable(objs: list[Obj], *, chart: bool) -> dict[tuple[str, str], Obj]:
+    """Objects keyed by (kind, name), without the documented differences."""
+    out: dict[tuple[str, str], Obj] = {}
+    for o in without_config_hash(copy.deepcopy(objs)):
+        if o["kind"] == "Namespace":
+            assert not chart, "the chart must not render the release namespace"
+            continue
+        labels = o["metadata"].get("labels", {})
+        if chart and o["kind"] != "CustomResourceDefinition":  # crds/ is not templated
+            assert set(labels) >= HELM_ONLY_LABELS, o["metadata"]["name"]
+            for key in HELM_ONLY_LABELS:
+                del labels[key]
+        out[(o["kind"], o["metadata"]["name"])] = o
+    return out
+
+
+def test_helm_lint_is_clean() -> None:
+    res = run_helm("lint", "--strict", str(CHART), "--namespace", NS)
+    assert res.rc == 0, res.out + res.err
+    assert "0 chart(s) failed" in res.out
+
+
+def test_default_values_render_config_default() -> None:
+    ours = comparable(template(), chart=True)
+    theirs = comparable(kustomize(CONFIG / "default"), chart=False)
+    assert sorted(ours) == sorted(theirs)
+    for name, kind in WORKLOADS.items():
+        for objs in (ours, theirs):
+            assert (kind, name) in objs
+        chart_ctr = ours[(kind, name)]["spec"]["template"]["spec"]["containers"][0]
+        config_ctr = theirs[(kind, name)]["spec"]["template"]["spec"]["containers"][0]
+        config_env = env(config_ctr)
+        kept = []
+        for item in chart_ctr["env"]:
+            extra = CHART_ONLY_ENV[name].get(item["name"])
+            if extra is not None and item["name"] not in config_env:
+                assert item == {"name": item["name"], "value": extra}
+                continue
+            kept.append(item)
+        # Order does not matter but for $(VAR) references, which only LOG_VERBOSITY has (first).
+        assert kept[0]["name"] == config_ctr["env"][0]["name"] == "LOG_VERBOSITY"
+        chart_ctr["env"] = sorted(kept, key=lambda e: str(e["name"]))
+        config_ctr["env"] = sorted(config_ctr["env"], key=lambda e: str(e["name"]))
+    for key in sorted(theirs):
+        assert ours[key] == theirs[key], f"{key}: chart and config/default differ"
+
+
+def test_crds_are_installed_from_crds_folder_only() -> None:
+    """Helm installs crds/ once and never upgrades or deletes it: ``helm uninstall`` keeps every
+    ComputeDomain. The CRDs must not be templates (Helm would delete those)."""
+    assert not any(o["kind"] == "CustomResourceDefinition" for o in template(crds=False))
+    crds = [o for o in template() if o["kind"] == "CustomResourceDefinition"]
+    assert {o["metadata"]["name"] for o in crds} == {
+        "computedomains.resource.nvidia.com",
+        "computedomaincliques.resource.nvidia.com",
+    }
+    assert not list((CHART / "templates").glob("*customresourcedefinition*"))
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_namespace_reaches_every_object_and_the_admission_policies(override: bool) -> None:
+    ns = "gpu-system"
+    objs = (
+        template(f"namespaceOverride={ns}", namespace="release-ns")
+        if override else template(namespace=ns)
+    )  # fmt: skip
+    text = yaml.safe_dump_all(objs)
+    assert NS not in text and "release-ns" not in text
+    cluster_scoped = {
+        "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "DeviceClass",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    }  # fmt: skip
+    for o in objs:
+        if o["kind"] in cluster_scoped:
+            assert "namespace" not in o["metadata"], o["metadata"]["name"]
+        else:
+            assert o["metadata"]["namespace"] == ns, o["metadata"]["name"]
+        for subject in o.get("subjects", []):
+            assert subject["namespace"] == ns
+    policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    users = {cond["expression"] for p in policies for cond in p["spec"].get("matchConditions", [])}
+    assert users == {
+        f'request.userInfo.username == "system:serviceaccount:{ns}:compute-domain-daemon"',
+        f'request.userInfo.username == "system:serviceaccount:{ns}:compute-domain-kubelet-plugin"',
+    }
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "compute-domain-daemon-device-claims")
+    [expr] = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [ns]}
+
+
+def test_default_namespace_is_refused_unless_allowed() -> None:
+    err = refusal(namespace="default")
+    assert "Running in the 'default' namespace is not recommended." in err
+    assert "Set 'allowDefaultNamespace=true' to bypass this error." in err
+    template("allowDefaultNamespace=true", namespace="default")
+
+
+def test_driver_root_is_one_value() -> None:
+    objs = template("nvidiaDriverRoot=/run/nvidia/driver")
+    ds = find(objs, "DaemonSet", "compute-domain-kubelet-plugin")
+    ctr = container(objs, "DaemonSet", "compute-domain-kubelet-plugin")
+    [volume] = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "driver-root"]
+    assert volume["hostPath"] == {"path": "/run/nvidia/driver", "type": "Directory"}
+    assert env(ctr)["NVIDIA_DRIVER_ROOT"]["value"] == "/run/nvidia/driver"
+    assert "/run/nvidia/driver" not in yaml.safe_dump(template())
+
+
+# (--set pairs, exact text the failure must contain): upstream's messages for the IMEX config.
+IMEX_MESSAGES = [
+    (
+        ("resources.computeDomains.imex.mode=hostManaged",),
+        "resources.computeDomains.imex.mode=hostManaged requires "
+        "featureGates.HostManagedIMEXDaemon=true",
+    ),
+    (
+        ("resources.computeDomains.imex.mode=hostManaged",
+         "featureGates.HostManagedIMEXDaemon=false"),
+        "resources.computeDomains.imex.mode=hostManaged requires "
+        "featureGates.HostManagedIMEXDaemon=true",
+    ),
+    (
+        ("resources.computeDomains.imex.mode=sideways",),
+        'unknown resources.computeDomains.imex.mode "sideways": '
+        'must be "driverManaged" or "hostManaged"',
+    ),
+    (
+        ("resources.computeDomains.imex.isolation=channel",),
+        "resources.computeDomains.imex.isolation=channel is not supported yet: per-workload IMEX "
+        'channel allocation is not implemented. Use the default, "domain".',
+    ),
+    (
+        ("resources.computeDomains.imex.isolation=node",),
+        'unknown resources.computeDomains.imex.isolation "node": must be "domain" or "channel"',
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sets", "message"), IMEX_MESSAGES, ids=lambda v: str(v)[:40])
+def test_imex_config_fails_fast_with_upstreams_message(sets: tuple[str, ...], message: str) -> None:
+    assert message in refusal(*sets)
+
+
+def test_host_managed_mode_drops_the_daemon_objects_and_sets_the_env() -> None:
+    driver_managed = keyed(template())
+    assert set(driver_managed) >= DAEMON_OBJECTS
+    sock = "/etc/nvidia-imex/other.sock"
+    objs = template(*HOST_MANAGED, f"resources.computeDomains.imex.hostSocketPath={sock}")
+    host_managed = keyed(objs)
+    assert set(driver_managed) - set(host_managed) == DAEMON_OBJECTS
+    assert set(host_managed) <= set(driver_managed)
+    ctrl = env(container(objs, "Deployment", "compute-domain-controller"))
+    plugin = env(container(objs, "DaemonSet", "compute-domain-kubelet-plugin"))
+    for e in (ctrl, plugin):
+        assert e["IMEX_MODE"]["value"] == "hostManaged"
+        assert e["IMEX_ISOLATION"]["value"] == "domain"
+    assert plugin["IMEX_HOST_SOCKET_PATH"]["value"] == sock
+    assert "IMEX_HOST_SOCKET_PATH" not in ctrl
+    [cm] = [o for o in objs if o["kind"] == "ConfigMap"]
+    assert cm["data"]["FEATURE_GATES"] == "HostManagedIMEXDaemon=true"
+
+
+# (--set pairs, the key the refusal must name): values this driver cannot honour.
+REFUSED = [
+    (("resources.gpus.enabled=true",), "resources.gpus.enabled=true"),
+    (("resources.computeDomains.enabled=false",), "resources.computeDomains.enabled=false"),
+    (("webhook.enabled=true",), "webhook.enabled=true"),
+    (("nvidiaCDIHookPath=/usr/bin/nvidia-cdi-hook",), "nvidiaCDIHookPath"),
+    (("consumableShares=memory",), "consumableShares"),
+    (("nameOverride=x",), "nameOverride"),
+    (("fullnameOverride=x",), "fullnameOverride"),
+    (("selectorLabelsOverride.a=b",), "selectorLabelsOverride"),
+    (("serviceAccount.create=false",), "serviceAccount.create"),
+    (("serviceAccount.name=x",), "serviceAccount.name"),
+    (("image.repository=registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu",),
+     "image.repository=registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu"),
+    (("resourceApiVersion=resource.k8s.io/v1beta1",), "resourceApiVersion=resource.k8s.io/v1beta1"),
+    (("controller.leaderElection.enabled=false",), "controller.leaderElection.enabled=false"),
+    (("controller.metrics.enabled=false",), "controller.metrics.enabled=false"),
+    (("controller.metrics.httpEndpoint=localhost",), "controller.metrics.httpEndpoint=localhost"),
+    (("controller.metrics.profilePath=/debug/pprof",), "controller.metrics.profilePath"),
+    (("controller.networkPolicy.enabled=true",), "controller.networkPolicy.enabled=true"),
+    (("kubeletPlugin.networkPolicy.enabled=true",), "kubeletPlugin.networkPolicy.enabled=true"),
+    (("kubeletPlugin.metrics.metricsPath=/m",), "kubeletPlugin.metrics.metricsPath=/m"),
+    (("kubeletPlugin.containers.computeDomains.healthcheckPort=-1",),
+     "kubeletPlugin.containers.computeDomains.healthcheckPort"),
+    (("namespace=x",), "namespace=x"),
+    (("nvidiaCtkPath=/usr/bin/nvidia-ctk",), "nvidiaCtkPath"),
+    # Not upstream's keys at all: the schema names them.
+    (("controller.replicaCount=3",), "replicaCount"),
+    (("imex.mode=hostManaged",), "imex"),
+    (("kubeletPlugin.containers.computeDomains.gpuCliqueLabel=true",), "gpuCliqueLabel"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sets", "key"), REFUSED, ids=lambda v: str(v)[:50])
+def test_unsupported_value_is_refused_naming_it(sets: tuple[str, ...], key: str) -> None:
+    assert key in refusal(*sets)
+
+
+def test_one_replica_without_leader_election_is_allowed() -> None:
+    objs = template("controller.replicas=1", "controller.leaderElection.enabled=false")
+    ctrl = env(container(objs, "Deployment", "compute-domain-controller"))
+    assert ctrl["LEADER_ELECTION_ENABLED"]["value"] == "false"
+
+
+def test_upstream_value_names_reach_the_objects(tmp_path: Path) -> None:
+    values: Obj = {
+        "nvidiaDriverRoot": "/run/nvidia/driver",
+        "altProcDevices": "/var/lib/nvml-mock/imex/proc-devices",
+        "featureGates": {"HostManagedIMEXDaemon": False, "IMEXDaemonsWithDNSNames": True},
+        "logVerbosity": 6,
+        "image": {"repository": "registry.example/cd/", "tag": "v9", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "one"}, {"name": "two"}],
+        "serviceAccount": {"annotations": {"example.com/a": "b"}},
+        "controller": {
+            "replicas": 3,
+            "leaderElection": {"leaseDuration": "20s", "renewDeadline": "12s",
+                               "retryPeriod": "3s"},
+            "metrics": {"httpEndpoint": "0.0.0.0:9090", "metricsPath": "/m"},
+            "priorityClassName": "ctrl-prio",
+            "podAnnotations": {"a": "1"},
+            "nodeSelector": {"role": "ctrl"},
+            "tolerations": [{"key": "t", "operator": "Exists"}],
+            "affinity": None,  # null drops a default map ({} would keep it: Helm merges)
+            "containers": {"computeDomain": {
+                "env": [{"name": "X", "value": "1"}],
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"memory": "1Gi"}},
+            }},
+        },
+        "kubeletPlugin": {
+            "metrics": {"computeDomainHttpEndpoint": ":9191"},
+            "priorityClassName": "plugin-prio",
+            "podAnnotations": {"b": "2"},
+            "nodeSelector": {"gpu": "yes"},
+            "tolerations": [],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}},
+            "kubeletRegistrarDirectoryPath": "/k/registry",
+            "kubeletPluginsDirectoryPath": "/k/plugins",
+            "containers": {"computeDomains": {"healthcheckPort": 5000,
+                                              "gpuCliqueLabelEnabled": True,
+                                              "env": [{"name": "EXTRA", "value": "2"}]}},
+        },
+    }  # fmt: skip
+    objs = template(values=values, tmp=tmp_path)
+    [cm] = [o for o in objs if o["kind"] == "ConfigMap"]
+    assert cm["data"] == {
+        "FEATURE_GATES": "HostManagedIMEXDaemon=false,IMEXDaemonsWithDNSNames=true",
+        "LOG_VERBOSITY": "6",
+    }
+    for o in objs:
+        if o["kind"] == "ServiceAccount":
+            assert o["metadata"]["annotations"] == {"example.com/a": "b"}
+
+    deploy = find(objs, "Deployment", "compute-domain-controller")
+    pod: Any = deploy["spec"]["template"]
+    ctrl = pod["spec"]["containers"][0]
+    e = env(ctrl)
+    assert deploy["spec"]["replicas"] == 3
+    assert ctrl["image"] == "registry.example/cd/compute-domain-controller:v9"
+    assert ctrl["imagePullPolicy"] == "Always"
+    assert e["IMAGE_NAME"]["value"] == "registry.example/cd/compute-domain-daemon:v9"
+    assert e["CD_DAEMON_IMAGE_PULL_SECRET_NAMES"]["value"] == "one,two"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "one"}, {"name": "two"}]
+    assert {k: e[k]["value"] for k in ("LEADER_ELECTION_LEASE_DURATION",
+            "LEADER_ELECTION_RENEW_DEADLINE", "LEADER_ELECTION_RETRY_PERIOD")} == {
+        "LEADER_ELECTION_LEASE_DURATION": "20s", "LEADER_ELECTION_RENEW_DEADLINE": "12s",
+        "LEADER_ELECTION_RETRY_PERIOD": "3s"}  # fmt: skip
+    assert e["HTTP_ENDPOINT"]["value"] == "0.0.0.0:9090" and e["METRICS_PATH"]["value"] == "/m"
+    assert ctrl["ports"] == [{"name": "http", "containerPort": 9090, "protocol": "TCP"}]
+    assert e["X"]["value"] == "1"
+    assert ctrl["resources"] == {"requests": {"cpu": "1", "memory": "1Gi"},
+                                 "limits": {"memory": "1Gi"}}  # fmt: skip
+    assert pod["metadata"]["annotations"] == {"a": "1"}
+    assert pod["spec"]["priorityClassName"] == "ctrl-prio"
+    assert pod["spec"]["nodeSelector"] == {"role": "ctrl"}
+    assert pod["spec"]["tolerations"] == [{"key": "t", "operator": "Exists"}]
+    assert "affinity" not in pod["spec"]
+
+    ds = find(objs, "DaemonSet", "compute-domain-kubelet-plugin")
+    pod = ds["spec"]["template"]
+    plug = pod["spec"]["containers"][0]
+    e = env(plug)
+    assert plug["image"] == "registry.example/cd/compute-domain-kubelet-plugin:v9"
+    assert e["HTTP_ENDPOINT"]["value"] == ":9191" and e["HEALTHCHECK_PORT"]["value"] == "5000"
+    assert {p["name"]: p["containerPort"] for p in plug["ports"]} == {
+        "healthz": 5000,
+        "metrics": 9191,
+    }
+    assert plug["livenessProbe"]["grpc"]["port"] == plug["readinessProbe"]["grpc"]["port"] == 5000
+    assert e["GPU_CLIQUE_LABEL_ENABLED"]["value"] == "true" and e["EXTRA"]["value"] == "2"
+    assert e["ALT_PROC_DEVICES_PATH"]["value"] == "/alt-proc-devices"
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in plug["volumeMounts"]}
+    assert volumes["alt-proc-devices"]["hostPath"] == {
+        "path": "/var/lib/nvml-mock/imex/proc-devices", "type": "File"}  # fmt: skip
+    assert mounts["alt-proc-devices"] == "/alt-proc-devices"
+    paths = (("plugins-registry", "KUBELET_REGISTRAR_DIRECTORY_PATH", "/k/registry"),
+             ("plugins", "KUBELET_PLUGINS_DIRECTORY_PATH", "/k/plugins"))  # fmt: skip
+    for vol, var, path in paths:
+        assert volumes[vol]["hostPath"]["path"] == mounts[vol] == e[var]["value"] == path
+    assert volumes["driver-root"]["hostPath"]["path"] == "/run/nvidia/driver"
+    assert pod["metadata"]["annotations"] == {"b": "2"}
+    assert pod["spec"]["priorityClassName"] == "plugin-prio"
+    # Maps merge with the chart's default (documented); lists replace it.
+    assert pod["spec"]["nodeSelector"] == {"gpu": "yes", "nvidia.com/gpu.present": "true"}
+    assert "tolerations" not in pod["spec"]
+    assert pod["spec"]["affinity"] == values["kubeletPlugin"]["affinity"]
+
+
+def test_plugin_metrics_off_drops_endpoint_and_port() -> None:
+    plug = container(template("kubeletPlugin.metrics.enabled=false"), "DaemonSet",
+                     "compute-domain-kubelet-plugin")  # fmt: skip
+    assert "HTTP_ENDPOINT" not in env(plug)
+    assert [p["name"] for p in plug["ports"]] == ["healthz"]
+
+
+def upstream_operator_values() -> Obj:
+    """A values file an operator of upstream's chart (v0.5) runs the ComputeDomain half with:
+    every key of upstream's values.yaml at upstream's default, GPUs off, one control-plane node.
+    Written here from upstream's documented key names and defaults (nothing of upstream's is
+    copied into this repository)."""
+    return {
+        "nvidiaDriverRoot": "/", "nvidiaCDIHookPath": "", "altProcDevices": "",
+        "nameOverride": "", "fullnameOverride": "", "namespaceOverride": "",
+        "selectorLabelsOverride": {}, "gpuResourcesEnabledOverride": False,
+        "consumableShares": "", "allowDefaultNamespace": False, "resourceApiVersion": "",
+        "imagePullSecrets": [],
+        "image": {"repository": "registry.example/compute-domain", "pullPolicy": "IfNotPresent",
+                  "tag": ""},
+        "serviceAccount": {"create": True, "annotations": {}, "name": ""},
+        "resources": {"gpus": {"enabled": False}, "computeDomains": {"enabled": True, "imex": {
+            "mode": "driverManaged", "isolation": "domain",
+            "hostSocketPath": "/etc/nvidia-imex/imex_ctrl.sock"}}},
+        "featureGates": {}, "logVerbosity": "4",
+        "webhook": {"enabled": False, "replicas": 1, "servicePort": 443, "containerPort": 443,
+                    "priorityClassName": "system-cluster-critical", "podAnnotations": {},
+                    "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+                    "failurePolicy": "Fail", "tls": {"mode": "cert-manager", "certManager": {
+                        "issuerType": "selfsigned", "issuerName": "", "dnsNames": []}}},
+        "controller": {
+            "replicas": 1,
+            "leaderElection": {"enabled": False, "leaseDuration": "15s", "renewDeadline": "10s",
+                               "retryPeriod": "2s"},
+            "metrics": {"enabled": True, "httpEndpoint": ":8080", "metricsPath": "/metrics",
+                        "profilePath": ""},
+            "priorityClassName": "system-node-critical", "podAnnotations": {},
+            "podSecurityContext": {}, "nodeSelector": {},
+            "tolerations": [{"key": "node-role.kubernetes.io/control-plane",
+                             "operator": "Exists", "effect": "NoSchedule"},
+                            {"key": "CriticalAddonsOnly", "operator": "Exists"}],
+            "containers": {"computeDomain": {"securityContext": {}, "env": [], "resources": {}}},
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": {
+                    "dra-driver-nvidia-gpu-component": "controller"}},
+                    "topologyKey": "kubernetes.io/hostname"}}]}},
+            "networkPolicy": {"enabled": False},
+        },
+        "kubeletPlugin": {
+            "metrics": {"enabled": True, "gpuHttpEndpoint": ":8080",
+                        "computeDomainHttpEndpoint": ":8081", "metricsPath": "/metrics"},
+            "priorityClassName": "system-node-critical",
+            "updateStrategy": {"type": "RollingUpdate",
+                               "rollingUpdate": {"maxUnavailable": "100%"}},
+            "podAnnotations": {}, "podSecurityContext": {}, "nodeSelector": {},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                             "effect": "NoSchedule"}],
+            "kubeletRegistrarDirectoryPath": "/var/lib/kubelet/plugins_registry",
+            "kubeletPluginsDirectoryPath": "/var/lib/kubelet/plugins",
+            "containers": {
+                "init": {"securityContext": {}, "resources": {}},
+                "computeDomains": {"env": [], "securityContext": {"privileged": True},
+                                   "resources": {}, "healthcheckPort": 51515,
+                                   "gpuCliqueLabelEnabled": False},
+                "gpus": {"env": [], "securityContext": {"privileged": True}, "resources": {},
+                         "healthcheckPort": 51516},
+            },
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{
+                    "key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}},
+            "networkPolicy": {"enabled": False},
+        },
+    }  # fmt: skip
+
+
+def test_an_upstream_operators_values_file_renders(tmp_path: Path) -> None:
+    values = upstream_operator_values()
+    objs = template(values=values, tmp=tmp_path)
+    plug = env(container(objs, "DaemonSet", "compute-domain-kubelet-plugin"))
+    ctrl = env(container(objs, "Deployment", "compute-domain-controller"))
+    [cm] = [o for o in objs if o["kind"] == "ConfigMap"]
+    assert cm["data"]["LOG_VERBOSITY"] == "4"
+    assert ctrl["LEADER_ELECTION_ENABLED"]["value"] == "false"
+    assert ctrl["LEADER_ELECTION_LEASE_DURATION"]["value"] == "15s"
+    assert plug["HTTP_ENDPOINT"]["value"] == ":8081"
+    ds = find(objs, "DaemonSet", "compute-domain-kubelet-plugin")
+    # Helm merges maps: upstream's rollingUpdate keeps this chart's maxSurge 0.
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": "100%",
+                                                             "maxSurge": 0}  # fmt: skip
+    # Upstream's default of resources.gpus.enabled (true) is refused here, naming it.
+    values["resources"]["gpus"]["enabled"] = True
+    assert "resources.gpus.enabled=true" in refusal(values=values, tmp=tmp_path)
+
+
+def test_schema_refuses_unknown_keys_at_every_level() -> None:
+    schema = (CHART / "values.schema.json").read_text()
+    assert schema.count('"additionalProperties": false') >= 10
+    for path in ("bogus", "controller.bogus", "kubeletPlugin.metrics.bogus",
+                 "resources.computeDomains.imex.bogus"):  # fmt: skip
+        err = refusal(f"{path}=1")
+        assert "bogus" in err and "additional" in err.lower(), err
+
+
+def _free_form(prefix: str) -> bool:
+    return prefix != "resources." and prefix.endswith(FREE_FORM)
+
+
+def _leaf_paths(value: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the chart's own keys in ``value`` (a Kubernetes object value is a leaf)."""
+    if isinstance(value, dict) and value and not _free_form(prefix):
+        return [p for k, v in value.items() for p in _leaf_paths(v, f"{prefix}{k}.")]
+    return [prefix.rstrip(".")]
+
+
+# Values whose content is a Kubernetes object (not further keys of the chart).
+FREE_FORM = ("affinity.", "podSecurityContext.", "securityContext.", "resources.",
+             "updateStrategy.", "seccompProfile.", "tolerations.", "nodeSelector.")  # fmt: skip
+
+
+def test_operator_docs_map_every_value() -> None:
+    """docs/operators.md "Install with Helm" has a row for every value of values.yaml."""
+    doc = (REPO / "docs" / "operators.md").read_text()
+    start = doc.index("## Install with Helm")
+    section = doc[start : doc.index("\n## ", start + 1)]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = [
+        p for p in _leaf_paths(values)
+        if not re.search(rf"`{re.escape(p)}[`.{{]", section)
+        and not re.search(rf"`{re.escape(p.rsplit('.', 1)[0])}\.\*`", section)
+    ]  # fmt: skip
+    assert not missing, f"values not in docs/operators.md 'Install with Helm': {missing}"
