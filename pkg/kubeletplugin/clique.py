@@ -115,8 +115,9 @@ def _patch(clique_id: str | None) -> JSON:
 class CliqueRefresher:
     """The node's current clique ID and its periodic re-detection (module docstring).
 
-    `clique_id` may be called from any thread at any time. `start` and `stop` are called once
-    each, from one thread; `refresh` is the body of one tick (the refresh thread's, or a test's).
+    `clique_id` may be called from any thread at any time. `start` is called once and `stop`
+    after it (again: no-op), from one thread; `refresh` is the body of one tick (the refresh
+    thread's, or a test's).
     """
 
     def __init__(
@@ -166,6 +167,8 @@ class CliqueRefresher:
 
     def stop(self) -> None:
         """Stop the refresh thread, then remove the label (flag on; bounded, only logged)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
