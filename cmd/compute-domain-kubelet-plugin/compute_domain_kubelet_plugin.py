@@ -4,7 +4,10 @@ Parses upstream's flags/env into a `PluginConfig` (``--version`` prints the buil
 first), logs the build as its first line, discovers devices (NVML or fake GPUs), builds
 `pkg.kubeletplugin.driver.KubeletPlugin` and runs it until SIGTERM/SIGINT, then unlinks its
 sockets and exits 0. Start-up failures (bad device state, missing /proc/devices entry) exit 1
-with the reason on stderr. Tracing follows the standard ``OTEL_*`` env (`pkg.runtime.tracing`);
+with the reason on stderr; a bad ``IMEX_MODE``/``IMEX_ISOLATION`` (`pkg.imex.mode`) exits 1 with
+upstream's ``Error: imex configuration validation failed: ...`` line, and host-managed IMEX mode
+skips the driver-version check (the host's IMEX, not ours, runs). Tracing follows the
+standard ``OTEL_*`` env (`pkg.runtime.tracing`);
 pending spans are flushed on exit. ``/metrics`` serves `BUILD_INFO_METRIC` from the start.
 """
 
@@ -16,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 try:
@@ -32,6 +36,13 @@ from pkg.featuregates import (
     IMEX_DAEMONS_WITH_DNS_NAMES,
     FeatureGateError,
     FeatureGates,
+)
+from pkg.imex.mode import (
+    DEFAULT_HOST_SOCKET_PATH,
+    DRIVER_MANAGED,
+    ISOLATION_DOMAIN,
+    ImexModeConfig,
+    validate_or_exit,
 )
 from pkg.kube.client import RestClient
 from pkg.kube.config import load_api_client
@@ -107,6 +118,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gpu-clique-label-enabled", nargs="?", const="true", default=None,
                    help="keep nvidia.com/gpu.clique=<clique ID> on this node (removed on "
                    "graceful shutdown)")  # fmt: skip
+    # An empty IMEX_MODE overrides the default (and fails validation), as upstream's CLI.
+    p.add_argument(
+        "--imex-mode",
+        default=_env("IMEX_MODE", DRIVER_MANAGED),
+        help="driverManaged or hostManaged (the node's own nvidia-imex service)",
+    )
+    p.add_argument(
+        "--imex-isolation",
+        default=_env("IMEX_ISOLATION", ISOLATION_DOMAIN),
+        help='domain ("" means domain; channel is not supported yet)',
+    )
+    p.add_argument("--imex-host-socket-path",
+                   default=_env("IMEX_HOST_SOCKET_PATH", DEFAULT_HOST_SOCKET_PATH),
+                   help="host IMEX control socket, as seen inside the driver root")  # fmt: skip
     args = p.parse_args(argv)
     clique_label = args.gpu_clique_label_enabled
     if clique_label is None:
@@ -191,15 +216,25 @@ def main(argv: list[str]) -> int:
     )
     try:
         gates = FeatureGates.parse(args.feature_gates).validate()
-        discovery = build_discovery(args, gates=gates)
-        devices = discovery.discover()
-        check_driver_version(devices, dns_names=gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES))
-    except (DiscoveryError, FeatureGateError) as err:
+    except FeatureGateError as err:
         log.error("cannot start: %s", err)
         return 1
     dump = startup_config(revision=build_info.revision, gates=gates.all_values(),
                           flags=vars(args), type_name="*main.Flags")  # fmt: skip
     log.info("%s", dump)
+    imex = validate_or_exit(
+        ImexModeConfig(mode=args.imex_mode, isolation=args.imex_isolation),
+        gates=gates, stderr=sys.stderr,
+    )  # fmt: skip
+    config = replace(config, imex=imex, imex_host_socket_path=args.imex_host_socket_path)
+    try:
+        discovery = build_discovery(args, gates=gates)
+        devices = discovery.discover()
+        if not imex.host_managed:  # the host's IMEX, not ours, needs the driver version
+            check_driver_version(devices, dns_names=gates.enabled(IMEX_DAEMONS_WITH_DNS_NAMES))
+    except DiscoveryError as err:
+        log.error("cannot start: %s", err)
+        return 1
     try:
         api_client = load_api_client(args.kubeconfig)
     except Exception as err:  # the kubernetes loader raises several unrelated types

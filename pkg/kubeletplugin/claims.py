@@ -51,10 +51,11 @@ SOURCE_CLAIM = "FromClaim"
 PUBLISHED_DEVICES: dict[str, str] = {CHANNEL_DEVICE_NAME: "channel", DAEMON_DEVICE_NAME: "daemon"}
 
 
-def slice_devices(clique_id: str) -> list[JSON]:
+def slice_devices(clique_id: str, *, daemon: bool = True) -> list[JSON]:
     """The ResourceSlice devices of a node: ``channel-0`` and ``daemon-0`` with upstream's
     attributes ``type`` (string) and ``id`` (int) plus ``cliqueID`` (string, ``""`` on non-NVLink
-    nodes) so placement can select on it."""
+    nodes) so placement can select on it. Without ``daemon`` (host-managed IMEX mode: the
+    driver runs no IMEX daemon) only ``channel-0``."""
 
     def device(name: str, kind: str) -> JSON:
         return {
@@ -66,7 +67,8 @@ def slice_devices(clique_id: str) -> list[JSON]:
             },
         }
 
-    return [device(CHANNEL_DEVICE_NAME, "channel"), device(DAEMON_DEVICE_NAME, "daemon")]
+    channel = device(CHANNEL_DEVICE_NAME, "channel")
+    return [channel, device(DAEMON_DEVICE_NAME, "daemon")] if daemon else [channel]
 
 
 def device_kind(device_name: str) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from opentelemetry import trace
@@ -41,6 +41,8 @@ from pkg.draplugin.health import HealthServer, HealthServicer
 from pkg.draplugin.registration import RegistrationServicer
 from pkg.draplugin.server import PluginServers
 from pkg.draplugin.slices import SlicePublisher
+from pkg.imex.ctl import CommandRunner, SubprocessCommandRunner
+from pkg.imex.mode import DEFAULT_HOST_SOCKET_PATH, ImexModeConfig
 from pkg.informers import BackoffPolicy, SharedInformerFactory
 from pkg.informers.snapshot import factory_snapshot
 from pkg.kube.client import KubeClient
@@ -65,7 +67,9 @@ from pkg.kubeletplugin.clique import (
 from pkg.kubeletplugin.computedomains import DomainTracker
 from pkg.kubeletplugin.devicehealth import DeviceHealthMonitor
 from pkg.kubeletplugin.discovery import DeviceDiscovery, NodeDevices
+from pkg.kubeletplugin.discovery.fabric import select_dev_root
 from pkg.kubeletplugin.driverroot import BINARY_DIRS, DriverFiles, DriverRoot, management_edits
+from pkg.kubeletplugin.hostimex import HostImexCtl, HostManagedChannels
 from pkg.kubeletplugin.metrics import PluginMetrics
 from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup, domain_dir
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
@@ -106,6 +110,10 @@ class PluginConfig:
     gpu_clique_label: bool = False
     clique_refresh_interval: float = REFRESH_INTERVAL
     clique_label_removal_timeout: float = LABEL_REMOVAL_TIMEOUT
+    # IMEX_MODE / IMEX_ISOLATION (validated by the binary) and, for host-managed mode, the
+    # host IMEX control socket as seen inside the driver root (IMEX_HOST_SOCKET_PATH).
+    imex: ImexModeConfig = field(default_factory=ImexModeConfig)
+    imex_host_socket_path: str = DEFAULT_HOST_SOCKET_PATH
 
     @property
     def plugin_dir(self) -> Path:
@@ -138,6 +146,7 @@ class KubeletPlugin:
         store: CheckpointStore | None = None,
         tracer: trace.Tracer | None = None,
         discovery: DeviceDiscovery | None = None,
+        command_runner: CommandRunner | None = None,
     ) -> None:
         """``tracer``: per-claim request spans and this node's part of each domain's formation
         trace (default: no tracing). ``devices``: start-up discovery's result; ``discovery``:
@@ -145,6 +154,8 @@ class KubeletPlugin:
         self.config = config
         self._tracer = tracer or trace.NoOpTracer()
         self.devices = devices
+        # Runs the host's nvidia-imex-ctl in host-managed IMEX mode (tests inject a fake).
+        self._command_runner: CommandRunner = command_runner or SubprocessCommandRunner()
         self.clock: Clock = clock or RealClock()
         self._monotonic = self.clock.monotonic
         self.metrics = PluginMetrics(
@@ -204,7 +215,8 @@ class KubeletPlugin:
         self.http: ObservabilityServer | None = None
         self.slices = SlicePublisher(
             client=client, informers=self.informers, driver_name=DRIVER_NAME,
-            node_name=config.node_name, devices=slice_devices(devices.clique_id),
+            node_name=config.node_name,
+            devices=slice_devices(devices.clique_id, daemon=not config.imex.host_managed),
             retry_delay=config.retry_delay,
         )  # fmt: skip
 
@@ -256,7 +268,7 @@ class KubeletPlugin:
             if g.minor is not None
         )
         self.driver_files = self.driver_root.scan()
-        if self.driver_files.missing_imex:
+        if self.driver_files.missing_imex and not cfg.imex.host_managed:
             log.warning(
                 "driver root %s (mounted at %s) has no %s in %s: IMEX daemons on this node "
                 "cannot start (their pods report DriverRootIncomplete); install the IMEX "
@@ -281,7 +293,7 @@ class KubeletPlugin:
             store=self.store, cdi=self.cdi, domains=self.domains,
             lock=NodeLock(cfg.plugin_dir / "pu.lock"), setup=setup, monotonic=self._monotonic,
             on_checkpoint_change=self._on_checkpoint_change, tracer=self._tracer,
-            now=self.clock.now,
+            now=self.clock.now, host_imex=self._host_imex(setup),
         )  # fmt: skip
         self._on_checkpoint_change(list(self.store.entries().values()))
         try:
@@ -307,6 +319,20 @@ class KubeletPlugin:
             self.http = self._http_server()
             self.http.start()
         self.slices.start()
+
+    def _host_imex(self, setup: NodeSetup) -> HostManagedChannels | None:
+        """Host-managed IMEX mode's channel preparer (None in driver-managed mode): it asks the
+        host's IMEX through ``chroot <dev root> nvidia-imex-ctl`` (`pkg.kubeletplugin.hostimex`)."""
+        cfg = self.config
+        if not cfg.imex.host_managed:
+            return None
+        ctl = HostImexCtl(
+            dev_root=select_dev_root(cfg.container_driver_root),
+            socket_path=cfg.imex_host_socket_path, runner=self._command_runner,
+        )  # fmt: skip
+        return HostManagedChannels(
+            ctl=ctl, clique_id=setup.clique_id, channel_nodes=setup.channel_nodes
+        )
 
     def _http_server(self) -> ObservabilityServer:
         """``/metrics``; ``/healthz`` (the process answers); ``/readyz`` (every cache synced);
@@ -346,7 +372,7 @@ class KubeletPlugin:
 
     def _clique_changed(self, clique_id: str) -> None:
         """A refresh adopted ``clique_id``: the slice's ``cliqueID`` attribute follows."""
-        self.slices.set_devices(slice_devices(clique_id))
+        self.slices.set_devices(slice_devices(clique_id, daemon=not self.config.imex.host_managed))
 
     def _on_checkpoint_change(self, entries: list[ClaimEntry]) -> None:
         self.device_health.set_prepared(entries)

@@ -77,6 +77,7 @@ from pkg.kubeletplugin.checkpoint import (
 from pkg.kubeletplugin.checkpointformat import go_time, parse_go_time, same_status
 from pkg.kubeletplugin.claims import ConfigGroup, config_groups, requested_devices
 from pkg.kubeletplugin.gojson import SchemaError
+from pkg.kubeletplugin.hostimex import DAEMON_CLAIMS_REFUSED, HostManagedChannels
 from pkg.kubeletplugin.procdevices import DeviceNode
 from pkg.runtime.logsetup import V
 from pkg.runtime.tracing import (
@@ -117,13 +118,6 @@ class Domains(Protocol):
     def add_node_label(self, cd_uid: str) -> None: ...
     def remove_node_label(self, cd_uid: str) -> None: ...
     def wait_ready(self, cd_uid: str, *, deadline: float) -> bool: ...
-
-
-def _prepared(ref: ClaimRef, devices: tuple[PreparedDevice, ...]) -> tuple[PreparedDevice, ...]:
-    """Log upstream's V(1) success line of a Prepare and hand ``devices`` back."""
-    names = " ".join(d.device_name for d in devices)
-    log.log(V(1), "Prepared devices for claim '%s': [%s]", ref, names)
-    return devices
 
 
 class NodeLock:
@@ -190,9 +184,13 @@ class DeviceState:
         on_checkpoint_change: Callable[[list[ClaimEntry]], None] = lambda _entries: None,
         tracer: trace.Tracer | None = None,
         now: Callable[[], float] = time.time,
+        host_imex: HostManagedChannels | None = None,
     ) -> None:
         """``tracer`` records Prepare's part of each domain's formation trace (spans under the
-        domain's ``traceparent`` annotation; none without one); ``now`` times those spans."""
+        domain's ``traceparent`` annotation; none without one); ``now`` times those spans.
+        ``host_imex`` (host-managed IMEX mode): channel groups are prepared by it, daemon claims
+        are refused, and Unprepare removes no node label (`pkg.kubeletplugin.hostimex`)."""
+        self._host_imex = host_imex
         self._store = store
         self._cdi = cdi
         self._domains = domains
@@ -237,6 +235,8 @@ class DeviceState:
         groups = config_groups(claim)
         if not groups:
             return ()  # nothing of ours in this claim
+        if self._host_imex is not None and any(g.kind == "daemon" for g in groups):
+            raise PermanentError(DAEMON_CLAIMS_REFUSED)
         if not self._daemon_namespace(ref.namespace) and any(g.kind == "daemon" for g in groups):
             # Before any side effect: the daemon device carries the node's IMEX management
             # device and a read-write host directory (issue 33).
@@ -256,7 +256,7 @@ class DeviceState:
             if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
                 log.log(V(4), "Skip prepare: claim already in PrepareCompleted state: %s",
                         ref)  # fmt: skip
-                return _prepared(ref, existing.devices)
+                return existing.devices
             if (
                 existing is not None
                 and existing.state == ClaimState.PREPARE_ABORTED
@@ -314,7 +314,7 @@ class DeviceState:
                     name=ref.name,
                 )
             )
-        return _prepared(ref, tuple(d for g in checkpoint_groups for d in g.devices))
+        return tuple(d for g in checkpoint_groups for d in g.devices)
 
     def _prepare_group(
         self, ref: ClaimRef, group: ConfigGroup, *, deadline: float
@@ -329,6 +329,9 @@ class DeviceState:
             {"claim.uid": ref.uid, "claim.namespace": ref.namespace, "claim.name": ref.name},
         ) as span:  # fmt: skip
             parent = trace.set_span_in_context(span)
+            if isinstance(config, ChannelConfig) and self._host_imex is not None:
+                device = str(group.result.get("device", ""))
+                return self._host_imex.prepare_channel(ref, config, domain, device=device)
             if isinstance(config, ChannelConfig):
                 return self._prepare_channel(ref, config, domain, deadline=deadline,
                                              trace_parent=parent)  # fmt: skip
@@ -473,36 +476,31 @@ class DeviceState:
         the per-domain dir when it was the last daemon claim (Aborted entries do not count).
         """
         del deadline  # every step is a bounded single API call
-        with self._lock.held():
-            self._unprepare_locked(ref)
-        log.log(V(1), "Unprepared devices for claim '%s'", ref)
-
-    def _unprepare_locked(self, ref: ClaimRef) -> None:
-        """`unprepare` with the node lock held."""
         text = str(ref)
-        entries = self._store.entries()
-        entry = entries.pop(ref.uid, None)
-        if entry is None:
-            log.log(V(2), "Unprepare noop: claim not found in checkpoint data: %s", text)
-            self._cdi.delete_claim_spec(ref.uid)  # also covers entries lost to corruption
-            return
-        if entry.state == ClaimState.PREPARE_ABORTED:
-            log.log(V(2), "Unprepare noop: claim in PrepareAborted state: %s", text)
-            return
-        self._undo_targets(ref, entry.targets, entries.values())
-        if entry.state == ClaimState.PREPARE_COMPLETED:
-            self._remove(ref.uid)
-            log.log(V(6), "Deleted claim from checkpoint: %s", text)
+        with self._lock.held():
+            entries = self._store.entries()
+            entry = entries.pop(ref.uid, None)
+            if entry is None:
+                log.log(V(2), "Unprepare noop: claim not found in checkpoint data: %s", text)
+                self._cdi.delete_claim_spec(ref.uid)  # also covers entries lost to corruption
+                return
+            if entry.state == ClaimState.PREPARE_ABORTED:
+                log.log(V(2), "Unprepare noop: claim in PrepareAborted state: %s", text)
+                return
+            self._undo_targets(ref, entry.targets, entries.values())
+            if entry.state == ClaimState.PREPARE_COMPLETED:
+                self._remove(ref.uid)
+                log.log(V(6), "Deleted claim from checkpoint: %s", text)
+                self._cdi.delete_claim_spec(ref.uid)
+                return
+            aborted = ClaimEntry(
+                uid=ref.uid, state=ClaimState.PREPARE_ABORTED, status=entry.status,
+                namespace=ref.namespace or entry.namespace, name=ref.name or entry.name,
+                aborted_at=go_time(self._now()),
+            )  # fmt: skip
+            self._put(aborted)
+            log.log(V(6), "Marked claim PrepareAborted in checkpoint: %s", text)
             self._cdi.delete_claim_spec(ref.uid)
-            return
-        aborted = ClaimEntry(
-            uid=ref.uid, state=ClaimState.PREPARE_ABORTED, status=entry.status,
-            namespace=ref.namespace or entry.namespace, name=ref.name or entry.name,
-            aborted_at=go_time(self._now()),
-        )  # fmt: skip
-        self._put(aborted)
-        log.log(V(6), "Marked claim PrepareAborted in checkpoint: %s", text)
-        self._cdi.delete_claim_spec(ref.uid)
 
     def expire_aborted(self, *, ttl: float) -> int:
         """Delete PrepareAborted entries aborted ``ttl`` seconds ago or more (or with no
@@ -529,7 +527,8 @@ class DeviceState:
             if not domain_id or any(target in e.targets for e in live):
                 continue  # another claim of this domain still needs it
             if kind == "channel":
-                self._domains.remove_node_label(domain_id)
+                if self._host_imex is None:  # host-managed mode sets no label
+                    self._domains.remove_node_label(domain_id)
                 continue
             try:
                 path = self._domain_dir(domain_id)

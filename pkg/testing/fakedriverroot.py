@@ -15,6 +15,16 @@ Layout (``lib_dir`` defaults to the Debian/Ubuntu multiarch directory of ``arch`
     <root>/proc/driver/nvidia/params        module parameters (ModifyDeviceFiles ...)
     <root>/proc/driver/nvidia/capabilities/fabric-imex-mgmt   DeviceFileMinor/Mode/Modify
 
+**Host-managed IMEX** (``host_imex_ctl=<static binary>``): the root also looks like a host
+install whose own ``nvidia-imex.service`` runs -- ``dev/`` (so the plugin's dev root is this
+root, as on a host install, and it runs ``chroot <root> nvidia-imex-ctl``),
+``etc/nvidia-imex/config.cfg`` with ``IMEX_CMD_ENABLED=1`` and
+``IMEX_CMD_UNIX_DOMAIN_PATH=/etc/nvidia-imex/imex_ctrl.sock`` (:data:`HOST_IMEX_CONFIG`), and the
+given statically linked ``nvidia-imex-ctl`` (``hack/hostimex``) in place of the zipapp, because
+nothing inside a chroot into this root can run an interpreter. The service itself is
+:mod:`pkg.imex.sim.hostservice`, started by the test on the host with ``--root <root>``.
+Without ``host_imex_ctl`` those files are removed again (a refresh back to driver-managed).
+
 The two IMEX programs are Python zip applications: one file each, a ``#!<python>`` line followed
 by a zip of ``pkg.imex.sim`` and the few ``pkg.imex`` modules it uses (standard library only).
 A single file is what a CDI bind mount carries into a container, so the simulator needs nothing
@@ -54,6 +64,8 @@ _MACHINES: Final[dict[str, Arch]] = {
 }  # fmt: skip
 DEFAULT_PYTHON: Final = "/usr/bin/env python3"
 FABRIC_IMEX_MGMT_MINOR: Final = 512
+HOST_IMEX_CONFIG: Final = "etc/nvidia-imex/config.cfg"
+HOST_IMEX_SOCKET: Final = "/etc/nvidia-imex/imex_ctrl.sock"
 LIBRARIES: Final = ("libnvidia-ml", "libcuda", "libnvidia-cfg", "libnvidia-ptxjitcompiler")
 # Modules of ``pkg`` the simulator imports (checked by the unit test that runs the zipapps).
 SIM_MODULES: Final = (
@@ -126,13 +138,16 @@ class FakeDriverRoot:
         imex_mgmt_minor: int = FABRIC_IMEX_MGMT_MINOR,
         omit: Collection[str] = (),
         arch: Arch | None = None,
+        host_imex_ctl: Path | None = None,
     ) -> FakeDriverRoot:
         """Create (or refresh) the layout of the module docstring under ``root``.
 
         ``arch`` (``"x86_64"`` or ``"aarch64"``; None: `host_arch`) picks the version banner
         and the default ``lib_dir`` (`lib_dir_for`; ValueError for another arch). ``python`` is
         the interpreter command of the zipapps' ``#!`` line. ``omit`` names files to leave out
-        (and removes them if an earlier call created them). Returns the root.
+        (and removes them if an earlier call created them). ``host_imex_ctl``: the host-managed
+        IMEX layout of the module docstring with that static ``nvidia-imex-ctl``. Returns the
+        root.
         """
         arch = host_arch() if arch is None else arch
         lib_dir = lib_dir_for(arch) if lib_dir is None else lib_dir
@@ -142,6 +157,15 @@ class FakeDriverRoot:
             for name, module in PROGRAMS.items()
         }
         files["usr/bin/nvidia-smi"] = (_SMI_PLACEHOLDER.encode(), 0o755)
+        if host_imex_ctl is not None:
+            files["usr/bin/nvidia-imex-ctl"] = (host_imex_ctl.read_bytes(), 0o755)
+            host_cfg = f"IMEX_CMD_ENABLED=1\nIMEX_CMD_UNIX_DOMAIN_PATH={HOST_IMEX_SOCKET}\n"
+            files[HOST_IMEX_CONFIG] = (host_cfg.encode(), 0o644)
+            (root / "dev").mkdir(parents=True, exist_ok=True)
+        else:
+            (root / HOST_IMEX_CONFIG).unlink(missing_ok=True)
+            if (root / "dev").is_dir() and not any((root / "dev").iterdir()):
+                (root / "dev").rmdir()
         for lib in LIBRARIES:
             placeholder = f"placeholder for {lib}.so.{driver_version} (fake driver root)\n"
             files[f"{made.lib_dir}/{lib}.so.{driver_version}"] = (placeholder.encode(), 0o644)
