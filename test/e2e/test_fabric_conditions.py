@@ -9,6 +9,7 @@ installed kubectl plugin, run through kubectl itself, shows all of it on one scr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,6 +33,44 @@ VENV_BIN = Path(sys.executable).parent
 def condition(admin: KubeClient, w: Any, type_: str) -> dict[str, Any]:
     conds = cd_status(admin, w).get("conditions") or []
     return dict(next((x for x in conds if x["type"] == type_), {}))
+
+
+def check_one_namespace_user(cluster: Cluster, ns: str, env: dict[str, str]) -> None:
+    """``kubectl computedomain`` as a user with read rights in ``ns`` only, on the real API
+    server's RBAC: the namespace's sections are shown, the driver namespace's are named as
+    hidden, and ``get -A`` says what is missing."""
+    user = f"viewer-{ns}"[:60]
+    cluster.add_identity(user, user, ())
+    for args in (["role", "cd-viewer", "--verb=get,list",
+                  "--resource=computedomains.resource.nvidia.com,pods,events"],
+                 ["rolebinding", "cd-viewer", "--role=cd-viewer", f"--user={user}"]):  # fmt: skip
+        made = subprocess.run([str(VENV_BIN / "kubectl"), "create", "-n", ns, *args], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert made.returncode == 0, made.stderr
+    mine = {**env, "KUBECONFIG": str(cluster.kubeconfig(user))}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(VENV_BIN / "kubectl"), "computedomain", *args],
+                              capture_output=True, text=True, env=mine, timeout=60,
+                              check=False)  # fmt: skip
+
+    def described() -> subprocess.CompletedProcess[str] | None:
+        d = cli("describe", "nvbw", "-n", ns)
+        return d if d.returncode == 0 else None
+
+    done = wait_for("RBAC for the viewer", described, timeout=30)
+    out = done.stdout
+    sys.stderr.write(out)
+    assert "nvbw-0" in out.split("Workload pods:")[1] and "MultipleCliques" in out
+    hidden = out.split("Hidden (your account may not read these; ask for read access):")[1]
+    assert "cliques (IMEX state per daemon): you may not list computedomaincliques" in hidden
+    assert "daemon pods: you may not list pods in all namespaces" in hidden
+    assert "computedomain-daemon-" not in out
+    everywhere = cli("get", "-A")
+    assert everywhere.returncode == 1
+    assert "you may not read ComputeDomains in all namespaces" in everywhere.stderr
+    listing = json.loads(cli("get", "-n", ns, "-o", "json").stdout)
+    assert [i["metadata"]["name"] for i in listing["items"]] == ["nvbw"]
 
 
 def test_job_over_two_cliques_names_them_and_describe_shows_it(
@@ -95,6 +134,7 @@ def test_job_over_two_cliques_names_them_and_describe_shows_it(
                                  capture_output=True, text=True, env=env, timeout=60,
                                  check=False)  # fmt: skip
         assert "nvbw" in listing.stdout and "3/3" in listing.stdout
+        check_one_namespace_user(cluster, ns, env)
     finally:
         drop.unlink(missing_ok=True)
     wait_for("IMEXConnected=True again", lambda: condition(admin, w, "IMEXConnected").get(
