@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from monitoringconfig import (
@@ -136,3 +138,53 @@ def test_alerted_series_exist_from_start_at_zero() -> None:
         (daemon, "compute_domain_daemon_imex_restarts_total", {}),
     ]:  # fmt: skip
         assert registry.get_sample_value(name, labels) == 0, (name, labels)
+
+
+# Labels Prometheus adds to every scraped series from the PodMonitor's target (not exported).
+TARGET_LABELS = {"namespace", "pod", "container", "endpoint", "job", "instance", "service"}
+
+
+def label_names() -> dict[str, set[str]]:
+    """Every exported family's label names, by each sample name it produces."""
+    registries = [CollectorRegistry() for _ in range(4)]
+    DomainMetrics(registries[0])
+    PluginMetrics(registry=registries[1], node_name="n")
+    QueueMetrics("q", registries[2], RealClock())
+    DaemonMetrics(registries[3])
+    out: dict[str, set[str]] = {}
+    for registry in registries:
+        for collector, names in registry._collector_to_names.items():
+            labels = set(getattr(collector, "_labelnames", ()))
+            for name in names:
+                out[name] = labels | ({"le"} if name.endswith("_bucket") else set())
+    return out
+
+
+def series_at_start() -> list[tuple[str, dict[str, str]]]:
+    """Every (sample name, labels) the binaries export before anything happened."""
+    registries = [CollectorRegistry() for _ in range(3)]
+    DomainMetrics(registries[0])
+    PluginMetrics(registry=registries[1], node_name="n")
+    DaemonMetrics(registries[2])
+    return [(s.name, dict(s.labels)) for r in registries for f in r.collect() for s in f.samples]
+
+
+@pytest.mark.parametrize("expr", dashboard_exprs())
+def test_every_panel_groups_by_labels_its_metric_has(expr: str) -> None:
+    known = label_names()
+    (metric,) = metric_names(expr)  # one metric per panel query
+    for group in re.findall(r"\bby \(([^)]*)\)", expr):
+        for label in (x.strip() for x in group.split(",")):
+            assert label in known[metric] | TARGET_LABELS, f"{metric} has no label {label!r}"
+
+
+@pytest.mark.parametrize("expr", rule_exprs() + dashboard_exprs())
+def test_every_label_value_an_expression_selects_is_exported(expr: str) -> None:
+    """A matcher ``metric{label="value"}`` selects a series the code creates (at 0 from the
+    start); a value the code never uses (``operation="NodePrepareResources"``) is an empty
+    expression and an alert that can never fire."""
+    series = series_at_start()
+    for metric, matchers in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr):
+        wanted = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"', matchers))
+        assert any(name == metric and wanted.items() <= labels.items()
+                   for name, labels in series), f"no series {metric}{wanted}"  # fmt: skip
