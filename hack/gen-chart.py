@@ -5,10 +5,12 @@ this script renders config/default and writes each of those objects into
 deployments/helm/compute-domain-driver/templates/, with the driver namespace (wherever it
 appears: metadata, binding subjects, the admission usernames and namespaceSelector) replaced by
 the chart's namespace helper and the part-of label by the chart's labels helper. The objects that
-only exist for IMEX daemons (their RBAC, their DeviceClass) are wrapped in the chart's
-``hostManaged`` condition. ``--check`` fails if a written file is stale (hack/check.sh runs it).
-The controller Deployment and plugin DaemonSet are templated by hand (they carry the values);
-test/unit/helm/test_chart.py proves them equal to config/default's.
+only exist for driver-run IMEX daemons (their RBAC, their DeviceClass, the admission policies
+about daemon pods and daemon-device claims) are wrapped in the chart's ``hostManaged`` condition,
+as config/components/host-managed-imex deletes them. ``--check`` fails if a written file is
+stale (hack/check.sh runs it). The controller Deployment and plugin DaemonSet are templated by
+hand (they carry the values); test/unit/helm/test_helm_chart.py proves them equal to
+config/default's.
 """
 
 from __future__ import annotations
@@ -54,48 +56,53 @@ def _kind(kind: str) -> Select:
     return lambda o: o["kind"] == kind
 
 
-# file -> (comment, which objects, rendered only in driver-managed IMEX mode)
-FILES: dict[str, tuple[str, Select, bool]] = {
+# (kind, name) of the objects rendered only in driver-managed IMEX mode.
+DAEMON_ONLY = {
+    ("ServiceAccount", "compute-domain-daemon"),
+    ("Role", "compute-domain-daemon"),
+    ("RoleBinding", "compute-domain-daemon"),
+    ("DeviceClass", "compute-domain-daemon.nvidia.com"),
+    ("ValidatingAdmissionPolicy", "compute-domain-daemon-pods"),
+    ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-pods"),
+    ("ValidatingAdmissionPolicy", "compute-domain-daemon-device-claims"),
+    ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-device-claims"),
+}
+
+# file -> (comment, which objects)
+FILES: dict[str, tuple[str, Select]] = {
     "rbac-controller.yaml": (
         "# RBAC of the controller (config/rbac/controller.yaml gives each rule's reason).\n",
         _named(RBAC_KINDS, "compute-domain-controller"),
-        False,
     ),
     "rbac-kubeletplugin.yaml": (
         "# RBAC of the kubelet plugin (config/rbac/kubelet-plugin.yaml gives each rule's\n"
         "# reason).\n",
         _named(RBAC_KINDS, "compute-domain-kubelet-plugin"),
-        False,
     ),
     "rbac-compute-domain-daemon.yaml": (
         "# RBAC of the IMEX daemons (config/rbac/daemon.yaml gives each rule's reason); not\n"
         "# rendered with resources.computeDomains.imex.mode=hostManaged (no daemons then).\n",
         _named(RBAC_KINDS, "compute-domain-daemon"),
-        True,
     ),
     "deviceclass-compute-domain-daemon.yaml": (
         "# Requested by each ComputeDomain's daemon ResourceClaimTemplate (config/deviceclasses);\n"
         "# not rendered with resources.computeDomains.imex.mode=hostManaged.\n",
         _named({"DeviceClass"}, "compute-domain-daemon.nvidia.com"),
-        True,
     ),
     "deviceclass-compute-domain-default-channel.yaml": (
         "# Requested by the workload ResourceClaimTemplate: IMEX channel 0\n"
         "# (config/deviceclasses).\n",
         _named({"DeviceClass"}, "compute-domain-default-channel.nvidia.com"),
-        False,
     ),
     "validatingadmissionpolicy.yaml": (
         "# The admission policies of config/admission (the reasons are there); the ServiceAccount\n"
         "# usernames carry the driver namespace.\n",
         _kind("ValidatingAdmissionPolicy"),
-        False,
     ),
     "validatingadmissionpolicybinding.yaml": (
         "# Bindings of the admission policies (config/admission); the daemon-device binding's\n"
         "# namespaceSelector carries the driver namespace.\n",
         _kind("ValidatingAdmissionPolicyBinding"),
-        False,
     ),
 }
 
@@ -136,14 +143,20 @@ def rendered(config: pathlib.Path) -> dict[pathlib.Path, str]:
     """Every generated template, from the config/ tree at ``config``: path -> text."""
     objs = kustomize_default(config)
     out: dict[pathlib.Path, str] = {}
-    for name, (comment, select, driver_managed_only) in FILES.items():
+    placed = set()
+    for name, (comment, select) in FILES.items():
         chosen = [o for o in objs if select(o)]
         if not chosen:
             raise SystemExit(f"{name}: config/default renders no object for it")
-        body = "---\n".join(template_of(o) for o in chosen)
-        if driver_managed_only:
-            body = HOST_MANAGED_IF + body + HOST_MANAGED_END
-        out[TEMPLATES / name] = HEADER + comment + body
+        parts = []
+        for o in chosen:
+            key = (o["kind"], o["metadata"]["name"])
+            placed.add(key)
+            text = "---\n" + template_of(o)
+            parts.append(HOST_MANAGED_IF + text + HOST_MANAGED_END if key in DAEMON_ONLY else text)
+        out[TEMPLATES / name] = HEADER + comment + "".join(parts)
+    if not placed >= DAEMON_ONLY:
+        raise SystemExit(f"not rendered by config/default: {sorted(DAEMON_ONLY - placed)}")
     return out
 
 
