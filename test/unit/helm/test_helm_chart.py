@@ -6,13 +6,15 @@ no Namespace object, and the IMEX/clique env the chart always renders while conf
 Upstream's value names must reach the objects they name; upstream's fail-fast messages for
 ``resources.computeDomains.imex`` must be upstream's text; every value this driver cannot honour
 must be refused with a message naming it; the release namespace must reach the admission
-policies; the driver root is one value; host-managed mode drops the daemon objects; and an
-operator's values file written for upstream's chart renders.
+policies; the driver root is one value; host-managed mode renders config/default with
+config/components/host-managed-imex; an operator's values file written for upstream's chart
+renders; and the controller's and plugin's own parsers accept every env the chart renders.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -35,6 +37,10 @@ from helmchart import (
     template,
     without_config_hash,
 )
+
+from pkg.featuregates import FeatureGates
+from pkg.imex.mode import ImexModeConfig
+from pkg.reconcilers.flags import parse_options
 
 # Labels the chart adds to every templated top-level object (never to pod templates or
 # selectors; not to the CRDs, which Helm installs from crds/ verbatim).
@@ -536,3 +542,84 @@ def test_operator_docs_map_every_value() -> None:
         and not re.search(rf"`{re.escape(p.rsplit('.', 1)[0])}\.\*`", section)
     ]  # fmt: skip
     assert not missing, f"values not in docs/operators.md 'Install with Helm': {missing}"
+
+
+CONTROLLER_SOURCES = (REPO / "pkg", REPO / "cmd" / "compute-domain-controller")
+PLUGIN_ENTRY = REPO / "cmd" / "compute-domain-kubelet-plugin" / "compute_domain_kubelet_plugin.py"
+# Env the chart sets that no Python code reads, on purpose (as test/unit/config).
+ENV_NOT_READ_BY_CODE = {"POD_UID"}
+
+
+def resolved_env(objs: list[Obj], kind: str, name: str) -> dict[str, str]:
+    """A workload's env as its process would see it: ConfigMap keys and downward-API fields
+    resolved (fields to placeholders)."""
+    [cm] = [o for o in objs if o["kind"] == "ConfigMap"]
+    out = {}
+    for e in container(objs, kind, name)["env"]:
+        ref = e.get("valueFrom", {})
+        if "configMapKeyRef" in ref:
+            assert ref["configMapKeyRef"]["name"] == cm["metadata"]["name"]
+            out[e["name"]] = str(cm["data"][ref["configMapKeyRef"]["key"]])
+        elif "fieldRef" in ref:
+            out[e["name"]] = f"field-{ref['fieldRef']['fieldPath']}"
+        else:
+            out[e["name"]] = str(e["value"])
+    return out
+
+
+def chart_renders(tmp: Path) -> list[list[Obj]]:
+    """Default values, host-managed mode, and an upstream operator's values file."""
+    return [
+        template(),
+        template(*HOST_MANAGED),
+        template(values=upstream_operator_values(), tmp=tmp),
+    ]
+
+
+def test_every_chart_env_var_is_read_by_the_code(tmp_path: Path) -> None:
+    """A renamed env var in the code must not leave the chart silently setting a dead one."""
+    sources = {
+        "compute-domain-controller": "\n".join(
+            p.read_text() for d in CONTROLLER_SOURCES for p in d.rglob("*.py")
+        ),
+        "compute-domain-kubelet-plugin": "\n".join(
+            p.read_text() for d in (REPO / "pkg", PLUGIN_ENTRY.parent) for p in d.rglob("*.py")
+        ),
+    }
+    for objs in chart_renders(tmp_path):
+        for name, kind in WORKLOADS.items():
+            for var in resolved_env(objs, kind, name):
+                if var not in ENV_NOT_READ_BY_CODE:
+                    assert f'"{var}"' in sources[name], (
+                        f"{name}: chart sets {var}, nothing reads it"
+                    )
+
+
+def test_controller_accepts_the_charts_env(tmp_path: Path) -> None:
+    """The controller's own option parser (flags, feature gates, IMEX mode) takes the env."""
+    for objs in chart_renders(tmp_path):
+        env_ = resolved_env(objs, "Deployment", "compute-domain-controller")
+        options = parse_options(["-v", env_["LOG_VERBOSITY"]], env_)
+        assert options is not None
+
+
+def test_kubelet_plugin_accepts_the_charts_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plugin's argument parser takes the env, and its IMEX config validates."""
+    spec = importlib.util.spec_from_file_location("cdd_plugin_entry", PLUGIN_ENTRY)
+    assert spec is not None and spec.loader is not None
+    plugin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plugin)
+    for objs in chart_renders(tmp_path):
+        env_ = resolved_env(objs, "DaemonSet", "compute-domain-kubelet-plugin")
+        with monkeypatch.context() as m:
+            for key, value in env_.items():
+                m.setenv(key, value)
+            args = plugin.parse_args(["-v", env_["LOG_VERBOSITY"]])
+        assert args.healthcheck_port == int(env_["HEALTHCHECK_PORT"])
+        assert args.nvidia_driver_root == env_["NVIDIA_DRIVER_ROOT"]
+        gates = FeatureGates.parse(env_["FEATURE_GATES"]).validate()
+        ImexModeConfig(mode=args.imex_mode, isolation=args.imex_isolation).validate(
+            gate_enabled=gates.enabled("HostManagedIMEXDaemon")
+        )
