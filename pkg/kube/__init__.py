@@ -1,2 +1,11 @@
 """Kubernetes access layer: resource descriptors, typed API errors, a raw-JSON REST client,
-client configuration and event recording. Imports nothing from the rest of `pkg`."""
+client configuration and event recording. Imports nothing from the rest of `pkg`.
+
+Importing it defers the official client's package initialisation (`pkg.kube.lazypkg`): the
+parts used here load alone, the rest only when something asks for it.
+"""
+
+from pkg.kube.lazypkg import defer_package_init
+
+defer_package_init("kubernetes")
+defer_package_init("kubernetes.config")

@@ -2,21 +2,27 @@
 
 Owns the discovery order for credentials: an explicit kubeconfig file, else the in-cluster
 service account, else the default kubeconfig (`$KUBECONFIG` / `~/.kube/config`). Nothing here
-talks to the API server; wrap the result in `pkg.kube.client.RestClient`.
+talks to the API server; wrap the result in `pkg.kube.client.RestClient`. The in-cluster path
+loads only the client's ``incluster_config`` module; the kubeconfig parser (PyYAML, OAuth,
+pydantic) is imported only when a kubeconfig is read.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from typing import Any
 
 from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
+from kubernetes.config.config_exception import ConfigException
 
 __all__ = ["load_api_client"]
 
-# The config loaders are untyped upstream; typed aliases keep --strict honest here.
-_load_kube_config: Callable[..., None] = k8s_config.load_kube_config
-_load_incluster_config: Callable[..., None] = k8s_config.load_incluster_config
+
+def _loader(module: str, name: str) -> Callable[..., None]:
+    """A config loader of the official client (untyped upstream; typed here for --strict)."""
+    found: Any = getattr(importlib.import_module(f"kubernetes.config.{module}"), name)
+    return found  # type: ignore[no-any-return]
 
 
 def load_api_client(
@@ -29,11 +35,13 @@ def load_api_client(
     """
     cfg = k8s_client.Configuration()
     if kubeconfig:
-        _load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        _loader("kube_config", "load_kube_config")(
+            config_file=kubeconfig, context=context, client_configuration=cfg
+        )
     else:
         try:
-            _load_incluster_config(client_configuration=cfg)
-        except k8s_config.ConfigException:
-            _load_kube_config(context=context, client_configuration=cfg)
+            _loader("incluster_config", "load_incluster_config")(client_configuration=cfg)
+        except ConfigException:
+            _loader("kube_config", "load_kube_config")(context=context, client_configuration=cfg)
     cfg.connection_pool_maxsize = pool_maxsize
     return k8s_client.ApiClient(configuration=cfg)

@@ -16,50 +16,41 @@ Exporters (``OTEL_TRACES_EXPORTER``, comma separated, default ``otlp``):
   every batch is written with one ``write`` under an exclusive ``flock``);
 * ``none``: nothing.
 
-Invariants: with no usable exporter (or ``OTEL_SDK_DISABLED=true``) no SDK object is built,
-nothing is exported and no thread is started; the global tracer provider is never replaced
-(the :class:`Tracing` is handed to its users explicitly); ``shutdown()`` flushes pending spans
-and is idempotent.
+Invariants: with no usable exporter (or ``OTEL_SDK_DISABLED=true``) the SDK is not even
+imported (only the light OpenTelemetry API is), nothing is exported and no thread is started;
+the global tracer provider is never replaced (the :class:`Tracing` is handed to its users
+explicitly); ``shutdown()`` flushes pending spans and is idempotent.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 import random
-import sys
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SimpleSpanProcessor,
-    SpanExporter,
-    SpanExportResult,
-)
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from pkg.api import constants as c
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+    from pkg.runtime.tracingsdk import PresetIds
+
 __all__ = [
     "FILE_PATH_VAR",
     "TRACEPARENT_ENV",
     "FormationIds",
-    "JsonLinesFileExporter",
     "Tracing",
     "child_span",
     "epoch_ns",
+    "exporter_names",
     "new_traceparent",
     "parent_context",
     "parse_traceparent",
@@ -168,7 +159,7 @@ class Tracing:
         tracer: trace.Tracer,
         *,
         provider: object | None = None,
-        preset: _PresetIds | None = None,
+        preset: PresetIds | None = None,
     ) -> None:
         self.tracer = tracer
         self._provider = provider
@@ -184,14 +175,9 @@ class Tracing:
     ) -> Tracing:
         """An SDK-backed Tracing: ``exporters`` get each span when it ends, ``batched`` in
         batches from a background thread."""
-        preset = _PresetIds()
-        provider = TracerProvider(
-            resource=Resource.create({"service.name": service_name}), id_generator=preset
-        )
-        for exporter in exporters:
-            provider.add_span_processor(SimpleSpanProcessor(exporter))
-        for exporter in batched:
-            provider.add_span_processor(BatchSpanProcessor(exporter))
+        from pkg.runtime.tracingsdk import build_provider  # noqa: PLC0415  (only when tracing)
+
+        provider, preset = build_provider(service_name, exporters, batched)
         return cls(provider.get_tracer(service_name), provider=provider, preset=preset)
 
     @property
@@ -228,101 +214,43 @@ class Tracing:
             shutdown()
 
 
-class _PresetIds(IdGenerator):
-    """An SDK IdGenerator that hands out preset ids to the thread inside :meth:`using`."""
-
-    def __init__(self) -> None:
-        self._random = RandomIdGenerator()
-        self._local = threading.local()
-
-    @contextmanager
-    def using(self, ids: FormationIds) -> Iterator[None]:
-        self._local.ids = ids
-        try:
-            yield
-        finally:
-            self._local.ids = None
-
-    def _ids(self) -> FormationIds | None:
-        ids: FormationIds | None = getattr(self._local, "ids", None)
-        return ids
-
-    def generate_trace_id(self) -> int:
-        ids = self._ids()
-        return ids.trace_id if ids is not None else self._random.generate_trace_id()
-
-    def generate_span_id(self) -> int:
-        ids = self._ids()
-        return ids.span_id if ids is not None else self._random.generate_span_id()
-
-    def is_trace_id_random(self) -> bool:
-        return True
-
-
-class JsonLinesFileExporter(SpanExporter):
-    """Appends each span as one line of JSON to a file several processes may share."""
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._lock = threading.Lock()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        data = "".join(span.to_json(indent=None) + "\n" for span in spans).encode()
-        try:
-            with self._lock:
-                fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                finally:
-                    os.close(fd)  # also releases the flock
-        except OSError as err:
-            log.warning("cannot write spans to %s: %s", self._path, err)
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-
-def _exporters(env: Mapping[str, str]) -> tuple[list[SpanExporter], list[SpanExporter]]:
-    """The exporters ``env`` asks for: (per span, batched)."""
+def exporter_names(env: Mapping[str, str]) -> list[str]:
+    """The exporters ``env`` asks for and can have (``otlp`` needs an endpoint, ``file`` a
+    path), in order; empty when tracing is off. Unknown names are warned about and dropped.
+    Reads only the environment: nothing of the SDK is imported."""
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return [], []
+        return []
     names = [
         n.strip().lower() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()
     ]
     if "none" in names:
-        return [], []
-    simple: list[SpanExporter] = []
-    batched: list[SpanExporter] = []
+        return []
+    usable: list[str] = []
     for name in names:
         if name == "otlp":
-            if not any(env.get(var, "").strip() for var in _ENDPOINT_VARS):
-                continue
-            # Imported lazily: protobuf and an HTTP stack are only paid for when used.
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
-                OTLPSpanExporter,
-            )
-
-            batched.append(OTLPSpanExporter())
+            if any(env.get(var, "").strip() for var in _ENDPOINT_VARS):
+                usable.append(name)
         elif name == "console":
-            simple.append(ConsoleSpanExporter(out=sys.stdout))
+            usable.append(name)
         elif name == "file":
-            path = env.get(FILE_PATH_VAR, "").strip()
-            if path:
-                simple.append(JsonLinesFileExporter(path))
+            if env.get(FILE_PATH_VAR, "").strip():
+                usable.append(name)
             else:
                 log.warning("OTEL_TRACES_EXPORTER=file needs %s; ignored", FILE_PATH_VAR)
         else:
             log.warning("OTEL_TRACES_EXPORTER %r is not supported; ignored", name)
-    return simple, batched
+    return usable
 
 
 def setup_tracing(service_name: str, *, env: Mapping[str, str]) -> Tracing:
-    """A no-op :class:`Tracing` unless ``env`` configures an exporter (module docstring)."""
-    simple, batched = _exporters(env)
-    if not simple and not batched:
+    """A no-op :class:`Tracing` unless ``env`` configures an exporter (module docstring); the
+    SDK (`pkg.runtime.tracingsdk`) is imported only then."""
+    names = exporter_names(env)
+    if not names:
         return Tracing(trace.NoOpTracer())
+    from pkg.runtime.tracingsdk import build_exporters  # noqa: PLC0415  (only when tracing)
+
+    simple, batched = build_exporters(names, env)
     service = env.get("OTEL_SERVICE_NAME") or service_name
     log.info("tracing enabled service=%s", service)
     return Tracing.with_exporters(service, simple, batched=batched)
