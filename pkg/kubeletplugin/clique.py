@@ -16,10 +16,11 @@ Owns two things:
   ``nvidia.com/gpu.clique=<clusterUUID>.<cliqueId>`` (GPU feature discovery's key and format):
   a JSON merge patch of this node at start (an error fails start-up), again on every refresh
   (an error is logged), and a merge patch with ``null`` on graceful shutdown, bounded by a
-  timeout and only logged on failure. A clique ID of ``""`` writes nothing, so a label someone
-  else set on a non-NVLink node is left alone. Each patch also sets (or removes) the annotation
-  ``resource.nvidia.com/gpu.clique-managed=kubelet-plugin``: the controller, which otherwise
-  mirrors the clique onto the same label, leaves a node so marked alone (`pkg.api.constants`).
+  timeout and only logged on failure. A clique ID of ``""`` writes nothing at start or on a
+  tick (the removal at shutdown is unconditional, as upstream's). Each patch also sets (or
+  removes) the annotation ``resource.nvidia.com/gpu.clique-managed=kubelet-plugin``: the
+  controller, which otherwise mirrors the clique onto the same label, leaves a node so marked
+  alone (`pkg.api.constants`).
 
 Adopting a change affects what is prepared from then on; claims already prepared keep the
 devices and env they were given (upstream's behaviour).
@@ -43,7 +44,13 @@ from pkg.kube.client import KubeClient
 from pkg.kube.resources import NODES
 from pkg.kubeletplugin.discovery import DeviceDiscovery
 
-__all__ = ["REFRESH_INTERVAL", "CliqueLabelError", "CliqueRefresher", "NodeCliqueLabel"]
+__all__ = [
+    "LABEL_REMOVAL_TIMEOUT",
+    "REFRESH_INTERVAL",
+    "CliqueLabelError",
+    "CliqueRefresher",
+    "NodeCliqueLabel",
+]
 
 log = logging.getLogger(__name__)
 
