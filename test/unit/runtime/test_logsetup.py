@@ -142,7 +142,7 @@ BINARIES = {
         "--node-name=n",
         "--device-discovery=fake",
         "--kubeconfig=/nonexistent",
-    ],  # fmt: skip
+    ],
     "compute-domain-daemon": ["run"],
 }
 DAEMON_ENV = {"NODE_NAME": "n", "POD_NAMESPACE": "drv", "COMPUTE_DOMAIN_UUID": "u",
