@@ -73,6 +73,9 @@ def test_component_switches_both_binaries_and_drops_daemon_objects() -> None:
         assert mode.validate(gate_enabled=True).host_managed
     assert plugin["IMEX_HOST_SOCKET_PATH"] == DEFAULT_HOST_SOCKET_PATH
     assert "IMEX_HOST_SOCKET_PATH" not in controller
+    (ds,) = [o for o in host if o["kind"] == "DaemonSet"]
+    (plugin_ctr,) = ds["spec"]["template"]["spec"]["containers"]
+    assert "SYS_CHROOT" in plugin_ctr["securityContext"]["capabilities"]["add"]
     (cm,) = [
         o for o in host if o["kind"] == "ConfigMap" and "driver-config" in o["metadata"]["name"]
     ]
