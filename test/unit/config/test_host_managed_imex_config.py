@@ -75,7 +75,7 @@ def test_component_switches_both_binaries_and_drops_daemon_objects() -> None:
     assert "IMEX_HOST_SOCKET_PATH" not in controller
     (ds,) = [o for o in host if o["kind"] == "DaemonSet"]
     (plugin_ctr,) = ds["spec"]["template"]["spec"]["containers"]
-    assert "SYS_CHROOT" in plugin_ctr["securityContext"]["capabilities"]["add"]
+    assert plugin_ctr["securityContext"]["privileged"], "chroot needs CAP_SYS_CHROOT"
     (cm,) = [
         o for o in host if o["kind"] == "ConfigMap" and "driver-config" in o["metadata"]["name"]
     ]
@@ -86,3 +86,7 @@ def test_e2e_overlay_is_the_real_node_overlay_plus_the_component() -> None:
     objs = render(resources=[CONFIG / "overlays" / "e2e-real-nodes-host-imex"])
     assert not DAEMON_ONLY & kinds(objs)
     assert env(objs, "DaemonSet", "compute-domain-kubelet-plugin")["IMEX_MODE"] == "hostManaged"
+    (ds,) = [o for o in objs if o["kind"] == "DaemonSet"]
+    (plugin,) = ds["spec"]["template"]["spec"]["containers"]
+    caps = plugin["securityContext"]["capabilities"]
+    assert (caps["drop"], caps["add"]) == (["ALL"], ["SYS_CHROOT"])  # unprivileged fake-GPU plugin
