@@ -120,6 +120,13 @@ class Domains(Protocol):
     def wait_ready(self, cd_uid: str, *, deadline: float) -> bool: ...
 
 
+def _prepared(ref: ClaimRef, devices: tuple[PreparedDevice, ...]) -> tuple[PreparedDevice, ...]:
+    """Log upstream's V(1) success line of a Prepare and hand ``devices`` back."""
+    names = " ".join(d.device_name for d in devices)
+    log.log(V(1), "Prepared devices for claim '%s': [%s]", ref, names)
+    return devices
+
+
 class NodeLock:
     """In-process mutex + exclusive flock on a file shared by all plugin instances on the node."""
 
@@ -256,7 +263,7 @@ class DeviceState:
             if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
                 log.log(V(4), "Skip prepare: claim already in PrepareCompleted state: %s",
                         ref)  # fmt: skip
-                return existing.devices
+                return _prepared(ref, existing.devices)
             if (
                 existing is not None
                 and existing.state == ClaimState.PREPARE_ABORTED
@@ -314,7 +321,7 @@ class DeviceState:
                     name=ref.name,
                 )
             )
-        return tuple(d for g in checkpoint_groups for d in g.devices)
+        return _prepared(ref, tuple(d for g in checkpoint_groups for d in g.devices))
 
     def _prepare_group(
         self, ref: ClaimRef, group: ConfigGroup, *, deadline: float
@@ -476,31 +483,36 @@ class DeviceState:
         the per-domain dir when it was the last daemon claim (Aborted entries do not count).
         """
         del deadline  # every step is a bounded single API call
-        text = str(ref)
         with self._lock.held():
-            entries = self._store.entries()
-            entry = entries.pop(ref.uid, None)
-            if entry is None:
-                log.log(V(2), "Unprepare noop: claim not found in checkpoint data: %s", text)
-                self._cdi.delete_claim_spec(ref.uid)  # also covers entries lost to corruption
-                return
-            if entry.state == ClaimState.PREPARE_ABORTED:
-                log.log(V(2), "Unprepare noop: claim in PrepareAborted state: %s", text)
-                return
-            self._undo_targets(ref, entry.targets, entries.values())
-            if entry.state == ClaimState.PREPARE_COMPLETED:
-                self._remove(ref.uid)
-                log.log(V(6), "Deleted claim from checkpoint: %s", text)
-                self._cdi.delete_claim_spec(ref.uid)
-                return
-            aborted = ClaimEntry(
-                uid=ref.uid, state=ClaimState.PREPARE_ABORTED, status=entry.status,
-                namespace=ref.namespace or entry.namespace, name=ref.name or entry.name,
-                aborted_at=go_time(self._now()),
-            )  # fmt: skip
-            self._put(aborted)
-            log.log(V(6), "Marked claim PrepareAborted in checkpoint: %s", text)
+            self._unprepare_locked(ref)
+        log.log(V(1), "Unprepared devices for claim '%s'", ref)
+
+    def _unprepare_locked(self, ref: ClaimRef) -> None:
+        """`unprepare` with the node lock held."""
+        text = str(ref)
+        entries = self._store.entries()
+        entry = entries.pop(ref.uid, None)
+        if entry is None:
+            log.log(V(2), "Unprepare noop: claim not found in checkpoint data: %s", text)
+            self._cdi.delete_claim_spec(ref.uid)  # also covers entries lost to corruption
+            return
+        if entry.state == ClaimState.PREPARE_ABORTED:
+            log.log(V(2), "Unprepare noop: claim in PrepareAborted state: %s", text)
+            return
+        self._undo_targets(ref, entry.targets, entries.values())
+        if entry.state == ClaimState.PREPARE_COMPLETED:
+            self._remove(ref.uid)
+            log.log(V(6), "Deleted claim from checkpoint: %s", text)
             self._cdi.delete_claim_spec(ref.uid)
+            return
+        aborted = ClaimEntry(
+            uid=ref.uid, state=ClaimState.PREPARE_ABORTED, status=entry.status,
+            namespace=ref.namespace or entry.namespace, name=ref.name or entry.name,
+            aborted_at=go_time(self._now()),
+        )  # fmt: skip
+        self._put(aborted)
+        log.log(V(6), "Marked claim PrepareAborted in checkpoint: %s", text)
+        self._cdi.delete_claim_spec(ref.uid)
 
     def expire_aborted(self, *, ttl: float) -> int:
         """Delete PrepareAborted entries aborted ``ttl`` seconds ago or more (or with no
