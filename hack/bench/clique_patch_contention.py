@@ -39,6 +39,7 @@ from e2e_support import Driver  # noqa: E402
 from localcluster import Cluster, bin_dir  # noqa: E402
 
 from pkg.api import constants as c  # noqa: E402
+from pkg.api.daemonentry import DaemonEntry  # noqa: E402
 from pkg.base.types import JSON  # noqa: E402
 from pkg.kube import resources as res  # noqa: E402
 from pkg.kube.client import KubeClient, RestClient  # noqa: E402
@@ -50,8 +51,7 @@ CLIQUE_ID = "u.1"
 
 
 def entry(i: int) -> JSON:
-    return {"nodeName": f"n{i}", "ipAddress": f"10.0.0.{i}", "cliqueID": CLIQUE_ID,
-            "index": i, "status": c.STATUS_NOT_READY}  # fmt: skip
+    return DaemonEntry(f"n{i}", f"10.0.0.{i}", CLIQUE_ID, i, c.STATUS_NOT_READY).encode()
 
 
 def create_clique(client: KubeClient, name: str, entries: int) -> None:

@@ -2,7 +2,8 @@
 
 Caches hold raw dicts (see pkg.informers); components call :func:`parse_compute_domain` at the
 edge to get a frozen, validated view. Validation covers what the CRD schema cannot express, and
-every error names the field so it can be surfaced verbatim in an Event or condition.
+every error names the field so it can be surfaced verbatim in an Event or condition. The
+membership entries (``status.nodes[]``, a clique's ``daemons[]``) are :mod:`pkg.api.daemonentry`'s.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from pkg.api import constants as c
+from pkg.api.daemonentry import DaemonEntry
 from pkg.base.types import JSON
 
 MAX_NUM_NODES = 5000
@@ -46,47 +48,6 @@ class ComputeDomain:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True)
-class NodeEntry:
-    """One IMEX daemon: a ``status.nodes[]`` item or a clique's ``daemons[]`` item."""
-
-    name: str
-    ip_address: str
-    clique_id: str
-    index: int
-    status: str
-    connected_peers: int | None = None
-    """Clique members this node's IMEX is connected to (clique entries only; None: unknown)."""
-    unreachable_peers: tuple[str, ...] | None = None
-    """Clique members this node's IMEX cannot reach (clique entries only; None: unknown)."""
-
-    def to_status_node(self) -> JSON:
-        return {
-            "name": self.name,
-            "ipAddress": self.ip_address,
-            "cliqueID": self.clique_id,
-            "index": self.index,
-            "status": self.status,
-        }
-
-    @classmethod
-    def from_clique_daemon(cls, item: JSON) -> NodeEntry:
-        """The entry of a clique's ``daemons[]`` item, with its peer report if it has one."""
-        connected = item.get("connectedPeers")
-        unreachable = item.get("unreachablePeers")
-        return cls(
-            name=str(item.get("nodeName", "")),
-            ip_address=str(item.get("ipAddress", "")),
-            clique_id=str(item.get("cliqueID", "")),
-            index=int(item.get("index", -1)),
-            status=str(item.get("status") or c.STATUS_NOT_READY),
-            connected_peers=connected if isinstance(connected, int) else None,
-            unreachable_peers=(
-                tuple(str(n) for n in unreachable) if isinstance(unreachable, list) else None
-            ),
-        )
 
 
 def validate_name(value: str, *, field: str) -> None:
@@ -141,43 +102,6 @@ def parse_compute_domain(obj: JSON) -> ComputeDomain:
     )
 
 
-def daemon_items(clique: JSON | None) -> list[JSON]:
-    """The raw ``daemons[]`` items of a ComputeDomainClique that are objects."""
-    return [d for d in (clique or {}).get("daemons") or [] if isinstance(d, dict)]
-
-
-_TAIL_KEYS = ("nodeName", "ipAddress", "cliqueID", "index")
-
-
-def guarded_append_ops(items: list[JSON], new: list[JSON]) -> list[JSON]:
-    """JSON-patch operations appending ``new`` to a non-empty ``daemons[]`` list ``items`` only
-    if the list still ends with ``items[-1]`` (``test`` of its node, IP, clique and index at
-    that position) and each new entry lands right after it. Entries are only ever appended,
-    changed in place or removed, so the guard holds only if no entry was added or removed
-    since ``items`` was read; in-place status patches of other entries do not break it, and
-    the API server's list-map key check refuses a second entry of a node."""
-    n, last = len(items), items[-1]
-    ops: list[JSON] = [
-        {"op": "test", "path": f"/daemons/{n - 1}/{k}", "value": last[k]}
-        for k in _TAIL_KEYS
-        if k in last
-    ]
-    for i, entry in enumerate(new):
-        ops.append({"op": "add", "path": "/daemons/-", "value": entry})
-        ops.append({"op": "test", "path": f"/daemons/{n + i}/nodeName",
-                    "value": entry["nodeName"]})  # fmt: skip
-    return ops
-
-
-def clique_daemons(clique: JSON) -> list[NodeEntry]:
-    """The ``daemons[]`` of a ComputeDomainClique, skipping malformed items."""
-    out = []
-    for item in clique.get("daemons") or []:
-        if isinstance(item, dict) and item.get("nodeName"):
-            out.append(NodeEntry.from_clique_daemon(item))
-    return out
-
-
 # -- status helpers (pure) ----------------------------------------------------------------------
 
 CONDITION_READY = "Ready"
@@ -194,7 +118,7 @@ def required_nodes(num_nodes: int) -> int:
     return max(num_nodes, 1)
 
 
-def global_status(nodes: list[NodeEntry], *, num_nodes: int) -> str:
+def global_status(nodes: list[DaemonEntry], *, num_nodes: int) -> str:
     """``Ready`` iff enough nodes joined and every one of them is Ready."""
     if len(nodes) < required_nodes(num_nodes):
         return c.STATUS_NOT_READY
@@ -241,20 +165,3 @@ def set_condition(
     out = [cond for cond in conditions if cond is not old]
     out.append(new)
     return sorted(out, key=lambda cond: str(cond.get("type")))
-
-
-def status_nodes(status: JSON | None) -> list[NodeEntry]:
-    """The ``status.nodes[]`` of a ComputeDomain as entries, skipping malformed items."""
-    out = []
-    for item in (status or {}).get("nodes") or []:
-        if isinstance(item, dict) and item.get("name"):
-            out.append(
-                NodeEntry(
-                    name=str(item["name"]),
-                    ip_address=str(item.get("ipAddress", "")),
-                    clique_id=str(item.get("cliqueID", "")),
-                    index=int(item.get("index", -1)),
-                    status=str(item.get("status") or c.STATUS_NOT_READY),
-                )
-            )
-    return out

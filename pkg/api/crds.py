@@ -11,6 +11,7 @@ columns and ``status.conditions``.
 from __future__ import annotations
 
 from pkg.api import constants as c
+from pkg.api import daemonentry as de
 from pkg.api.computedomain import MAX_NUM_NODES
 from pkg.base.types import JSON
 
@@ -24,28 +25,28 @@ def _node_entry_schema(*, name_field: str, description: str) -> JSON:
     return {
         "type": "object",
         "description": description,
-        "required": [name_field, "ipAddress", "cliqueID"],
+        "required": [name_field, de.IP_ADDRESS, de.CLIQUE_ID],
         "properties": {
             name_field: {"type": "string", "description": "Kubernetes node name."},
-            "ipAddress": {
+            de.IP_ADDRESS: {
                 "type": "string",
                 "description": "Pod IP of the IMEX daemon on that node.",
             },
-            "cliqueID": {
+            de.CLIQUE_ID: {
                 "type": "string",
                 "description": (
                     "NVLink clique of the node, <clusterUUID>.<cliqueId>; empty on nodes "
                     "without a multi-node NVLink fabric."
                 ),
             },
-            "index": {
+            de.INDEX: {
                 "type": "integer",
                 "description": (
                     "Stable slot of the daemon in its clique's IMEX node list "
                     "(unique per cliqueID; -1 for nodes without a clique)."
                 ),
             },
-            "status": {
+            de.STATUS: {
                 **_STATUS_ENUM,
                 "default": c.STATUS_NOT_READY,
                 "description": "Readiness of the IMEX daemon on that node.",
@@ -130,13 +131,13 @@ def _compute_domain_schema() -> JSON:
                 "default": c.STATUS_NOT_READY,
                 "description": "Ready once every member node's IMEX daemon is Ready.",
             },
-            "nodes": {
+            de.STATUS_NODES: {
                 "type": "array",
                 "description": "One entry per node running an IMEX daemon of this domain.",
                 "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["name"],
+                "x-kubernetes-list-map-keys": [de.STATUS_NODE_NAME],
                 "items": _node_entry_schema(
-                    name_field="name", description="An IMEX daemon of this domain."
+                    name_field=de.STATUS_NODE_NAME, description="An IMEX daemon of this domain."
                 ),
             },
             "readyNodes": {
@@ -180,7 +181,7 @@ def _compute_domain_schema() -> JSON:
 
 
 _PEER_FIELDS: JSON = {
-    "connectedPeers": {
+    de.CONNECTED_PEERS: {
         "type": "integer",
         "minimum": 0,
         "description": (
@@ -188,7 +189,7 @@ _PEER_FIELDS: JSON = {
             "absent until the daemon reported."
         ),
     },
-    "unreachablePeers": {
+    de.UNREACHABLE_PEERS: {
         "type": "array",
         "items": {"type": "string"},
         "description": (
@@ -200,7 +201,9 @@ _PEER_FIELDS: JSON = {
 
 
 def _clique_schema() -> JSON:
-    daemon = _node_entry_schema(name_field="nodeName", description="An IMEX daemon in this clique.")
+    daemon = _node_entry_schema(
+        name_field=de.NODE_NAME, description="An IMEX daemon in this clique."
+    )
     daemon["properties"].update(_PEER_FIELDS)
     return {
         "type": "object",
@@ -212,11 +215,11 @@ def _clique_schema() -> JSON:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "daemons": {
+            de.DAEMONS: {
                 "type": "array",
                 "description": "One entry per daemon, keyed by node name.",
                 "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["nodeName"],
+                "x-kubernetes-list-map-keys": [de.NODE_NAME],
                 "items": daemon,
             },
         },

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pkg.api import constants as c
+from pkg.api.daemonentry import DaemonEntry, clique_daemons, status_nodes
 from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient, RestClient
@@ -89,8 +90,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
 
 
 def _cliques_of(cd: JSON) -> list[str]:
-    nodes = (cd.get("status") or {}).get("nodes") or []
-    return sorted({str(n.get("cliqueID") or "-") for n in nodes if isinstance(n, dict)})
+    return sorted({e.clique_id or "-" for e in status_nodes(cd.get("status"))})
 
 
 def render_get(domains: list[JSON], *, now: float) -> str:
@@ -235,9 +235,8 @@ def _pods_table(pods: list[JSON], *, now: float, with_ns: bool) -> list[str]:
     return _table(["NAMESPACE", *header] if with_ns else header, rows, indent="  ")
 
 
-def _imex_state(daemon: JSON) -> str:
-    unreachable = daemon.get("unreachablePeers")
-    connected = daemon.get("connectedPeers")
+def _imex_state(daemon: DaemonEntry) -> str:
+    unreachable, connected = daemon.unreachable_peers, daemon.connected_peers
     if unreachable is None and connected is None:
         return "not reported"
     text = f"{connected or 0} peers connected"
@@ -274,23 +273,20 @@ def render_describe(view: DomainView, *, now: float) -> str:
     else:
         out.append("  <none>")
     out.append("Nodes and IMEX daemons (per clique):")
-    nodes = {str(n.get("name")): n for n in status.get("nodes") or [] if isinstance(n, dict)}
+    nodes = {e.node_name: e for e in status_nodes(status)}
     rows = []
     seen: set[str] = set()
     for clique in sorted(view.cliques, key=lambda o: o["metadata"]["name"]):
         clique_id = (clique["metadata"].get("labels") or {}).get(c.CLIQUE_ID_LABEL, "")
-        for d in sorted(clique.get("daemons") or [], key=lambda d: d.get("index", -1)):
-            name = str(d.get("nodeName", ""))
-            seen.add(name)
-            domain_view = (nodes.get(name) or {}).get("status", "(not counted)")
-            rows.append((clique_id or d.get("cliqueID", ""), name, str(d.get("index", "")),
-                         d.get("ipAddress", ""), d.get("status", ""), domain_view,
-                         _imex_state(d)))  # fmt: skip
+        for d in sorted(clique_daemons(clique), key=lambda d: d.index):
+            seen.add(d.node_name)
+            domain_view = nodes[d.node_name].status if d.node_name in nodes else "(not counted)"
+            daemon = (clique_id or d.clique_id, d.node_name, str(d.index), d.ip_address, d.status)
+            rows.append((*daemon, domain_view, _imex_state(d)))
     for name, n in sorted(nodes.items()):
         if name not in seen:  # non-NVLink members have no clique entry
-            rows.append((n.get("cliqueID") or "-", name, str(n.get("index", "")),
-                         n.get("ipAddress", ""), "-", n.get("status", ""),
-                         "no IMEX (no clique)"))  # fmt: skip
+            member = (n.clique_id or "-", name, str(n.index), n.ip_address, "-", n.status)
+            rows.append((*member, "no IMEX (no clique)"))
     if rows:
         out += _table(("CLIQUE", "NODE", "INDEX", "IP", "DAEMON", "IN DOMAIN", "IMEX"),
                       rows, indent="  ")  # fmt: skip

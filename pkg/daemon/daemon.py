@@ -83,6 +83,7 @@ from opentelemetry import trace
 from pkg import informers
 from pkg.api import constants as c
 from pkg.api import localready
+from pkg.api.daemonentry import DaemonEntry
 from pkg.base.clock import Clock, RealClock
 from pkg.base.files import write_file_atomically
 from pkg.base.types import JSON
@@ -92,7 +93,6 @@ from pkg.daemon.membership import (
     CacheView,
     CliqueFullError,
     CliqueStore,
-    DaemonEntry,
     EntryStore,
     Identity,
     Membership,

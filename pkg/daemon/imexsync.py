@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from pkg.api.daemonentry import DaemonEntry
 from pkg.base.files import write_file_atomically
-from pkg.daemon.membership import DaemonEntry, Identity
+from pkg.daemon.membership import Identity
 from pkg.imex import nodesconfig
 from pkg.imex.hosts import HostsFile
 

@@ -49,10 +49,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from pkg.api import constants as c
-from pkg.api.computedomain import guarded_append_ops
+from pkg.api.daemonentry import (
+    DAEMONS,
+    STATUS_NODES,
+    DaemonEntry,
+    clique_daemons,
+    encode_daemons,
+    encode_status_nodes,
+    guarded_append_ops,
+    item_position,
+    own_entry_patch_ops,
+    status_nodes,
+)
 from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
@@ -83,21 +94,6 @@ class CliqueFullError(MembershipError):
         )
         self.clique_id = clique_id
         self.max_nodes = max_nodes
-
-
-@dataclass(frozen=True)
-class DaemonEntry:
-    """One daemon of the domain, as stored in ``daemons[]`` / ``status.nodes[]``."""
-
-    node_name: str
-    ip_address: str
-    clique_id: str
-    index: int
-    status: str = c.STATUS_NOT_READY
-    connected_peers: int | None = None
-    """Clique members our IMEX holds a connection to (None: not reported)."""
-    unreachable_peers: tuple[str, ...] | None = None
-    """Node names of clique members our IMEX is not connected to (None: not reported)."""
 
 
 @dataclass(frozen=True)
@@ -158,41 +154,6 @@ class EntryStore(Protocol):
         it. None when this store cannot; InvalidError (422) when the list changed shape."""
 
 
-def _entry(item: Any, *, name_key: str) -> DaemonEntry | None:
-    if not isinstance(item, dict) or not item.get(name_key):
-        return None
-    index = item.get("index", -1)
-    connected = item.get("connectedPeers")
-    unreachable = item.get("unreachablePeers")
-    return DaemonEntry(
-        node_name=str(item[name_key]),
-        ip_address=str(item.get("ipAddress", "")),
-        clique_id=str(item.get("cliqueID", "")),
-        index=index if isinstance(index, int) else -1,
-        status=str(item.get("status") or c.STATUS_NOT_READY),
-        connected_peers=connected if isinstance(connected, int) else None,
-        unreachable_peers=(
-            tuple(str(n) for n in unreachable) if isinstance(unreachable, list) else None
-        ),
-    )
-
-
-def _encode(e: DaemonEntry, *, name_key: str) -> JSON:
-    out: JSON = {
-        name_key: e.node_name,
-        "ipAddress": e.ip_address,
-        "cliqueID": e.clique_id,
-        "index": e.index,
-        "status": e.status,
-    }
-    if name_key == "nodeName":  # clique entries only; status.nodes keeps upstream's fields
-        if e.connected_peers is not None:
-            out["connectedPeers"] = e.connected_peers
-        if e.unreachable_peers is not None:
-            out["unreachablePeers"] = list(e.unreachable_peers)
-    return out
-
-
 class CliqueStore:
     """Entries in ``ComputeDomainClique`` ``<cdUID>.<cliqueID>`` in the daemon pod's namespace."""
 
@@ -203,9 +164,7 @@ class CliqueStore:
         self.namespace = me.pod_namespace
 
     def decode(self, obj: JSON) -> Snapshot:
-        items = obj.get("daemons") or []
-        entries = [e for e in (_entry(i, name_key="nodeName") for i in items) if e is not None]
-        return Snapshot(obj, tuple(entries))
+        return Snapshot(obj, tuple(clique_daemons(obj)))
 
     def read(self) -> Snapshot | None:
         try:
@@ -242,7 +201,7 @@ class CliqueStore:
                 },
                 "ownerReferences": self._owner_refs([]),
             },
-            "daemons": [_encode(e, name_key="nodeName") for e in entries],
+            DAEMONS: encode_daemons(entries),
         }
         return self._client.create(res.COMPUTE_DOMAIN_CLIQUES, obj, namespace=self.namespace)
 
@@ -251,7 +210,7 @@ class CliqueStore:
         meta = dict(obj.get("metadata") or {})
         meta["ownerReferences"] = self._owner_refs(list(meta.get("ownerReferences") or []))
         obj["metadata"] = meta
-        obj["daemons"] = [_encode(e, name_key="nodeName") for e in entries]
+        obj[DAEMONS] = encode_daemons(entries)
         return self._client.update(res.COMPUTE_DOMAIN_CLIQUES, obj)
 
     def patch_entry(self, snap: Snapshot, old: DaemonEntry, new: DaemonEntry) -> JSON | None:
@@ -270,25 +229,11 @@ class CliqueStore:
             new.unreachable_peers is None and old.unreachable_peers is not None
         ):
             return None
-        raw = snap.obj.get("daemons") or []
-        mine = [i for i, item in enumerate(raw)
-                if isinstance(item, dict) and item.get("nodeName") == old.node_name]  # fmt: skip
-        pos = mine[0] if len(mine) == 1 else None
+        raw = snap.obj.get(DAEMONS) or []
+        pos = item_position(raw, old.node_name)
         if pos is None:
             return None
-        at = f"/daemons/{pos}"
-        ops: list[JSON] = [
-            {"op": "test", "path": f"{at}/nodeName", "value": old.node_name},
-            {"op": "test", "path": f"{at}/ipAddress", "value": old.ip_address},
-            {"op": "test", "path": f"{at}/cliqueID", "value": old.clique_id},
-            {"op": "test", "path": f"{at}/index", "value": old.index},
-            {"op": "add", "path": f"{at}/status", "value": new.status},
-        ]
-        if new.connected_peers is not None:
-            ops.append({"op": "add", "path": f"{at}/connectedPeers", "value": new.connected_peers})
-        if new.unreachable_peers is not None:
-            ops.append({"op": "add", "path": f"{at}/unreachablePeers",
-                        "value": list(new.unreachable_peers)})  # fmt: skip
+        ops = own_entry_patch_ops(pos, old, new)
         return self._client.patch(
             res.COMPUTE_DOMAIN_CLIQUES, self.name, ops, namespace=self.namespace,
             patch_type="json",
@@ -302,10 +247,10 @@ class CliqueStore:
         index ``snap`` showed free is still free. Status patches of other entries (in place)
         do not break it. Not for an empty list, nor before our pod owns the clique unless
         its ownerReferences can take us."""
-        raw = snap.obj.get("daemons")
+        raw = snap.obj.get(DAEMONS)
         if not isinstance(raw, list) or not raw or not isinstance(raw[-1], dict):
             return None
-        ops = guarded_append_ops(raw, [_encode(entry, name_key="nodeName")])
+        ops = guarded_append_ops(raw, [entry])
         owners = (snap.obj.get("metadata") or {}).get("ownerReferences")
         refs = owners if isinstance(owners, list) else []
         missing = self._owner_refs(refs)[len(refs) :]
@@ -328,9 +273,7 @@ class StatusStore:
         self.namespace = me.domain_namespace
 
     def decode(self, obj: JSON) -> Snapshot:
-        items = (obj.get("status") or {}).get("nodes") or []
-        entries = [e for e in (_entry(i, name_key="name") for i in items) if e is not None]
-        return Snapshot(obj, tuple(entries))
+        return Snapshot(obj, tuple(status_nodes(obj.get("status"))))
 
     def read(self) -> Snapshot | None:
         try:
@@ -355,9 +298,9 @@ class StatusStore:
         status = dict(obj.get("status") or {})
         status.setdefault("status", c.STATUS_NOT_READY)
         if entries:
-            status["nodes"] = [_encode(e, name_key="name") for e in entries]
+            status[STATUS_NODES] = encode_status_nodes(entries)
         else:  # upstream omits an empty list (omitempty)
-            status.pop("nodes", None)
+            status.pop(STATUS_NODES, None)
         obj["status"] = status
         return self._client.update(res.COMPUTE_DOMAINS, obj, subresource="status")
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from pkg.daemon.membership import DaemonEntry, Identity
+from pkg.api.daemonentry import DaemonEntry
+from pkg.daemon.membership import Identity
 from pkg.imex.ctl import CONNECTED
 
 

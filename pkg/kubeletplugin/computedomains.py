@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
+from pkg.api.daemonentry import DaemonEntry, clique_daemons, status_nodes
 from pkg.api.localready import LocalReady
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
@@ -218,31 +219,31 @@ class DomainTracker:
         """This node's daemon for the domain is Ready."""
         return self._ready(cd_uid)
 
-    def _entry(self, cd_uid: str) -> JSON | None:
+    def _entry(self, cd_uid: str) -> DaemonEntry | None:
         """This node's membership entry for the domain: its clique's, else the domain
         status's."""
         clique_id = self._clique_id()
         if clique_id:
             clique = self._clique_lister.get(clique_object_name(cd_uid, clique_id), self._namespace)
-            for daemon in (clique or {}).get("daemons") or []:
-                if daemon.get("nodeName") == self._node:
-                    return daemon  # type: ignore[no-any-return]
+            for daemon in clique_daemons(clique):
+                if daemon.node_name == self._node:
+                    return daemon
         cd = self._domain(cd_uid) or {}
-        for node in (cd.get("status") or {}).get("nodes") or []:
-            if node.get("name") == self._node:
-                return node  # type: ignore[no-any-return]
+        for node in status_nodes(cd.get("status")):
+            if node.node_name == self._node:
+                return node
         return None
 
     def _ready(self, cd_uid: str) -> bool:
         return self._readiness_of(cd_uid, self._entry(cd_uid))
 
-    def _readiness_of(self, cd_uid: str, entry: JSON | None) -> bool:
+    def _readiness_of(self, cd_uid: str, entry: DaemonEntry | None) -> bool:
         if entry is None:
             return False
-        if entry.get("status") == STATUS_READY:
+        if entry.status == STATUS_READY:
             return True
         record = self._local_ready(cd_uid) if self._local_ready is not None else None
-        return record is not None and record.speaks_for(cd_uid, self._node, entry.get("ipAddress"))
+        return record is not None and record.speaks_for(cd_uid, self._node, entry.ip_address)
 
     def daemon_readiness(self, cd_uid: str) -> DaemonReadiness:
         """Whether this node's IMEX daemon serves the domain, and why (for device health).
@@ -258,9 +259,9 @@ class DomainTracker:
         if clique_id:
             clique = self._clique_lister.get(clique_object_name(cd_uid, clique_id), self._namespace)
             if clique is not None:
-                for daemon in clique.get("daemons") or []:
-                    if daemon.get("nodeName") == me:
-                        return _readiness(me, cd_uid, daemon.get("status"))
+                for daemon in clique_daemons(clique):
+                    if daemon.node_name == me:
+                        return _readiness(me, cd_uid, daemon.status)
                 return DaemonReadiness(
                     False,
                     f"node {me} is not a member of ComputeDomain {cd_uid} (its IMEX daemon "
@@ -269,9 +270,9 @@ class DomainTracker:
         cd = self._domain(cd_uid)
         if cd is None:
             return DaemonReadiness(None, f"ComputeDomain {cd_uid} not found")
-        for node in (cd.get("status") or {}).get("nodes") or []:
-            if node.get("name") == me:
-                return _readiness(me, cd_uid, node.get("status"))
+        for node in status_nodes(cd.get("status")):
+            if node.node_name == me:
+                return _readiness(me, cd_uid, node.status)
         return DaemonReadiness(False, f"node {me} is not a member of ComputeDomain {cd_uid}")
 
     def wait_ready(self, cd_uid: str, *, deadline: float) -> bool:
@@ -413,7 +414,7 @@ class DomainTracker:
         self._with_retries("removing the ComputeDomain label", step)
 
 
-def _readiness(node: str, cd_uid: str, status: object) -> DaemonReadiness:
+def _readiness(node: str, cd_uid: str, status: str) -> DaemonReadiness:
     if status == STATUS_READY:
         return DaemonReadiness(True, f"IMEX daemon on node {node} is Ready")
     return DaemonReadiness(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pkg.api import constants as c
+from pkg.api.daemonentry import clique_daemons
 from pkg.base.types import JSON
 
 __all__ = [
@@ -118,13 +119,7 @@ def index_by_pod_node(pod: JSON) -> list[str]:
 
 def index_by_clique_nodes(clique: JSON) -> list[str]:
     """The nodes a ComputeDomainClique has ``daemons[]`` entries for."""
-    return sorted(
-        {
-            str(d["nodeName"])
-            for d in clique.get("daemons") or []
-            if isinstance(d, dict) and d.get("nodeName")
-        }
-    )
+    return sorted({e.node_name for e in clique_daemons(clique)})
 
 
 def index_by_slice_node(slice_: JSON) -> list[str]:

@@ -40,7 +40,14 @@ import logging
 import threading
 
 from pkg.api import constants as c
-from pkg.api.computedomain import daemon_items, guarded_append_ops
+from pkg.api.daemonentry import (
+    DAEMONS,
+    DaemonEntry,
+    daemon_items,
+    encode_daemons,
+    guarded_append_ops,
+    item_identity,
+)
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
@@ -136,22 +143,17 @@ class CliqueJoinReconciler:
         if clique is not None and labels.get(c.COMPUTE_DOMAIN_LABEL) != uid:
             return Result()  # not a clique of that domain: not ours to write
         entries = daemon_items(clique)
-        pods = self._joining(uid, clique_id, {str(d.get("nodeName")) for d in entries})
+        held = [item_identity(d) for d in entries]
+        pods = self._joining(uid, clique_id, {node for node, _, _ in held})
         if not pods:
             return Result()
-        used = {d.get("index") for d in entries}
+        used = {index for _, _, index in held}
         free = [i for i in range(self._max_nodes) if i not in used]
         pods = pods[: len(free)]
         if not pods:
             return Result()  # full: each daemon joins (and reports it) by itself
         new = [
-            {
-                "nodeName": str(p["spec"]["nodeName"]),
-                "ipAddress": str(p["status"]["podIP"]),
-                "cliqueID": clique_id,
-                "index": index,
-                "status": c.STATUS_NOT_READY,
-            }
+            DaemonEntry(str(p["spec"]["nodeName"]), str(p["status"]["podIP"]), clique_id, index)
             for p, index in zip(pods, free, strict=False)
         ]
         ctx.check()
@@ -172,7 +174,7 @@ class CliqueJoinReconciler:
             self._written[key] = written
         log.info(
             "added clique entries: %s",
-            ", ".join(f"{e['nodeName']} ({e['ipAddress']}, index {e['index']})" for e in new),
+            ", ".join(f"{e.node_name} ({e.ip_address}, index {e.index})" for e in new),
             extra={"key": key},
         )  # fmt: skip
         return Result()
@@ -215,7 +217,7 @@ class CliqueJoinReconciler:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def _create(self, key: str, pods: list[JSON], new: list[JSON]) -> JSON:
+    def _create(self, key: str, pods: list[JSON], new: list[DaemonEntry]) -> JSON:
         namespace, _, name = key.partition("/")
         uid, _, clique_id = name.partition(".")
         obj: JSON = {
@@ -227,19 +229,21 @@ class CliqueJoinReconciler:
                 "labels": {c.COMPUTE_DOMAIN_LABEL: uid, c.CLIQUE_ID_LABEL: clique_id},
                 "ownerReferences": [_owner_ref(p) for p in pods],
             },
-            "daemons": new,
+            DAEMONS: encode_daemons(new),
         }
         return self._client.create(COMPUTE_DOMAIN_CLIQUES, obj, namespace=namespace)
 
-    def _replace(self, clique: JSON, pods: list[JSON], new: list[JSON]) -> JSON:
+    def _replace(self, clique: JSON, pods: list[JSON], new: list[DaemonEntry]) -> JSON:
         body = copy.deepcopy(clique)
         meta = body["metadata"]
         refs = [r for r in meta.get("ownerReferences") or [] if isinstance(r, dict)]
         meta["ownerReferences"] = refs + self._missing_owners(refs, pods)
-        body["daemons"] = new
+        body[DAEMONS] = encode_daemons(new)
         return self._client.update(COMPUTE_DOMAIN_CLIQUES, body)
 
-    def _append(self, clique: JSON, entries: list[JSON], pods: list[JSON], new: list[JSON]) -> JSON:
+    def _append(
+        self, clique: JSON, entries: list[JSON], pods: list[JSON], new: list[DaemonEntry]
+    ) -> JSON:
         ops = guarded_append_ops(entries, new)
         refs = [r for r in (clique["metadata"].get("ownerReferences") or []) if isinstance(r, dict)]
         missing = self._missing_owners(refs, pods)

@@ -41,7 +41,14 @@ import threading
 from dataclasses import dataclass, field
 
 from pkg.api import constants as c
-from pkg.api.computedomain import NodeEntry, daemon_items
+from pkg.api.daemonentry import (
+    DAEMONS,
+    DaemonEntry,
+    EntryId,
+    daemon_items,
+    item_identity,
+    with_item_status,
+)
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
@@ -58,17 +65,13 @@ __all__ = ["CliquePruneReconciler"]
 
 log = logging.getLogger(__name__)
 
-EntryId = tuple[str, str, int]  # nodeName, ipAddress, index
 _WRITE_ATTEMPTS = 5
 
 
-def _entry_id(entry: JSON) -> EntryId:
-    index = entry.get("index")
-    return (
-        str(entry.get("nodeName") or ""),
-        str(entry.get("ipAddress") or ""),
-        index if isinstance(index, int) else -1,
-    )
+def _ready(item: JSON) -> bool:
+    """The raw ``daemons[]`` item says its daemon is Ready."""
+    entry = DaemonEntry.decode(item)
+    return entry is not None and entry.status == c.STATUS_READY
 
 
 @dataclass
@@ -175,7 +178,7 @@ class CliquePruneReconciler:
             previous = self._absent_since.get(key, {})
             current: dict[EntryId, float] = {}
             for entry in daemon_items(clique):
-                ident = _entry_id(entry)
+                ident = item_identity(entry)
                 node_name = ident[0]
                 if not node_name:
                     continue  # cannot be matched to a node; not ours to judge
@@ -195,8 +198,11 @@ class CliquePruneReconciler:
                 extra = self._extra_grace(pods)
                 if extra is None:  # a daemon pod of this domain runs there
                     live = next(p for p in pods if not p["metadata"].get("deletionTimestamp"))
-                    if entry.get("status") == c.STATUS_READY and daemon_not_running(
-                        live, NodeEntry.from_clique_daemon(entry)
+                    decoded = DaemonEntry.decode(entry)
+                    if (
+                        decoded is not None
+                        and decoded.status == c.STATUS_READY
+                        and daemon_not_running(live, decoded)
                     ):
                         verdict.down[ident] = live
                     continue
@@ -223,16 +229,16 @@ class CliquePruneReconciler:
                 return
             daemons = daemon_items(obj)
             edited = [
-                {**d, "status": c.STATUS_NOT_READY}
-                if _entry_id(d) in verdict.down and d.get("status") == c.STATUS_READY
+                with_item_status(d, c.STATUS_NOT_READY)
+                if item_identity(d) in verdict.down and _ready(d)
                 else d
                 for d in daemons
-                if _entry_id(d) not in removals
+                if item_identity(d) not in removals
             ]
             if edited == daemons:
                 return  # already done (the daemon or a previous pass did it)
             body = copy.deepcopy(obj)
-            body["daemons"] = edited
+            body[DAEMONS] = edited
             try:
                 written = self._client.update(COMPUTE_DOMAIN_CLIQUES, body)
             except NotFoundError:
@@ -248,14 +254,14 @@ class CliquePruneReconciler:
     def _report(
         self, key: str, written: JSON, before: list[JSON], after: list[JSON], verdict: _Verdict
     ) -> None:
-        kept = {_entry_id(d) for d in after}
-        removed = sorted(i for i in (_entry_id(d) for d in before) if i not in kept)
-        was_ready = {_entry_id(d) for d in before if d.get("status") == c.STATUS_READY}
+        kept = {item_identity(d) for d in after}
+        removed = sorted(i for i in (item_identity(d) for d in before) if i not in kept)
+        was_ready = {item_identity(d) for d in before if _ready(d)}
         marked = sorted(
-            _entry_id(d) for d in after
-            if _entry_id(d) in was_ready and _entry_id(d) in verdict.down
-            and d.get("status") == c.STATUS_NOT_READY
-        )  # fmt: skip
+            item_identity(d)
+            for d in after
+            if item_identity(d) in was_ready and item_identity(d) in verdict.down and not _ready(d)
+        )
         now = self._clock.monotonic()
         with self._lock:
             pending = self._absent_since.get(key, {})

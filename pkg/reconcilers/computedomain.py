@@ -53,8 +53,8 @@ from pkg.api.computedomain import (
     InvalidComputeDomainError,
     parse_compute_domain,
     set_condition,
-    status_nodes,
 )
+from pkg.api.daemonentry import status_nodes
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
@@ -173,7 +173,7 @@ class ComputeDomainReconciler:
         unreachable = num_nodes_problem(
             cd.num_nodes,
             candidate_nodes(self._caches.slices.list(), self._caches.nodes),
-            (m.entry.name for m in found.members),
+            (m.entry.node_name for m in found.members),
         )
         if unreachable is not None:
             self._once.event(obj, WARNING, unreachable.reason, unreachable.message)

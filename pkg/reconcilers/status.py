@@ -56,12 +56,16 @@ from pkg.api.computedomain import (
     CONDITION_READY,
     CONDITION_SINGLE_CLIQUE,
     ComputeDomain,
-    NodeEntry,
-    clique_daemons,
     find_condition,
     global_status,
     required_nodes,
     set_condition,
+)
+from pkg.api.daemonentry import (
+    STATUS_NODES,
+    DaemonEntry,
+    clique_daemons,
+    encode_status_nodes,
     status_nodes,
 )
 from pkg.base.types import JSON
@@ -105,7 +109,7 @@ class Problem:
 class Member:
     """One node of the domain and, when it cannot be Ready, why (``""`` when healthy)."""
 
-    entry: NodeEntry
+    entry: DaemonEntry
     problem: str = ""
 
 
@@ -156,7 +160,7 @@ def node_loss_in(node: JSON | None, *, now: float, grace: float) -> float | None
     return since + grace - now
 
 
-def daemon_not_running(pod: JSON, entry: NodeEntry | None = None) -> bool:
+def daemon_not_running(pod: JSON, entry: DaemonEntry | None = None) -> bool:
     """The daemon of ``pod`` cannot be serving: its pod has not started all containers, its
     daemon container is not in state ``running`` (crashed, OOM-killed, waiting to restart),
     or ``entry`` was written by an earlier pod (another IP). No container status at all
@@ -218,7 +222,7 @@ class Aggregate:
 
 
 def _shortfalls(
-    daemons: list[NodeEntry], pods_by_node: Mapping[str, JSON], joined: set[str], max_nodes: int
+    daemons: list[DaemonEntry], pods_by_node: Mapping[str, JSON], joined: set[str], max_nodes: int
 ) -> list[Shortfall]:
     sizes: dict[str, int] = {}
     for daemon in daemons:
@@ -246,7 +250,7 @@ def aggregate(
     now: float | None = None,
     node_loss_grace: float | None = None,
     max_nodes: int | None = None,
-    entries: list[NodeEntry] | None = None,
+    entries: list[DaemonEntry] | None = None,
 ) -> Aggregate:
     """Members of one domain from its cliques, its daemon pods and the nodes (by name).
 
@@ -265,22 +269,22 @@ def aggregate(
         node_name = pod.get("spec", {}).get("nodeName")
         if node_name and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             pods_by_node[node_name] = pod
-    found: dict[str, NodeEntry] = {}
+    found: dict[str, DaemonEntry] = {}
     in_clique: set[str] = set()
     for daemon in daemons:
-        in_clique.add(daemon.name)
-        if daemon.name in pods_by_node:
-            found[daemon.name] = daemon
+        in_clique.add(daemon.node_name)
+        if daemon.node_name in pods_by_node:
+            found[daemon.node_name] = daemon
     for node_name, pod in pods_by_node.items():
         labels = pod.get("metadata", {}).get("labels") or {}
         ip = pod.get("status", {}).get("podIP")
         if labels.get(c.CLIQUE_ID_LABEL) == "" and ip and node_name not in found:
             ready = c.STATUS_READY if _pod_ready(pod) else c.STATUS_NOT_READY
-            found[node_name] = NodeEntry(node_name, str(ip), "", -1, ready)
+            found[node_name] = DaemonEntry(node_name, str(ip), "", -1, ready)
         elif node_name not in found and driver_root_incomplete(pod):
             # It exited before joining its clique; a member all the same, so the domain says why.
             clique_id = str(labels.get(c.CLIQUE_ID_LABEL) or "")
-            found[node_name] = NodeEntry(node_name, str(ip or ""), clique_id, -1,
+            found[node_name] = DaemonEntry(node_name, str(ip or ""), clique_id, -1,
                                          c.STATUS_NOT_READY)  # fmt: skip
     members = []
     lost: dict[str, str] = {}
@@ -313,7 +317,9 @@ def aggregate(
         _shortfalls(daemons, live_pods, in_clique, max_nodes) if max_nodes is not None else []
     )
     incomplete = [
-        pods_by_node[m.entry.name] for m in members if m.problem == c.REASON_DRIVER_ROOT_INCOMPLETE
+        pods_by_node[m.entry.node_name]
+        for m in members
+        if m.problem == c.REASON_DRIVER_ROOT_INCOMPLETE
     ]
     return Aggregate(members=members, lost=lost, recheck=recheck, shortfalls=shortfalls,
                      driver_root=driver_root_message(incomplete))  # fmt: skip
@@ -336,7 +342,7 @@ def _ready_condition(
     lost = [m for m in members if m.problem]
     if lost:
         reason = lost[0].problem if len({m.problem for m in lost}) == 1 else "NodesNotReady"
-        detail = ", ".join(f"{m.entry.name} ({m.problem})" for m in lost)
+        detail = ", ".join(f"{m.entry.node_name} ({m.problem})" for m in lost)
         return False, reason, f"{ready}/{total} nodes ready; lost: {detail}"
     if total == 0:
         return (
@@ -348,7 +354,7 @@ def _ready_condition(
             ),
         )
     if ready < total:
-        waiting = ", ".join(m.entry.name for m in members if m.entry.status != c.STATUS_READY)
+        waiting = ", ".join(m.entry.node_name for m in members if m.entry.status != c.STATUS_READY)
         return False, "DaemonsNotReady", f"{ready}/{total} nodes ready; waiting for: {waiting}"
     if total < required_nodes(cd.num_nodes):
         return False, "WaitingForNodes", f"{total}/{cd.num_nodes} nodes joined (spec.numNodes)"
@@ -370,7 +376,7 @@ def clique_condition(members: list[Member]) -> Condition | None:
     """``SingleClique`` for these members; None while there are none."""
     groups: dict[str, list[str]] = {}
     for m in members:
-        groups.setdefault(m.entry.clique_id, []).append(m.entry.name)
+        groups.setdefault(m.entry.clique_id, []).append(m.entry.node_name)
     if not groups:
         return None
     if len(groups) == 1:
@@ -392,7 +398,7 @@ def clique_condition(members: list[Member]) -> Condition | None:
 def connectivity_condition(members: list[Member]) -> Condition | None:
     """``IMEXConnected`` from the Ready members' peer reports; None while none reported."""
     ready = {
-        m.entry.name: m.entry
+        m.entry.node_name: m.entry
         for m in members
         if m.entry.status == c.STATUS_READY and m.entry.clique_id and not m.problem
     }
@@ -400,14 +406,14 @@ def connectivity_condition(members: list[Member]) -> Condition | None:
     if not reporting:
         return None
     broken = []
-    for e in sorted(reporting, key=lambda x: x.name):
+    for e in sorted(reporting, key=lambda x: x.node_name):
         peers = sorted(
             p
             for p in e.unreachable_peers or ()
-            if p != e.name and p in ready and ready[p].clique_id == e.clique_id
+            if p != e.node_name and p in ready and ready[p].clique_id == e.clique_id
         )
         if peers:
-            broken.append(f"{e.name} cannot reach {', '.join(peers)}")
+            broken.append(f"{e.node_name} cannot reach {', '.join(peers)}")
     if broken:
         return (
             "False",
@@ -453,21 +459,21 @@ DAEMON_SILENT_PROBLEMS = frozenset({DAEMON_NOT_RUNNING, c.REASON_DRIVER_ROOT_INC
 """Member problems under which the daemon cannot be writing its own entry (it is not running)."""
 
 
-def as_written(members: list[Member], written: list[NodeEntry]) -> list[NodeEntry]:
+def as_written(members: list[Member], written: list[DaemonEntry]) -> list[DaemonEntry]:
     """The ``status.nodes`` to publish when the daemons write it (gate ``ComputeDomainCliques``
     off): each member's entry as its daemon wrote it, in the order written (members the
     controller adds, the non-fabric ones, after them by name). Only a member whose daemon is not
     running (:data:`DAEMON_SILENT_PROBLEMS`) is published NotReady over its own word: a daemon
     that still runs (on a NotReady node, or terminating) would write its status back at once,
     so there its problem shows in ``status.status`` and the Ready condition instead."""
-    position = {e.name: i for i, e in enumerate(written)}
-    by_name = {e.name: e for e in written}
+    position = {e.node_name: i for i, e in enumerate(written)}
+    by_name = {e.node_name: e for e in written}
     out = []
     for m in members:
-        own = by_name.get(m.entry.name)
+        own = by_name.get(m.entry.node_name)
         keep = own is not None and own.clique_id and m.problem not in DAEMON_SILENT_PROBLEMS
         out.append(own if keep and own is not None else m.entry)
-    return sorted(out, key=lambda e: (position.get(e.name, len(position)), e.name))
+    return sorted(out, key=lambda e: (position.get(e.node_name, len(position)), e.node_name))
 
 
 def render_status(
@@ -477,7 +483,7 @@ def render_status(
     previous: JSON | None,
     problem: Problem | None,
     now: str,
-    listed: list[NodeEntry] | None = None,
+    listed: list[DaemonEntry] | None = None,
 ) -> JSON:
     """The complete ``status`` for ``cd``; equal to ``previous`` when nothing changed.
 
@@ -501,7 +507,7 @@ def render_status(
     out: JSON = {"status": status}
     shown = entries if listed is None else listed
     if shown:  # upstream omits an empty list (omitempty); its e2e tests check for that
-        out["nodes"] = [e.to_status_node() for e in shown]
+        out[STATUS_NODES] = encode_status_nodes(shown)
     out["readyNodes"] = sum(1 for e in entries if e.status == c.STATUS_READY)
     out["nodeCount"] = len(entries)
     out["conditions"] = conditions
@@ -528,9 +534,9 @@ def status_events(
     """Events for every membership and readiness change from ``old`` to ``new``; a node in
     ``lost`` (name -> why) that left gets a ``NodeLost`` Warning instead of ``NodeLeft``."""
     out: list[StatusEvent] = []
-    before = {e.name: e for e in status_nodes(old)}
-    after = {e.name: e for e in status_nodes(new)}
-    problems = {m.entry.name: m.problem for m in members}
+    before = {e.node_name: e for e in status_nodes(old)}
+    after = {e.node_name: e for e in status_nodes(new)}
+    problems = {m.entry.node_name: m.problem for m in members}
     lost = lost or {}
     for name in sorted(after.keys() - before.keys()):
         out.append(StatusEvent("Normal", "NodeJoined", f"node {name} joined the domain"))

@@ -5,17 +5,16 @@ from __future__ import annotations
 import pytest
 
 from pkg.api.computedomain import (
-    NodeEntry,
     find_condition,
     global_status,
     required_nodes,
     set_condition,
-    status_nodes,
 )
+from pkg.api.daemonentry import DaemonEntry
 
 
-def entry(name: str, status: str = "Ready") -> NodeEntry:
-    return NodeEntry(name, "10.0.0.1", "c.1", 0, status)
+def entry(name: str, status: str = "Ready") -> DaemonEntry:
+    return DaemonEntry(name, "10.0.0.1", "c.1", 0, status)
 
 
 @pytest.mark.parametrize(
@@ -28,7 +27,7 @@ def entry(name: str, status: str = "Ready") -> NodeEntry:
     ],
     ids=["zero-empty", "zero-one", "below-numNodes", "one-not-ready"],
 )
-def test_global_status(num_nodes: int, nodes: list[NodeEntry], expected: str) -> None:
+def test_global_status(num_nodes: int, nodes: list[DaemonEntry], expected: str) -> None:
     assert global_status(nodes, num_nodes=num_nodes) == expected
 
 
@@ -55,11 +54,3 @@ def test_long_messages_are_truncated_to_fit_the_crd() -> None:
     (cond,) = set_condition([], type_="Ready", status=True, reason="R", message="m" * 40000,
                             observed_generation=1, now="T")  # fmt: skip
     assert len(cond["message"]) == 32000
-
-
-def test_status_nodes_skips_malformed_items() -> None:
-    status = {"nodes": [{"name": "a", "ipAddress": "1", "cliqueID": "", "index": -1},
-                        {"noname": True}, "junk"]}  # fmt: skip
-    (a,) = status_nodes(status)
-    assert (a.name, a.status, a.index) == ("a", "NotReady", -1)
-    assert status_nodes(None) == []

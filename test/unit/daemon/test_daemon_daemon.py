@@ -19,9 +19,9 @@ import pytest
 
 from pkg.api import constants as c
 from pkg.api import localready
+from pkg.api.daemonentry import DaemonEntry
 from pkg.daemon.check import run_check
 from pkg.daemon.daemon import Daemon, Timing
-from pkg.daemon.membership import DaemonEntry
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import CDI_MISSING, Options, OptionsError, parse
 from pkg.imex.ctl import CommandResult

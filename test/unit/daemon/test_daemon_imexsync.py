@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from pkg.api.daemonentry import DaemonEntry
 from pkg.daemon.imexsync import ImexSync
-from pkg.daemon.membership import DaemonEntry, Identity
+from pkg.daemon.membership import Identity
 from pkg.imex import hosts, nodesconfig
 from pkg.imex.hosts import HostsFile
 

@@ -13,11 +13,11 @@ import pytest
 
 from pkg import informers
 from pkg.api import constants as c
+from pkg.api.daemonentry import DaemonEntry
 from pkg.base.clock import RealClock
 from pkg.daemon.membership import (
     CacheView,
     CliqueStore,
-    DaemonEntry,
     Identity,
     Membership,
     MembershipError,

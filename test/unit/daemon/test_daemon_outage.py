@@ -18,10 +18,10 @@ from test_daemon_daemon import (  # type: ignore[import-not-found, unused-ignore
 from test_daemon_daemon import make, options  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.api import constants as c
+from pkg.api.daemonentry import DaemonEntry
 from pkg.daemon.membership import (
     CliqueFullError,
     CliqueStore,
-    DaemonEntry,
     Identity,
     Membership,
     upsert,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pkg.daemon.membership import DaemonEntry, Identity, _encode, _entry, upsert
+from pkg.api.daemonentry import DaemonEntry
+from pkg.daemon.membership import Identity, upsert
 from pkg.daemon.peers import clique_peers, peer_report
 
 ME = Identity("uid", "cd", "team", "cl.1", "n0", "10.0.0.1", "p", "pu", "ns")
@@ -25,14 +26,7 @@ def test_peer_report() -> None:
     assert peer_report(peers, table) == (1, ("n2", "n3"))  # n3: not listed by IMEX at all
 
 
-def test_connectivity_fields_round_trip_only_in_cliques_and_reset_on_new_ip() -> None:
+def test_a_new_ip_resets_the_peer_report() -> None:
     entry = DaemonEntry("n0", "10.0.0.1", "cl.1", 0, "Ready", 2, ("n2",))
-    item = _encode(entry, name_key="nodeName")
-    assert item["connectedPeers"] == 2 and item["unreachablePeers"] == ["n2"]
-    assert _entry(item, name_key="nodeName") == entry
-    assert "unreachablePeers" not in _encode(entry, name_key="name")  # status.nodes[]
-    legacy = _entry({"nodeName": "n0", "ipAddress": "10.0.0.1", "cliqueID": "cl.1"},
-                    name_key="nodeName")  # fmt: skip
-    assert legacy is not None and legacy.unreachable_peers is None
     moved = upsert([entry], replace(ME, pod_ip="10.0.0.7"), max_nodes=4)
     assert moved is not None and moved[0].unreachable_peers is None

@@ -52,7 +52,7 @@ def test_a_daemon_that_never_joined_is_a_not_ready_member_with_the_reason() -> N
     pods = [daemon_pod("u", "a", clique="cl.1", container="running"), crashing]
     found = aggregate(cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])], pods=pods,
                       nodes={})  # fmt: skip
-    assert [(m.entry.name, m.entry.status, m.problem) for m in found.members] == [
+    assert [(m.entry.node_name, m.entry.status, m.problem) for m in found.members] == [
         ("a", "Ready", ""), ("b", "NotReady", c.REASON_DRIVER_ROOT_INCOMPLETE),
     ]  # fmt: skip
     problem = found.driver_root_problem()

@@ -169,12 +169,12 @@ def test_lost_node_leaves_the_domain_after_the_grace_period() -> None:
                          now=now, node_loss_grace=60.0)  # fmt: skip
 
     early = at(T0 + 59)
-    assert [(m.entry.name, m.entry.status, m.problem) for m in early.members] == [
+    assert [(m.entry.node_name, m.entry.status, m.problem) for m in early.members] == [
         ("a", "Ready", ""), ("b", "NotReady", "NodeUnreachable"),
     ]  # fmt: skip
     assert early.lost == {} and early.recheck == pytest.approx(1.0)
     late = at(T0 + 60)
-    assert [m.entry.name for m in late.members] == ["a"]
+    assert [m.entry.node_name for m in late.members] == ["a"]
     assert late.lost == {"b": "NodeUnreachable"} and late.recheck is None
     before = render_status(cd(), members=early.members, previous=None, problem=None, now="T")
     after = render_status(cd(), members=late.members, previous=before, problem=None, now="T")

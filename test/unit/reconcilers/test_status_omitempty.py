@@ -16,7 +16,8 @@ from cdctl_fakes import (  # type: ignore[import-not-found, unused-ignore]
 )
 from prometheus_client import CollectorRegistry
 
-from pkg.api.computedomain import parse_compute_domain, status_nodes
+from pkg.api.computedomain import parse_compute_domain
+from pkg.api.daemonentry import status_nodes
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
