@@ -3,7 +3,8 @@
 Owns the gate names, their upstream defaults and the inter-gate dependency check. The spec
 format is upstream's ``--feature-gates``/``FEATURE_GATES`` string: ``"Name=true,Other=false"``
 (whitespace and a trailing comma are tolerated, so the controller can hand its rendered map to
-the daemons verbatim). Values are parsed like Go's ``strconv.ParseBool``.
+the daemons verbatim). Values are parsed by `pkg.base.strconv.parse_bool`
+(Go's ``strconv.ParseBool``), the parser of every boolean flag and env variable too.
 
 Three kinds of names, mirroring what upstream's binaries accept (``pkg/featuregates`` plus
 component-base's logging gates and its ``AllAlpha``/``AllBeta`` switches):
@@ -27,7 +28,7 @@ Invariants:
 - :meth:`FeatureGates.validate` applies upstream's ``ValidateFeatureGates`` rules, including
   the ones among GPU gates, so a spec is accepted here exactly when upstream accepts it.
 
-This is the bottom layer: standard library only.
+This is a low layer: standard library and `pkg.base` only.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
+
+from pkg.base.strconv import parse_bool
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +96,6 @@ EXCLUSIVE: Final[tuple[tuple[str, str], ...]] = (
     ("PassthroughSupport", "NVMLDeviceHealthCheck"),
 )
 
-# strconv.ParseBool's accepted spellings.
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_FALSE = {"0", "f", "F", "FALSE", "false", "False"}
-
 
 class FeatureGateError(ValueError):
     """A feature-gate spec that cannot be used (unknown gate, bad value, unmet dependency)."""
@@ -115,12 +114,13 @@ def _check_known(name: str) -> None:
 
 
 def _parse_bool(name: str, raw: str) -> bool:
-    value = raw.strip()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise FeatureGateError(f'feature gate "{name}": invalid value "{raw}", expected true or false')
+    """The gate's value: `parse_bool` after the spec's whitespace is trimmed."""
+    try:
+        return parse_bool(raw.strip())
+    except ValueError as err:
+        raise FeatureGateError(
+            f'feature gate "{name}": invalid value "{raw}", expected true or false'
+        ) from err
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ needed), configure logging, log the build as ``run``'s first line, build the rea
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
@@ -59,10 +58,7 @@ def _run(opts: Options) -> int:
     """``run``: wire the real dependencies and run the daemon until SIGTERM/SIGINT."""
     build_info = load_build_info()
     logging.getLogger(PROG).info("%s", build_info.startup_message(PROG))
-    flags: dict[str, object] = {
-        f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name != "gates"
-    }
-    flags["feature_gates"] = opts.gates.render()
+    flags = {"command": opts.command, **dict(opts.flag_values)}
     logging.getLogger(PROG).info("%s", startup_config(
         revision=build_info.revision, gates=opts.gates.all_values(), flags=flags,
         type_name="*main.Flags"))  # fmt: skip

@@ -1,26 +1,18 @@
 """Command line and environment of ``compute-domain-daemon`` parsed into :class:`Options`.
 
-Owns the upstream env contract (CDI: ``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``,
-``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``, and ours, ``TRACEPARENT``, the domain's
-formation trace when tracing is on; downward API: ``NODE_NAME``, ``POD_IP``,
-``POD_UID``, ``POD_NAME``, ``POD_NAMESPACE``; ``MAX_NODES_PER_IMEX_DOMAIN``; ``FEATURE_GATES``;
-``CLIQUE_JOIN_BY_CONTROLLER``, ours, ``true`` in our DaemonSets: the controller writes the
-clique entry) plus our additions, each a flag with an env fallback:
+Owns the daemon's flag table, :data:`DAEMON_FLAGS`, on the shared mechanism
+(`pkg.runtime.flags`: flag wins over env, empty env is unset, Go booleans, ``--version``,
+``-v``/``--v``/``--verbosity``, ``--logging-format``, ``--vmodule``). Two kinds of rows:
 
-=====================  ========================  =========================================
-flag                   env                       default
-=====================  ========================  =========================================
-``--config-dir``       ``IMEX_CONFIG_DIR``       ``/imexd``
-``--hosts-file``       ``IMEX_HOSTS_FILE``       ``/etc/hosts``
-``--imex-binary``      ``IMEX_BINARY``           ``nvidia-imex`` (a shell-quoted command)
-``--imex-ctl-binary``  ``IMEX_CTL_BINARY``       ``nvidia-imex-ctl``
-``--termination-log``  ``TERMINATION_LOG``       ``/dev/termination-log``
-``--imex-server-port`` ``IMEX_SERVER_PORT``      50000
-``--imex-cmd-port``    ``IMEX_CMD_PORT``         50005
-``--metrics-address``  ``METRICS_ADDRESS``       empty = no endpoint; ``:9400``, ``127.0.0.1:0``
-``--kubeconfig``       ``KUBECONFIG``            in-cluster, else ~/.kube/config
-``--feature-gates``    ``FEATURE_GATES``         upstream defaults
-=====================  ========================  =========================================
+- the upstream env contract, env-only: CDI (``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``,
+  ``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``, and ours, ``TRACEPARENT``, the domain's
+  formation trace when tracing is on), downward API (``NODE_NAME``, ``POD_IP``, ``POD_UID``,
+  ``POD_NAME``, ``POD_NAMESPACE``), ``MAX_NODES_PER_IMEX_DOMAIN`` and
+  ``CLIQUE_JOIN_BY_CONTROLLER`` (ours, ``true`` in our DaemonSets: the controller writes the
+  clique entry);
+- flags with an env fallback: ``--feature-gates`` and our additions (config directory, hosts
+  file, IMEX binaries, termination log, IMEX ports, metrics address, kubeconfig); the docs'
+  table is generated from :data:`DAEMON_FLAGS` (``hack/gen-flag-docs.py``).
 
 The IMEX binaries are looked up through ``PATH`` like upstream's: in the daemon container they
 exist only if the kubelet plugin injected them from the driver root through CDI (at
@@ -28,13 +20,15 @@ exist only if the kubelet plugin injected them from the driver root through CDI 
 daemon outside a container; no shipped manifest sets them. The termination log is where the
 kubelet reads the container's termination message (``terminationMessagePath``).
 
+Errors: every unusable command line or value is an :class:`OptionsError` (the binary prints it
+and exits 1, as it always has); values name their flag or env variable.
+
 Invariant: parsing never touches the network or the file system; :meth:`Options.validate_run`
 reports missing CDI edits with upstream's exact message.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -43,8 +37,7 @@ from typing import Final
 
 from pkg.api import constants as c
 from pkg.featuregates import FeatureGateError, FeatureGates
-from pkg.runtime.logsetup import LoggingConfigError, parse_vmodule, validate_logging_format
-from pkg.runtime.versionflag import add_version_flag
+from pkg.runtime.flags import Flag, FlagError, FlagTable, FlagValues, parse_bool, parse_int
 
 CDI_MISSING: Final = (
     "CDI container edits did not apply -- is CDI enabled in your container runtime?"
@@ -83,6 +76,8 @@ class Options:
     join_by_controller: bool = False  # CLIQUE_JOIN_BY_CONTROLLER=true (our DaemonSets)
     logging_format: str = "text"  # --logging-format / LOGGING_FORMAT: text (klog) or json
     vmodule: str = ""  # --vmodule / VMODULE: klog per-file verbosity, pattern=N,...
+    # every row's effective value by dest, for the start-up dump (`startup_config`)
+    flag_values: tuple[tuple[str, object], ...] = ()
 
     @property
     def config_path(self) -> str:
@@ -106,47 +101,54 @@ class Options:
             raise OptionsError(f"missing required environment: {', '.join(missing)}")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="compute-domain-daemon")
-    add_version_flag(p)
-    p.add_argument("-v", "--verbosity", type=int, default=None, help="log verbosity (>=4: debug)")
-    p.add_argument("--feature-gates", default=None)
-    p.add_argument("--config-dir", default=None)
-    p.add_argument("--hosts-file", default=None)
-    p.add_argument("--imex-binary", default=None)
-    p.add_argument("--imex-ctl-binary", default=None)
-    p.add_argument("--termination-log", default=None)
-    p.add_argument("--imex-server-port", type=int, default=None)
-    p.add_argument("--imex-cmd-port", type=int, default=None)
-    p.add_argument("--metrics-address", default=None)
-    p.add_argument("--kubeconfig", default=None)
-    p.add_argument("--logging-format", default=None, help="text (klog, default) or json")
-    p.add_argument("--vmodule", default=None, help="per-file verbosity: pattern=N,...")
-    p.add_argument("command", choices=["run", "check"])
-    return p
+def _env_only(name: str, env: str, help_: str) -> Flag:
+    return Flag(name, env, str, "", help_, cli=False)
 
 
-def _int(raw: str | int | None, *, name: str, default: int) -> int:
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError as err:
-        raise OptionsError(f"{name}: {raw!r} is not an integer") from err
-
-
-def _bool(raw: str | None, *, name: str) -> bool:
-    value = (raw or "").strip().lower()
-    if value in ("", "false", "0"):
-        return False
-    if value in ("true", "1"):
-        return True
-    raise OptionsError(f"{name}={raw!r}: must be true or false")
-
-
-def _binary(flag: str | None, env_value: str | None, name: str) -> tuple[str, ...]:
-    explicit = flag or env_value
-    return tuple(shlex.split(explicit)) if explicit else (name,)
+DAEMON_FLAGS: Final = FlagTable(
+    prog="compute-domain-daemon",
+    verbosity_env="LOG_VERBOSITY",
+    verbosity_default=2,
+    verbosity_aliases=("--verbosity",),
+    commands=("run", "check"),
+    flags=(
+        _env_only("clique-id", "CLIQUE_ID", "NVLink clique of this node (CDI; empty: no clique)"),
+        _env_only("compute-domain-uuid", "COMPUTE_DOMAIN_UUID", "UID of the ComputeDomain (CDI)"),
+        _env_only("compute-domain-name", "COMPUTE_DOMAIN_NAME", "name of the ComputeDomain (CDI)"),
+        Flag("compute-domain-namespace", "COMPUTE_DOMAIN_NAMESPACE", str, "default",
+             "namespace of the ComputeDomain (CDI)", cli=False),
+        _env_only("traceparent", "TRACEPARENT",
+                  "the domain's formation trace (CDI, ours; empty when tracing is off)"),
+        _env_only("node-name", "NODE_NAME", "this node (downward API)"),
+        _env_only("pod-ip", "POD_IP", "this pod's IP (downward API; needed with a clique)"),
+        _env_only("pod-uid", "POD_UID", "this pod's UID (downward API)"),
+        _env_only("pod-name", "POD_NAME", "this pod's name (downward API)"),
+        _env_only("pod-namespace", "POD_NAMESPACE", "this pod's namespace (downward API)"),
+        Flag("max-nodes-per-imex-domain", "MAX_NODES_PER_IMEX_DOMAIN", parse_int,
+             c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN, "daemons per clique, 1..9999", cli=False),
+        Flag("join-by-controller", c.CLIQUE_JOIN_BY_CONTROLLER_ENV, parse_bool, False,
+             "the controller writes this daemon's clique entry (ours; true in our DaemonSets)",
+             cli=False),
+        Flag("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false (upstream defaults)"),
+        Flag("config-dir", "IMEX_CONFIG_DIR", str, "/imexd",
+             "directory of imexd.cfg and nodes.cfg"),
+        Flag("hosts-file", "IMEX_HOSTS_FILE", str, "/etc/hosts",
+             "hosts file the IMEX peer names are written to"),
+        Flag("imex-binary", "IMEX_BINARY", str, "nvidia-imex",
+             "IMEX daemon (a shell-quoted command)"),
+        Flag("imex-ctl-binary", "IMEX_CTL_BINARY", str, "nvidia-imex-ctl",
+             "IMEX control tool (a shell-quoted command)"),
+        Flag("termination-log", "TERMINATION_LOG", str, "/dev/termination-log",
+             "where the kubelet reads the termination message"),
+        Flag("imex-server-port", "IMEX_SERVER_PORT", parse_int, 50000, "IMEX server port"),
+        Flag("imex-cmd-port", "IMEX_CMD_PORT", parse_int, 50005, "IMEX command port"),
+        Flag("metrics-address", "METRICS_ADDRESS", str, "",
+             "host:port of /metrics (empty: no endpoint; :9400, 127.0.0.1:0)"),
+        Flag("kubeconfig", "KUBECONFIG", str, None,
+             "kubeconfig file (default: in-cluster, else ~/.kube/config)"),
+    ),
+)  # fmt: skip
+"""The daemon's flags and env contract, one row each."""
 
 
 def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
@@ -154,68 +156,54 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
 
     ``--version`` (and ``--help``) print to stdout and raise ``SystemExit(0)`` as soon as they
     are met, without a command and before ``env`` is read; a bad command line raises
-    `OptionsError` after argparse printed the usage."""
+    `OptionsError` after argparse printed the usage; a bad value raises `OptionsError` naming
+    its flag or env variable."""
     try:
-        args = _parser().parse_args(list(argv))
+        flags = DAEMON_FLAGS.parse(argv, env)
     except SystemExit as err:
         if err.code == 0:
             raise
         raise OptionsError("invalid command line (see usage above)") from err
+    except FlagError as err:
+        raise OptionsError(str(err)) from err
     try:
-        gates = FeatureGates.parse(
-            args.feature_gates if args.feature_gates is not None else env.get("FEATURE_GATES")
-        ).validate()
+        gates = FeatureGates.parse(flags.get_str("feature_gates")).validate()
     except FeatureGateError as err:
         raise OptionsError(str(err)) from err
-    try:
-        logging_format = validate_logging_format(
-            args.logging_format or env.get("LOGGING_FORMAT") or "text"
-        )
-        vmodule = args.vmodule if args.vmodule is not None else env.get("VMODULE", "")
-        parse_vmodule(vmodule)
-    except LoggingConfigError as err:
-        raise OptionsError(str(err)) from err
-    max_nodes = _int(env.get("MAX_NODES_PER_IMEX_DOMAIN"), name="MAX_NODES_PER_IMEX_DOMAIN",
-                     default=c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN)  # fmt: skip
+    max_nodes = flags.get_int("max_nodes_per_imex_domain")
     if not 1 <= max_nodes <= 9999:
         raise OptionsError(f"MAX_NODES_PER_IMEX_DOMAIN={max_nodes} outside 1..9999")
+    return _options(flags, gates=gates)
+
+
+def _options(flags: FlagValues, *, gates: FeatureGates) -> Options:
+    text = flags.get_str
     return Options(
-        command=args.command,
-        verbosity=args.verbosity
-        if args.verbosity is not None
-        else _int(env.get("LOG_VERBOSITY"), name="LOG_VERBOSITY", default=2),
-        clique_id=env.get("CLIQUE_ID", ""),
-        domain_uid=env.get("COMPUTE_DOMAIN_UUID", ""),
-        domain_name=env.get("COMPUTE_DOMAIN_NAME", ""),
-        domain_namespace=env.get("COMPUTE_DOMAIN_NAMESPACE") or "default",
-        node_name=env.get("NODE_NAME", ""),
-        pod_ip=env.get("POD_IP", ""),
-        pod_uid=env.get("POD_UID", ""),
-        pod_name=env.get("POD_NAME", ""),
-        pod_namespace=env.get("POD_NAMESPACE", ""),
-        max_nodes=max_nodes,
+        command=flags.command or "",
+        verbosity=flags.get_int("v"),
+        clique_id=text("clique_id"),
+        domain_uid=text("compute_domain_uuid"),
+        domain_name=text("compute_domain_name"),
+        domain_namespace=text("compute_domain_namespace"),
+        node_name=text("node_name"),
+        pod_ip=text("pod_ip"),
+        pod_uid=text("pod_uid"),
+        pod_name=text("pod_name"),
+        pod_namespace=text("pod_namespace"),
+        max_nodes=flags.get_int("max_nodes_per_imex_domain"),
         gates=gates,
-        config_dir=args.config_dir or env.get("IMEX_CONFIG_DIR") or "/imexd",
-        hosts_file=args.hosts_file or env.get("IMEX_HOSTS_FILE") or "/etc/hosts",
-        imex_argv=_binary(args.imex_binary, env.get("IMEX_BINARY"), "nvidia-imex"),
-        imex_ctl_argv=_binary(args.imex_ctl_binary, env.get("IMEX_CTL_BINARY"), "nvidia-imex-ctl"),
-        termination_log=args.termination_log
-        or env.get("TERMINATION_LOG")
-        or "/dev/termination-log",
-        server_port=_int(
-            args.imex_server_port or env.get("IMEX_SERVER_PORT"),
-            name="IMEX_SERVER_PORT",
-            default=50000,
-        ),
-        cmd_port=_int(
-            args.imex_cmd_port or env.get("IMEX_CMD_PORT"), name="IMEX_CMD_PORT", default=50005
-        ),
-        metrics_address=args.metrics_address or env.get("METRICS_ADDRESS") or "",
-        kubeconfig=args.kubeconfig or env.get("KUBECONFIG") or None,
-        traceparent=env.get("TRACEPARENT", ""),
-        join_by_controller=_bool(
-            env.get(c.CLIQUE_JOIN_BY_CONTROLLER_ENV), name=c.CLIQUE_JOIN_BY_CONTROLLER_ENV
-        ),
-        logging_format=logging_format,
-        vmodule=vmodule,
+        config_dir=text("config_dir"),
+        hosts_file=text("hosts_file"),
+        imex_argv=tuple(shlex.split(text("imex_binary"))) or ("nvidia-imex",),
+        imex_ctl_argv=tuple(shlex.split(text("imex_ctl_binary"))) or ("nvidia-imex-ctl",),
+        termination_log=text("termination_log"),
+        server_port=flags.get_int("imex_server_port"),
+        cmd_port=flags.get_int("imex_cmd_port"),
+        metrics_address=text("metrics_address"),
+        kubeconfig=flags.get_optional_str("kubeconfig") or None,
+        traceparent=text("traceparent"),
+        join_by_controller=flags.get_bool("join_by_controller"),
+        logging_format=text("logging_format"),
+        vmodule=text("vmodule"),
+        flag_values=tuple(flags.dump().items()),
     )

@@ -66,17 +66,17 @@ def _verbosity_of(level: int) -> int:
 
 
 def validate_logging_format(name: str) -> str:
-    """``name`` if it is a supported ``--logging-format``; raises `LoggingConfigError`."""
+    """``name`` if it is a supported ``--logging-format``; raises `LoggingConfigError` (its
+    message names no flag: `pkg.runtime.flags` prefixes the flag and env variable)."""
     if name not in LOG_FORMATS:
         supported = ", ".join(LOG_FORMATS)
-        raise LoggingConfigError(
-            f'--logging-format: Unsupported log format "{name}" (supported: {supported})'
-        )
+        raise LoggingConfigError(f'Unsupported log format "{name}" (supported: {supported})')
     return name
 
 
 def parse_vmodule(spec: str) -> tuple[tuple[str, int], ...]:
-    """Parse klog's ``--vmodule`` (``pattern=N,pattern=N``); raises `LoggingConfigError`."""
+    """Parse klog's ``--vmodule`` (``pattern=N,pattern=N``); raises `LoggingConfigError` (its
+    message names no flag, as `validate_logging_format`'s)."""
     out: list[tuple[str, int]] = []
     for raw in spec.split(","):
         item = raw.strip()
@@ -85,8 +85,7 @@ def parse_vmodule(spec: str) -> tuple[tuple[str, int], ...]:
         pattern, sep, level = item.partition("=")
         if not sep or not pattern.strip() or not level.strip().isdigit():
             raise LoggingConfigError(
-                f'--vmodule: invalid entry "{item}", expected pattern=N (for example '
-                f"computedomain=4)"
+                f'invalid entry "{item}", expected pattern=N (for example computedomain=4)'
             )
         out.append((pattern.strip(), int(level)))
     return tuple(out)
