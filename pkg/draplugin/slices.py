@@ -10,7 +10,9 @@ SharedInformer (``spec.nodeName`` field selector) whose event handler only marks
 them through the informer's `Lister`, and re-syncs on every event, so a slice wiped by the
 kubelet (at its start and 30 s after we disconnect) is re-created within one watch round-trip;
 slices of our driver on this node with another name are deleted; the pool generation only grows
-(bumped whenever the content changes). The publisher never gives up: an API error, a dropped
+(bumped whenever the content changes); the devices match when they equal the desired ones or
+the API server's stored form of our last write of them (a field its feature gates drop, a
+default it adds, never causes a rewrite loop). The publisher never gives up: an API error, a dropped
 connection or a timeout (the API server restarting) is retried with capped exponential backoff
 (``retry_delay`` doubling up to ``max_retry_delay``, reset by a successful pass), and the Node
 read that supplies the owner reference happens inside that retry loop, not at start-up.
@@ -23,7 +25,7 @@ import copy
 import logging
 import threading
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from pkg.base.types import JSON
 from pkg.informers import (
@@ -58,7 +60,7 @@ class SlicePublisher:
     """Keeps this node's one ResourceSlice of a driver in place from a thread of its own.
 
     `start` and `stop` are called once each from one thread; `sync` is meant for the publishing
-    thread (and tests). ``failures`` and ``syncs`` are read without a lock (observability only).
+    thread (and tests). ``failures`` is read without a lock (observability only).
     """
 
     def __init__(
@@ -86,6 +88,10 @@ class SlicePublisher:
         self._name = slice_name(node_name, driver_name)
         self._generation = 1
         self._node_uid = ""
+        # (devices we sent, devices the API server stored) of our last write: a server drops
+        # fields its feature gates turn off (``allowMultipleAllocations`` before 1.36) and
+        # defaults others (a taint's ``timeAdded``); its stored form of what we want matches.
+        self._written: tuple[list[JSON], Any] | None = None
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._informer = informers.informer_for(
@@ -94,7 +100,6 @@ class SlicePublisher:
         self._lister = Lister(self._informer.indexer, RESOURCE_SLICES)
         self._registration: HandlerRegistration | None = None
         self._thread: threading.Thread | None = None
-        self.syncs = 0
 
     @property
     def name(self) -> str:
@@ -192,7 +197,6 @@ class SlicePublisher:
 
         Raises an API, connection or timeout error on failure; the loop retries.
         """
-        self.syncs += 1
         if not self._node_uid:
             self._node_uid = str(self._client.get(NODES, self._node)["metadata"]["uid"])
         ours = self._lister.list(
@@ -214,23 +218,29 @@ class SlicePublisher:
         body = self._desired()
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         try:
-            self._client.update(RESOURCE_SLICES, body)
+            self._remember(body, self._client.update(RESOURCE_SLICES, body))
         except (ConflictError, NotFoundError):
             self._dirty.set()  # raced with another writer or a wipe: next event re-syncs
 
     def _create(self) -> None:
+        body = self._desired()
         try:
-            self._client.create(RESOURCE_SLICES, self._desired())
+            self._remember(body, self._client.create(RESOURCE_SLICES, body))
             log.info("created ResourceSlice %s (generation %d)", self._name, self._generation)
         except AlreadyExistsError:
             self._dirty.set()  # our cache lags behind our own write
 
+    def _remember(self, sent: JSON, stored: JSON | None) -> None:
+        if isinstance(stored, dict):
+            self._written = (sent["spec"]["devices"], (stored.get("spec") or {}).get("devices"))
+
     def _matches(self, current: JSON) -> bool:
         spec = current.get("spec") or {}
         desired = self._desired()
+        devices = desired["spec"]["devices"]
         owners = (current.get("metadata") or {}).get("ownerReferences") or []
         return (
-            spec.get("devices") == desired["spec"]["devices"]
+            (spec.get("devices") == devices or self._written == (devices, spec.get("devices")))
             and spec.get("nodeName") == self._node
             and (spec.get("pool") or {}).get("name") == self._node
             and (spec.get("pool") or {}).get("resourceSliceCount") == 1

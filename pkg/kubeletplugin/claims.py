@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pkg.api.channelshare import channel_taint
 from pkg.api.constants import (
     CHANNEL_CONFIG_KIND,
     CHANNEL_DEVICE_NAME,
@@ -51,11 +52,19 @@ SOURCE_CLAIM = "FromClaim"
 PUBLISHED_DEVICES: dict[str, str] = {CHANNEL_DEVICE_NAME: "channel", DAEMON_DEVICE_NAME: "daemon"}
 
 
-def slice_devices(clique_id: str, *, daemon: bool = True) -> list[JSON]:
+def slice_devices(clique_id: str, *, daemon: bool = True, channel_domain: str = "") -> list[JSON]:
     """The ResourceSlice devices of a node: ``channel-0`` and ``daemon-0`` with upstream's
     attributes ``type`` (string) and ``id`` (int) plus ``cliqueID`` (string, ``""`` on non-NVLink
     nodes) so placement can select on it. Without ``daemon`` (host-managed IMEX mode: the
-    driver runs no IMEX daemon) only ``channel-0``."""
+    driver runs no IMEX daemon) only ``channel-0``.
+
+    Several pods of one ComputeDomain on one node (an extension): ``channel-0`` is published
+    with ``allowMultipleAllocations`` (DRAConsumableCapacity), so the scheduler may give it to
+    more than one claim, and while ``channel_domain`` (`state.channel_domain`) uses it, with
+    the ``NoSchedule`` taint ``resource.nvidia.com/computeDomain=<that domain>`` (DRADeviceTaints),
+    which only that domain's claims tolerate (the controller's workload template carries the
+    toleration, `pkg.api.channelshare`): a claim of another domain goes to another node, as
+    upstream's exclusive device sends it. ``daemon-0`` stays exclusive."""
 
     def device(name: str, kind: str) -> JSON:
         return {
@@ -68,6 +77,9 @@ def slice_devices(clique_id: str, *, daemon: bool = True) -> list[JSON]:
         }
 
     channel = device(CHANNEL_DEVICE_NAME, "channel")
+    channel["allowMultipleAllocations"] = True
+    if channel_domain:
+        channel["taints"] = [channel_taint(channel_domain)]
     return [channel, device(DAEMON_DEVICE_NAME, "daemon")] if daemon else [channel]
 
 

@@ -13,7 +13,9 @@ stop = device health streams end, then the reverse (the clique label is removed 
 sockets close), then the informer factory. The node's clique ID is
 `pkg.kubeletplugin.clique.CliqueRefresher`'s: every reader (Prepare, readiness lookups, the
 slice's ``cliqueID`` attribute) goes through its accessor, and a refreshed ID republishes the
-slice. One
+slice; so does a change of the domain using the node's channel (`state.channel_domain`, read
+from the checkpoint at start and on every change), whose device taint the slice's ``channel-0``
+carries (`claims.slice_devices`). One
 `pkg.informers.SharedInformerFactory` serves every watch of the process (ComputeDomains,
 driver-namespace cliques, this node's slices), and the injected `pkg.base.Clock`
 drives request deadlines, checkpoint timestamps, device-health resends and the informers'
@@ -71,7 +73,7 @@ from pkg.kubeletplugin.discovery.fabric import select_dev_root
 from pkg.kubeletplugin.driverroot import BINARY_DIRS, DriverFiles, DriverRoot, management_edits
 from pkg.kubeletplugin.hostimex import HostImexCtl, HostManagedChannels
 from pkg.kubeletplugin.metrics import PluginMetrics
-from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup, domain_dir
+from pkg.kubeletplugin.state import DeviceState, NodeLock, NodeSetup, channel_domain, domain_dir
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 from pkg.runtime.logsetup import V
 
@@ -213,6 +215,9 @@ class KubeletPlugin:
         )  # fmt: skip
         self.health: HealthServer | None = None
         self.http: ObservabilityServer | None = None
+        self._devices_lock = threading.Lock()
+        self._clique_published = devices.clique_id
+        self._channel_domain = ""  # the domain the slice's channel-0 is tainted for
         self.slices = SlicePublisher(
             client=client, informers=self.informers, driver_name=DRIVER_NAME,
             node_name=config.node_name,
@@ -372,9 +377,26 @@ class KubeletPlugin:
 
     def _clique_changed(self, clique_id: str) -> None:
         """A refresh adopted ``clique_id``: the slice's ``cliqueID`` attribute follows."""
-        self.slices.set_devices(slice_devices(clique_id, daemon=not self.config.imex.host_managed))
+        self._publish_devices(clique_id=clique_id)
+
+    def _publish_devices(self, *, clique_id: str | None = None, channel: str | None = None) -> None:
+        """Publish the slice's devices with the current clique ID and the domain using the
+        channel (its device taint), either given or as last published."""
+        with self._devices_lock:
+            if clique_id is not None:
+                self._clique_published = clique_id
+            if channel is not None:
+                self._channel_domain = channel
+            devices = slice_devices(
+                self._clique_published, daemon=not self.config.imex.host_managed,
+                channel_domain=self._channel_domain,
+            )  # fmt: skip
+            self.slices.set_devices(devices)
 
     def _on_checkpoint_change(self, entries: list[ClaimEntry]) -> None:
+        domain = channel_domain(entries)
+        if domain != self._channel_domain:
+            self._publish_devices(channel=domain)
         self.device_health.set_prepared(entries)
         self.metrics.set_prepared_devices(
             g.kind

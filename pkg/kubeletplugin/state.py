@@ -10,10 +10,12 @@ Owns the order of side effects for a claim and the locking around them:
    directory or CDI spec);
 2. under the node lock: return the checkpointed devices if the claim is PrepareCompleted; refuse
    permanently a PrepareAborted claim whose stored status equals the claim's (a stale retry
-   after Unprepare); refuse channel 0 while another PrepareCompleted claim holds a channel, and
-   any device another PrepareCompleted claim holds, e.g. ``daemon-0`` (both retryable; Started
-   and Aborted entries block nothing, as upstream); record PrepareStarted with the claim's
-   status (the Go driver's checkpoint shape, see `checkpoint`);
+   after Unprepare); refuse channel 0 while a PrepareCompleted claim of another ComputeDomain
+   holds it -- claims of the same domain share it (one label, one daemon, the channel device in
+   each claim's CDI spec) -- and any other device another PrepareCompleted claim holds, e.g.
+   ``daemon-0`` (both retryable; Started and Aborted entries block nothing, as upstream);
+   record PrepareStarted with the claim's status (the Go driver's checkpoint shape, see
+   `checkpoint`: one entry per claim, sharing recorded only by the scheduler's ``shareID``);
 3. without the lock, per config group: domain checks (exists, same namespace: permanent), node
    label (retryable on conflict) and the event-driven wait for this node's IMEX daemon
    (retryable on timeout). The label and the Started record are kept on a retryable error - the
@@ -24,7 +26,8 @@ Owns the order of side effects for a claim and the locking around them:
    group) and record PrepareCompleted with the devices.
 
 Unprepare (idempotent) removes the label if this was the domain's last channel claim here and
-the per-domain dir if it was the last daemon claim (Aborted entries hold nothing), then
+the per-domain dir if it was the last daemon claim (Aborted entries hold nothing; a claim of
+the domain still Started or Completed keeps them, so the others' channel stays), then
 deletes a PrepareCompleted entry, or turns a PrepareStarted one into a PrepareAborted tombstone
 with ``abortedAt``, then deletes the CDI spec; a PrepareAborted or unknown claim is a no-op --
 for entries either driver wrote: what to undo comes from the entry's device groups, or for a
@@ -109,6 +112,27 @@ def domain_dir(plugin_dir: Path, domain_id: str) -> Path:
     ):
         raise ValueError(f"domain id {domain_id[:64]!r} would leave {root}")
     return root / domain_id
+
+
+def channel_domain(entries: Iterable[ClaimEntry]) -> str:
+    """The ComputeDomain this node's channel is in use by, ``""`` if none.
+
+    That is the domain of a PrepareCompleted channel claim, else of a PrepareStarted one (the
+    first in UID order: claims of two domains can only both be Started, never both Completed);
+    Aborted tombstones hold nothing. The plugin taints its published ``channel-0`` with it
+    (`claims.slice_devices`), so the scheduler hands the shared channel only to more claims of
+    that domain.
+    """
+    best: tuple[int, str, str] | None = None
+    for entry in entries:
+        if entry.state == ClaimState.PREPARE_ABORTED:
+            continue
+        rank = 0 if entry.state == ClaimState.PREPARE_COMPLETED else 1
+        for kind, domain_id in entry.targets:
+            if kind == "channel" and domain_id:
+                key = (rank, entry.uid, domain_id)
+                best = key if best is None or key < best else best
+    return best[2] if best is not None else ""
 
 
 class Domains(Protocol):
@@ -255,7 +279,6 @@ class DeviceState:
             status = canonical_status(claim.get("status"))
         except SchemaError as err:
             raise PermanentError(f"cannot record the claim's status: {err}") from err
-        kinds = {g.kind for g in groups}
         wanted = requested_devices(status)
         with self._tracer.start_as_current_span("record PrepareStarted"), self._lock.held():
             entries = self._store.entries()
@@ -272,7 +295,7 @@ class DeviceState:
                 raise PermanentError(
                     f"stale prepare for claim {ref}: claim prepare was already aborted"
                 )
-            self._assert_not_held(ref, kinds, wanted, entries.values())
+            self._assert_not_held(ref, groups, wanted, entries.values())
             started = ClaimEntry(
                 uid=ref.uid, state=ClaimState.PREPARE_STARTED, status=status,
                 namespace=ref.namespace, name=ref.name,
@@ -302,7 +325,7 @@ class DeviceState:
             if entry is None or entry.state != ClaimState.PREPARE_STARTED:
                 raise RetryableError("claim was unprepared while it was being prepared")
             # Another claim may have completed while this one waited outside the lock.
-            self._assert_not_held(ref, kinds, wanted, current.values())
+            self._assert_not_held(ref, groups, wanted, current.values())
             ids = self._cdi.write_claim_spec(
                 ref.uid,
                 [
@@ -353,36 +376,50 @@ class DeviceState:
         ids = [cdi_ids[device_name]] if device_name in cdi_ids else []
         if group.kind == "daemon":
             ids.insert(0, self._base_cdi_id)
+        share_id = result.get("shareID")
         device = PreparedDevice(
             request_names=(request,) if request else (),
             pool_name=str(result.get("pool", "")),
             device_name=device_name,
             cdi_device_ids=tuple(ids),
+            # The scheduler's mark of one allocation of a shared device (``channel-0``):
+            # upstream's own ``CheckpointedDevice.ShareID`` records it, no field of ours.
+            share_id=str(share_id) if share_id else None,
         )
         return DeviceGroup(group.kind, group.config.domain_id, (device,))
 
     def _assert_not_held(
-        self, ref: ClaimRef, kinds: set[str], wanted: set[str], entries: Iterable[ClaimEntry]
+        self,
+        ref: ClaimRef,
+        groups: tuple[ConfigGroup, ...],
+        wanted: set[str],
+        entries: Iterable[ClaimEntry],
     ) -> None:
         """Refuse devices another PrepareCompleted claim holds; retryable.
 
         Only PrepareCompleted entries count, as upstream's ``assertImexChannelNotAllocated`` and
         ``validateNoOverlappingPreparedDevices`` do: a claim stuck in PrepareStarted (or an
-        Aborted tombstone) blocks nobody. Channel claims all use IMEX channel 0, so any other
-        completed channel claim blocks one; any other overlap of device names -- e.g. a second
-        daemon claim for ``daemon-0`` -- is refused too. adminAccess results never conflict.
-        Called again right before PrepareCompleted, because the domain steps run outside the
-        node lock.
+        Aborted tombstone) blocks nobody. Channel claims all use IMEX channel 0: a completed
+        channel claim of **another** ComputeDomain blocks one (upstream's text), while claims
+        of the **same** domain share the node's channel (`channel_domain`; upstream refuses
+        any second channel claim) -- so the shared ``channel-0`` is no overlap either.
+        Any other overlap of device names -- e.g. a second daemon claim for ``daemon-0`` -- is
+        refused. adminAccess results never conflict. Called again right before
+        PrepareCompleted, because the domain steps run outside the node lock.
         """
+        channels = {g.config.domain_id for g in groups if g.kind == "channel"}
+        shared = {str(g.result.get("device", "")) for g in groups if g.kind == "channel"}
         for other in entries:
             if other.uid == ref.uid or other.state != ClaimState.PREPARE_COMPLETED:
                 continue
-            if "channel" in kinds and any(k == "channel" for k, _ in other.targets):
+            theirs = {d for k, d in other.targets if k == "channel"}
+            if channels and theirs and (len(channels | theirs) > 1 or "" in theirs):
                 raise RetryableError(
                     f"allocation failed: channel 0 already allocated by claim {other.uid} "
                     "(according to checkpoint)"
                 )
-            clash = sorted(wanted & other.held_devices())
+            held = other.held_devices() - (shared if theirs else set())
+            clash = sorted(wanted & held)
             if clash:
                 holder = f"{other.namespace}/{other.name} ({other.uid})"
                 raise RetryableError(

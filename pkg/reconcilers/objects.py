@@ -28,6 +28,7 @@ import hashlib
 import json
 
 from pkg.api import constants as c
+from pkg.api.channelshare import channel_toleration
 from pkg.api.computedomain import ComputeDomain
 from pkg.base.types import JSON
 from pkg.reconcilers.config import ControllerConfig
@@ -83,6 +84,8 @@ def _rct(
 def render_workload_rct(cd: ComputeDomain, *, owner: JSON | None = None) -> JSON:
     """The channel RCT the user's pods reference, in the CD's namespace.
 
+    Upstream's shape plus one toleration on the request (`pkg.api.channelshare`): its claims
+    may share a node's ``channel-0`` with claims of the same domain, never of another.
     ``owner`` (the CD object) adds a controller ownerReference so the garbage collector removes
     the template even if the controller never runs again; same namespace, so it is legal.
     """
@@ -100,6 +103,8 @@ def render_workload_rct(cd: ComputeDomain, *, owner: JSON | None = None) -> JSON
             "allocationMode": cd.allocation_mode,
         },
     )
+    (request,) = obj["spec"]["spec"]["devices"]["requests"]
+    request["exactly"]["tolerations"] = [channel_toleration(cd.uid)]
     if owner is not None:
         obj["metadata"]["ownerReferences"] = [
             {

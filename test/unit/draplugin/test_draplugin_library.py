@@ -10,6 +10,7 @@ kubelet-side client (`pkg.draplugin.client`).
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 import threading
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +32,7 @@ from pkg.draplugin.health import NOT_SERVING, SERVING, HealthServicer
 from pkg.draplugin.registration import RegistrationServicer
 from pkg.draplugin.server import PluginServers
 from pkg.draplugin.slices import SlicePublisher
-from pkg.informers import SharedInformerFactory
+from pkg.informers import Lister, SharedInformerFactory
 from pkg.kube import resources as res
 from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
@@ -237,3 +239,66 @@ def test_slice_publisher_publishes_exactly_the_devices_it_is_handed(api: FakeApi
     assert obj["metadata"]["name"] == f"{NODE}-{DRIVER}"
     assert obj["spec"]["driver"] == DRIVER
     assert obj["spec"]["devices"] == [{"name": "gpu-0", "attributes": {"model": {"string": "toy"}}}]
+
+
+class _DroppingClient:
+    """A client whose API server drops a device field its feature gates turn off (as a 1.35
+    server drops ``allowMultipleAllocations``); counts the slice writes."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.writes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def _write(self, verb: str, resource: Any, obj: JSON) -> JSON:
+        self.writes += 1
+        body = copy.deepcopy(obj)
+        for device in body["spec"]["devices"]:
+            device.pop("allowMultipleAllocations", None)
+        stored: JSON = getattr(self._inner, verb)(resource, body)
+        return stored
+
+    def create(self, resource: Any, obj: JSON, **kw: Any) -> JSON:
+        return self._write("create", resource, obj)
+
+    def update(self, resource: Any, obj: JSON, **kw: Any) -> JSON:
+        return self._write("update", resource, obj)
+
+
+def test_slice_publisher_accepts_the_servers_form_of_its_last_write(api: FakeApiServer) -> None:
+    """A field the API server drops is written once, not rewritten on every pass; a real
+    change of the devices is still written."""
+    client = _DroppingClient(api.client())
+    devices: list[JSON] = [{"name": "gpu-0", "allowMultipleAllocations": True}]
+    factory = SharedInformerFactory(api.client(), clock=RealClock())
+    publisher = SlicePublisher(
+        client=client, informers=factory, driver_name=DRIVER, node_name=NODE,
+        devices=devices, retry_delay=0.02,
+    )  # fmt: skip
+    factory.start()
+    try:
+        assert factory.wait_for_cache_sync(10)
+        lister = Lister(factory.informer_for(
+            res.RESOURCE_SLICES, field_selector=f"spec.nodeName={NODE}").indexer,
+            res.RESOURCE_SLICES)  # fmt: skip
+
+        def generation() -> int:
+            return max([int(s["spec"]["pool"]["generation"]) for s in lister.list()] or [0])
+
+        publisher.sync()
+        eventually(lambda: generation() == 1, what="the created slice in the cache")
+        for _ in range(3):
+            publisher.sync()
+        assert client.writes == 1
+        publisher.set_devices([{"name": "gpu-1", "allowMultipleAllocations": True}])
+        publisher.sync()
+        assert client.writes == 2
+        eventually(lambda: generation() == 2, what="the updated slice in the cache")
+        publisher.sync()
+        assert client.writes == 2
+        [obj] = api.objects(res.RESOURCE_SLICES)
+        assert obj["spec"]["devices"] == [{"name": "gpu-1"}]
+    finally:
+        factory.shutdown()

@@ -140,7 +140,10 @@ def seed_claim(
     params: JSON | None = None,
     request: str = "channel",
     allocated: bool = True,
+    share_id: str | None = None,
 ) -> JSON:
+    """An allocated claim of one of our devices; ``share_id`` is the scheduler's mark of one
+    allocation of a device shared by several claims (``allowMultipleAllocations``)."""
     name = name or f"claim-{uuid.uuid4().hex[:8]}"
     status: JSON = {}
     if allocated:
@@ -164,6 +167,7 @@ def seed_claim(
                             "driver": c.DRIVER_NAME,
                             "pool": NODE,
                             "device": device,
+                            **({"shareID": share_id} if share_id else {}),
                         }
                     ],
                     "config": config,

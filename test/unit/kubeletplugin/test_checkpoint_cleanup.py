@@ -166,11 +166,12 @@ def test_started_claim_does_not_block_channel_zero(
     api: FakeApiServer, root: Path, clock: FakeClock
 ) -> None:
     """Issue 26 item 4b: only PrepareCompleted claims hold channel 0 (upstream's
-    ``assertImexChannelNotAllocated``); a completed one refuses with upstream's text."""
+    ``assertImexChannelNotAllocated``); a completed one refuses a claim of another domain with
+    upstream's text (one of its own domain would share the channel)."""
     cd = seed_domain(api)
-    stuck = seed_claim(api, params=channel_params(cd))
+    stuck = seed_claim(api, params=channel_params(seed_domain(api)))
     second = seed_claim(api, params=channel_params(cd))
-    third = seed_claim(api, params=channel_params(cd))
+    third = seed_claim(api, params=channel_params(seed_domain(api)))
     write_checkpoint(root, entry_of(stuck))  # its claim still exists: not stale
     with running_plugin(api, root, clock=clock) as (plugin, kubelet):
         assert plugin.store.entries()[stuck["metadata"]["uid"]].state == ClaimState.PREPARE_STARTED

@@ -204,10 +204,10 @@ def test_label_held_by_other_domain_is_retryable(api: FakeApiServer, root: Path)
         assert node_label(api) == "someone-else"
 
 
-def test_second_channel_claim_waits_for_first(api: FakeApiServer, root: Path) -> None:
+def test_other_domains_channel_claim_waits_for_first(api: FakeApiServer, root: Path) -> None:
     cd = seed_domain(api)
     first = seed_claim(api, params=channel_params(cd))
-    second = seed_claim(api, params=channel_params(cd))
+    second = seed_claim(api, params=channel_params(seed_domain(api)))
     with running_plugin(api, root) as (_plugin, kubelet):
         assert kubelet.prepare(first).claims[first["metadata"]["uid"]].error == ""
         error = kubelet.prepare(second).claims[second["metadata"]["uid"]].error

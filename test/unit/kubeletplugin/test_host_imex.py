@@ -170,11 +170,11 @@ def server() -> Iterator[FakeApiServer]:
         yield srv
 
 
-def seed_domain(server: FakeApiServer, *, namespace: str = "team") -> str:
+def seed_domain(server: FakeApiServer, *, namespace: str = "team", name: str = "cd") -> str:
     cd = server.seed(
         res.COMPUTE_DOMAINS,
         {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-         "metadata": {"name": "cd", "namespace": namespace},
+         "metadata": {"name": name, "namespace": namespace},
          "spec": {"channel": {"resourceClaimTemplate": {"name": "rct"}}},
          "status": {"status": "Ready"}},
     )  # fmt: skip
@@ -270,9 +270,12 @@ def test_other_namespace_is_permanent_and_a_held_channel_retryable(server: FakeA
             prepare(plugin, foreign)
         first = seed_claim(server, params=channel_params(uid))
         prepare(plugin, first)
-        second = seed_claim(server, params=channel_params(uid))
+        second = seed_claim(server, params=channel_params(seed_domain(server, name="cd2")))
         with pytest.raises(RetryableError, match="channel 0 already allocated by claim"):
             prepare(plugin, second)
+        same = seed_claim(server, params=channel_params(uid))  # the same domain shares it
+        devices = plugin.prepare_claim(same, deadline=time.monotonic() + 5)
+        assert [d.device_name for d in devices] == [c.CHANNEL_DEVICE_NAME]
 
 
 def test_unprepare_removes_no_node_label(server: FakeApiServer) -> None:

@@ -38,8 +38,14 @@ def test_workload_rct_matches_upstream_shape_and_is_owned_by_the_cd() -> None:
     assert rct["apiVersion"] == "resource.k8s.io/v1"
     assert (rct["metadata"]["name"], rct["metadata"]["namespace"]) == ("chan", "team")
     devices = rct["spec"]["spec"]["devices"]
+    # Upstream's request plus the toleration of its own domain's channel taint (and no other).
+    toleration = {"key": c.COMPUTE_DOMAIN_LABEL, "operator": "Equal", "value": "u-1",
+                  "effect": "NoSchedule"}  # fmt: skip
     assert devices["requests"] == [
-        {"name": "channel", "exactly": {"deviceClassName": c.CHANNEL_DEVICE_CLASS}}
+        {
+            "name": "channel",
+            "exactly": {"deviceClassName": c.CHANNEL_DEVICE_CLASS, "tolerations": [toleration]},
+        }
     ]
     assert devices["config"][0]["requests"] == ["channel"]
     assert devices["config"][0]["opaque"]["parameters"]["allocationMode"] == "All"

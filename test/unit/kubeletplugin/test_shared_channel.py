@@ -1,0 +1,245 @@
+"""Several pods of one ComputeDomain on one node (issue 31 item 1): the node's channel shared.
+
+Claims of the same domain share ``channel-0`` (one node label, one daemon, the channel device
+in each claim's CDI spec, one checkpoint entry per claim with the scheduler's ``shareID``);
+a claim of another domain is refused with upstream's text; Unprepare of one claim leaves the
+others' channel, label and CDI spec until the last is gone; a restarted plugin picks all of it
+up from the checkpoint. The slice's ``channel-0`` may be allocated several times and is tainted
+for the domain using it, so the scheduler keeps other domains' claims away.
+Fake API server, the plugin's real sockets, an injected clock.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kp_harness import (
+    NODE,
+    Kubelet,
+    channel_params,
+    running_plugin,
+    seed_claim,
+    seed_domain,
+)
+
+from pkg.api import constants as c
+from pkg.api.channelshare import channel_taint
+from pkg.base.types import JSON
+from pkg.kube import resources as res
+from pkg.kubeletplugin.checkpoint import ClaimEntry, ClaimState
+from pkg.kubeletplugin.checkpointformat import decode_checkpoint
+from pkg.kubeletplugin.driver import KubeletPlugin
+from pkg.kubeletplugin.state import channel_domain
+from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
+from pkg.testing.fakeapiserver import FakeApiServer
+
+CHANNEL_NODE = "/dev/nvidia-caps-imex-channels/channel0"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(start=1_781_111_149.0)
+
+
+def shared_claim(api: FakeApiServer, cd: str) -> JSON:
+    """A channel claim of ``cd`` as the scheduler allocates a shared ``channel-0``."""
+    return seed_claim(api, params=channel_params(cd), share_id=str(uuid.uuid4()))
+
+
+def uid(claim: JSON) -> str:
+    return str(claim["metadata"]["uid"])
+
+
+def prepare(kubelet: Kubelet, claim: JSON) -> Any:
+    """The kubelet's answer for ``claim`` (``.error``, ``.devices``)."""
+    return kubelet.prepare(claim).claims[uid(claim)]
+
+
+def node_label(api: FakeApiServer) -> str | None:
+    node = api.client().get(res.NODES, NODE)
+    labels: dict[str, str] = node["metadata"].get("labels") or {}
+    return labels.get(c.COMPUTE_DOMAIN_LABEL)
+
+
+def cdi_nodes(root: Path, claim: JSON) -> list[str]:
+    """Device-node paths of the claim's CDI spec (``[]`` when it has none)."""
+    spec = root / "cdi" / f"{c.CDI_VENDOR}-claim_{uid(claim)}.yaml"
+    if not spec.exists():
+        return []
+    doc = json.loads(spec.read_text())
+    return [n["path"] for d in doc["devices"] for n in d["containerEdits"].get("deviceNodes", [])]
+
+
+def channel_device(api: FakeApiServer) -> JSON:
+    [obj] = api.objects(res.RESOURCE_SLICES)
+    [channel] = [d for d in obj["spec"]["devices"] if d["name"] == c.CHANNEL_DEVICE_NAME]
+    return dict(channel)
+
+
+def taint_is(api: FakeApiServer, domain: str) -> None:
+    """Wait until the published ``channel-0`` carries the taint of ``domain`` (none if "")."""
+    want = [channel_taint(domain)] if domain else None
+    eventually(
+        lambda: api.objects(res.RESOURCE_SLICES) and channel_device(api).get("taints") == want,
+        what=f"channel-0 tainted for {domain or 'nobody'}",
+    )
+
+
+def checkpoint(plugin: KubeletPlugin) -> dict[str, ClaimEntry]:
+    """The checkpoint file as the Go driver reads it: it must verify."""
+    decoded = decode_checkpoint(plugin.store.path.read_bytes())
+    assert decoded.problems == ()
+    return decoded.entries
+
+
+def test_claims_of_one_domain_share_the_nodes_channel(
+    api: FakeApiServer, root: Path, clock: FakeClock
+) -> None:
+    cd = seed_domain(api)
+    first, second = shared_claim(api, cd), shared_claim(api, cd)
+    with running_plugin(api, root, clock=clock) as (plugin, kubelet):
+        eventually(lambda: api.objects(res.RESOURCE_SLICES), what="the slice")
+        assert channel_device(api)["allowMultipleAllocations"] is True
+        assert "taints" not in channel_device(api)  # a free channel: any domain may get it
+        for claim in (first, second):
+            answer = prepare(kubelet, claim)
+            assert answer.error == ""
+            assert [d.device_name for d in answer.devices] == [c.CHANNEL_DEVICE_NAME]
+            assert cdi_nodes(root, claim) == [CHANNEL_NODE]  # the device in each pod
+        assert node_label(api) == cd  # one label ...
+        entries = checkpoint(plugin)  # ... and one entry per claim, upstream's shape
+        assert {u: e.state for u, e in entries.items()} == {
+            uid(first): ClaimState.PREPARE_COMPLETED,
+            uid(second): ClaimState.PREPARE_COMPLETED,
+        }
+        for claim in (first, second):
+            [device] = entries[uid(claim)].devices
+            result = claim["status"]["allocation"]["devices"]["results"][0]
+            assert device.share_id == result["shareID"]
+            assert entries[uid(claim)].targets == (("channel", cd),)
+        taint_is(api, cd)
+
+
+def test_a_claim_of_another_domain_is_refused_and_kept_away(
+    api: FakeApiServer, root: Path, clock: FakeClock
+) -> None:
+    cd, other = seed_domain(api), seed_domain(api)
+    first, foreign = shared_claim(api, cd), shared_claim(api, other)
+    with running_plugin(api, root, clock=clock) as (plugin, kubelet):
+        assert prepare(kubelet, first).error == ""
+        error = prepare(kubelet, foreign).error
+        assert error.endswith(
+            f"allocation failed: channel 0 already allocated by claim {uid(first)} "
+            "(according to checkpoint)"
+        ), error
+        assert "retryable error: allocation failed" in error, error
+        assert uid(foreign) not in plugin.store.entries()
+        assert cdi_nodes(root, foreign) == []
+        assert node_label(api) == cd
+        taint_is(api, cd)  # the scheduler keeps the other domain's claims off this node
+
+
+def test_unprepare_leaves_the_others_channel_until_the_last(
+    api: FakeApiServer, root: Path, clock: FakeClock
+) -> None:
+    cd = seed_domain(api)
+    claims = [shared_claim(api, cd) for _ in range(3)]
+    with running_plugin(api, root, clock=clock) as (plugin, kubelet):
+        for claim in claims:
+            assert prepare(kubelet, claim).error == ""
+        taint_is(api, cd)
+        for i, claim in enumerate(claims):
+            for _ in range(2):  # Unprepare is idempotent
+                assert kubelet.unprepare(claim).claims[uid(claim)].error == ""
+            rest = claims[i + 1 :]
+            assert set(plugin.store.entries()) == {uid(r) for r in rest}
+            assert cdi_nodes(root, claim) == []
+            for other in rest:
+                assert cdi_nodes(root, other) == [CHANNEL_NODE]
+            assert node_label(api) == (cd if rest else None)
+            taint_is(api, cd if rest else "")
+        # The channel is free again: another domain's claim is prepared.
+        fresh = shared_claim(api, seed_domain(api))
+        assert prepare(kubelet, fresh).error == ""
+
+
+def test_a_started_claim_of_the_domain_keeps_the_label(
+    api: FakeApiServer, root: Path, clock: FakeClock
+) -> None:
+    """A claim of the domain still being prepared (PrepareStarted) needs the label too: the
+    last completed one's Unprepare leaves it."""
+    cd = seed_domain(api)
+    done, pending = shared_claim(api, cd), shared_claim(api, cd)
+    with running_plugin(api, root, clock=clock) as (plugin, kubelet):
+        assert prepare(kubelet, done).error == ""
+        assert plugin.state is not None
+        with plugin.state._lock.held():  # what a Prepare waiting for its daemon recorded
+            plugin.state._put(
+                ClaimEntry(uid=uid(pending), state=ClaimState.PREPARE_STARTED,
+                           status=plugin.store.entries()[uid(done)].status)
+            )  # fmt: skip
+        assert kubelet.unprepare(done).claims[uid(done)].error == ""
+        assert node_label(api) == cd
+        assert kubelet.unprepare(pending).claims[uid(pending)].error == ""
+        assert node_label(api) is None
+        assert plugin.store.entries()[uid(pending)].state == ClaimState.PREPARE_ABORTED
+
+
+def test_restart_picks_the_shared_channel_up_from_the_checkpoint(
+    api: FakeApiServer, root: Path, clock: FakeClock
+) -> None:
+    cd = seed_domain(api)
+    first, second = shared_claim(api, cd), shared_claim(api, cd)
+    with running_plugin(api, root, clock=clock) as (_plugin, kubelet):
+        before = {uid(c_): prepare(kubelet, c_).devices for c_ in (first, second)}
+    api.client().delete(res.RESOURCE_SLICES, f"{NODE}-{c.DRIVER_NAME}")  # as the kubelet does
+    with running_plugin(api, root, clock=clock) as (plugin, kubelet):
+        taint_is(api, cd)  # published from the checkpoint, before any call
+        for claim in (first, second):  # the kubelet re-prepares after a restart: same answer
+            assert prepare(kubelet, claim).devices == before[uid(claim)]
+        assert kubelet.unprepare(first).claims[uid(first)].error == ""
+        assert node_label(api) == cd
+        assert cdi_nodes(root, second) == [CHANNEL_NODE]
+        assert set(checkpoint(plugin)) == {uid(second)}
+        assert kubelet.unprepare(second).claims[uid(second)].error == ""
+        assert node_label(api) is None
+        taint_is(api, "")
+
+
+def _entry(uid_: str, state: ClaimState, domain: str) -> ClaimEntry:
+    status = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "r", "driver": c.DRIVER_NAME, "pool": NODE,
+                             "device": c.CHANNEL_DEVICE_NAME}],
+                "config": [{"source": "FromClaim", "requests": [],
+                            "opaque": {"driver": c.DRIVER_NAME,
+                                       "parameters": channel_params(domain)}}],
+            }
+        }
+    }  # fmt: skip
+    return ClaimEntry(uid=uid_, state=state, status=status)
+
+
+@pytest.mark.parametrize(
+    ("entries", "want"),
+    [
+        ([], ""),
+        ([("a", ClaimState.PREPARE_ABORTED, "d-1")], ""),
+        ([("a", ClaimState.PREPARE_STARTED, "d-1")], "d-1"),
+        ([("a", ClaimState.PREPARE_STARTED, "d-1"), ("b", ClaimState.PREPARE_COMPLETED, "d-2")],
+         "d-2"),
+        ([("b", ClaimState.PREPARE_STARTED, "d-2"), ("a", ClaimState.PREPARE_STARTED, "d-1")],
+         "d-1"),
+    ],
+    ids=["none", "aborted-holds-nothing", "started", "completed-first", "lowest-uid"],
+)  # fmt: skip
+def test_channel_domain(entries: list[tuple[str, ClaimState, str]], want: str) -> None:
+    domains = {d: str(uuid.uuid5(uuid.NAMESPACE_OID, d)) for d in ("d-1", "d-2")}
+    got = channel_domain(_entry(u, s, domains[d]) for u, s, d in entries)
+    assert got == (domains[want] if want else "")
