@@ -104,7 +104,7 @@ from pkg.daemon.options import Options
 from pkg.daemon.peers import clique_peers, peer_report
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES
 from pkg.imex import nodesconfig
-from pkg.imex.config import ImexConfig
+from pkg.imex.config import DOMAIN_ID_ENV, HOSTS_FILE_ENV, ImexConfig
 from pkg.imex.ctl import CommandRunner, ImexCtl, peer_connections
 from pkg.imex.hosts import HostsFile
 from pkg.imex.supervisor import ProcessRunner, Supervisor
@@ -152,7 +152,7 @@ def identity(opts: Options) -> Identity:
 
 def imex_child_env(opts: Options, base: dict[str, str]) -> dict[str, str]:
     """Env for IMEX: tells a simulated IMEX which hosts file we maintain and our domain."""
-    return {**base, "IMEX_HOSTS_FILE": opts.hosts_file, "IMEX_DOMAIN_ID": opts.domain_uid}
+    return {**base, HOSTS_FILE_ENV: opts.hosts_file, DOMAIN_ID_ENV: opts.domain_uid}
 
 
 def path_lookup(env: Mapping[str, str]) -> Callable[[str], str | None]:

@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from pkg.api import constants as c
+from pkg.api import daemoncontract as dc
 from pkg.featuregates import FeatureGateError, FeatureGates
+from pkg.imex import config as imex
 from pkg.runtime.flags import Flag, FlagError, FlagTable, FlagValues, parse_bool, parse_int
 
 CDI_MISSING: Final = (
@@ -81,22 +83,25 @@ class Options:
 
     @property
     def config_path(self) -> str:
-        return os.path.join(self.config_dir, "imexd.cfg")
+        return os.path.join(self.config_dir, imex.CONFIG_FILE_NAME)
 
     @property
     def nodes_config_path(self) -> str:
-        return os.path.join(self.config_dir, "nodes.cfg")
+        return os.path.join(self.config_dir, imex.NODES_CONFIG_FILE_NAME)
 
     def validate_run(self) -> None:
         if not self.domain_uid:
             raise OptionsError(CDI_MISSING)
         missing = [
             env
-            for env, value in (("NODE_NAME", self.node_name), ("POD_NAMESPACE", self.pod_namespace))
+            for env, value in (
+                (dc.NODE_NAME, self.node_name),
+                (dc.POD_NAMESPACE, self.pod_namespace),
+            )
             if not value
         ]
         if self.clique_id and not self.pod_ip:
-            missing.append("POD_IP")
+            missing.append(dc.POD_IP)
         if missing:
             raise OptionsError(f"missing required environment: {', '.join(missing)}")
 
@@ -107,32 +112,32 @@ def _env_only(name: str, env: str, help_: str) -> Flag:
 
 DAEMON_FLAGS: Final = FlagTable(
     prog="compute-domain-daemon",
-    verbosity_env="LOG_VERBOSITY",
+    verbosity_env=dc.LOG_VERBOSITY,
     verbosity_default=2,
     verbosity_aliases=("--verbosity",),
     commands=("run", "check"),
     flags=(
-        _env_only("clique-id", "CLIQUE_ID", "NVLink clique of this node (CDI; empty: no clique)"),
-        _env_only("compute-domain-uuid", "COMPUTE_DOMAIN_UUID", "UID of the ComputeDomain (CDI)"),
-        _env_only("compute-domain-name", "COMPUTE_DOMAIN_NAME", "name of the ComputeDomain (CDI)"),
-        Flag("compute-domain-namespace", "COMPUTE_DOMAIN_NAMESPACE", str, "default",
+        _env_only("clique-id", dc.CLIQUE_ID, "NVLink clique of this node (CDI; empty: no clique)"),
+        _env_only("compute-domain-uuid", dc.COMPUTE_DOMAIN_UUID, "UID of the ComputeDomain (CDI)"),
+        _env_only("compute-domain-name", dc.COMPUTE_DOMAIN_NAME, "name of the ComputeDomain (CDI)"),
+        Flag("compute-domain-namespace", dc.COMPUTE_DOMAIN_NAMESPACE, str, "default",
              "namespace of the ComputeDomain (CDI)", cli=False),
-        _env_only("traceparent", "TRACEPARENT",
+        _env_only("traceparent", dc.TRACEPARENT,
                   "the domain's formation trace (CDI, ours; empty when tracing is off)"),
-        _env_only("node-name", "NODE_NAME", "this node (downward API)"),
-        _env_only("pod-ip", "POD_IP", "this pod's IP (downward API; needed with a clique)"),
-        _env_only("pod-uid", "POD_UID", "this pod's UID (downward API)"),
-        _env_only("pod-name", "POD_NAME", "this pod's name (downward API)"),
-        _env_only("pod-namespace", "POD_NAMESPACE", "this pod's namespace (downward API)"),
-        Flag("max-nodes-per-imex-domain", "MAX_NODES_PER_IMEX_DOMAIN", parse_int,
+        _env_only("node-name", dc.NODE_NAME, "this node (downward API)"),
+        _env_only("pod-ip", dc.POD_IP, "this pod's IP (downward API; needed with a clique)"),
+        _env_only("pod-uid", dc.POD_UID, "this pod's UID (downward API)"),
+        _env_only("pod-name", dc.POD_NAME, "this pod's name (downward API)"),
+        _env_only("pod-namespace", dc.POD_NAMESPACE, "this pod's namespace (downward API)"),
+        Flag("max-nodes-per-imex-domain", dc.MAX_NODES_PER_IMEX_DOMAIN, parse_int,
              c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN, "daemons per clique, 1..9999", cli=False),
-        Flag("join-by-controller", c.CLIQUE_JOIN_BY_CONTROLLER_ENV, parse_bool, False,
+        Flag("join-by-controller", dc.CLIQUE_JOIN_BY_CONTROLLER, parse_bool, False,
              "the controller writes this daemon's clique entry (ours; true in our DaemonSets)",
              cli=False),
-        Flag("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false (upstream defaults)"),
-        Flag("config-dir", "IMEX_CONFIG_DIR", str, "/imexd",
+        Flag("feature-gates", dc.FEATURE_GATES, str, "", "A=true,B=false (upstream defaults)"),
+        Flag("config-dir", "IMEX_CONFIG_DIR", str, dc.CONFIG_DIR,
              "directory of imexd.cfg and nodes.cfg"),
-        Flag("hosts-file", "IMEX_HOSTS_FILE", str, "/etc/hosts",
+        Flag("hosts-file", imex.HOSTS_FILE_ENV, str, imex.DEFAULT_HOSTS_FILE,
              "hosts file the IMEX peer names are written to"),
         Flag("imex-binary", "IMEX_BINARY", str, "nvidia-imex",
              "IMEX daemon (a shell-quoted command)"),
@@ -140,8 +145,10 @@ DAEMON_FLAGS: Final = FlagTable(
              "IMEX control tool (a shell-quoted command)"),
         Flag("termination-log", "TERMINATION_LOG", str, "/dev/termination-log",
              "where the kubelet reads the termination message"),
-        Flag("imex-server-port", "IMEX_SERVER_PORT", parse_int, 50000, "IMEX server port"),
-        Flag("imex-cmd-port", "IMEX_CMD_PORT", parse_int, 50005, "IMEX command port"),
+        Flag("imex-server-port", "IMEX_SERVER_PORT", parse_int, imex.DEFAULT_SERVER_PORT,
+             "IMEX server port"),
+        Flag("imex-cmd-port", "IMEX_CMD_PORT", parse_int, imex.DEFAULT_CMD_PORT,
+             "IMEX command port"),
         Flag("metrics-address", "METRICS_ADDRESS", str, "",
              "host:port of /metrics (empty: no endpoint; :9400, 127.0.0.1:0)"),
         Flag("kubeconfig", "KUBECONFIG", str, None,

@@ -22,9 +22,22 @@ from pathlib import Path
 from typing import Final
 
 DEFAULT_SERVER_PORT: Final = 50000
+"""IMEX's ``SERVER_PORT`` unless configured (the daemon's ``--imex-server-port``)."""
 DEFAULT_CMD_PORT: Final = 50005
+"""IMEX's ``IMEX_CMD_PORT`` unless configured (the daemon's ``--imex-cmd-port``)."""
 CONFIG_FILE_NAME: Final = "imexd.cfg"
+"""This file, in the daemon's config directory."""
 NODES_CONFIG_FILE_NAME: Final = "nodes.cfg"
+"""The nodes config ``IMEX_NODE_CONFIG_FILE`` names, next to this file."""
+
+# The env the daemon gives the IMEX process on top of its own: real IMEX ignores both; the
+# simulator (pkg.imex.sim.imexd) resolves peers through the hosts file the daemon maintains
+# and refuses peers of another domain.
+HOSTS_FILE_ENV: Final = "IMEX_HOSTS_FILE"
+"""The hosts file the daemon maintains (also the daemon's own ``--hosts-file`` env)."""
+DEFAULT_HOSTS_FILE: Final = "/etc/hosts"
+DOMAIN_ID_ENV: Final = "IMEX_DOMAIN_ID"
+"""The domain's UID."""
 
 
 class ImexConfigError(ValueError):

@@ -63,6 +63,7 @@ from typing import Protocol
 from opentelemetry import trace
 from opentelemetry.context import Context
 
+from pkg.api import daemoncontract as dc
 from pkg.api.opaque import ChannelConfig, DaemonConfig
 from pkg.base.types import JSON
 from pkg.draplugin.claims import ClaimRef
@@ -84,7 +85,6 @@ from pkg.kubeletplugin.hostimex import DAEMON_CLAIMS_REFUSED, HostManagedChannel
 from pkg.kubeletplugin.procdevices import DeviceNode
 from pkg.runtime.logsetup import V
 from pkg.runtime.tracing import (
-    TRACEPARENT_ENV,
     child_span,
     parent_context,
     parse_traceparent,
@@ -480,17 +480,17 @@ class DeviceState:
             raise PermanentError(str(err)) from err
         domain_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
         env: tuple[str, ...] = (
-            f"CLIQUE_ID={self._setup.clique_id()}",
-            f"COMPUTE_DOMAIN_UUID={meta.get('uid', '')}",
-            f"COMPUTE_DOMAIN_NAME={meta.get('name', '')}",
-            f"COMPUTE_DOMAIN_NAMESPACE={meta.get('namespace', '')}",
+            f"{dc.CLIQUE_ID}={self._setup.clique_id()}",
+            f"{dc.COMPUTE_DOMAIN_UUID}={meta.get('uid', '')}",
+            f"{dc.COMPUTE_DOMAIN_NAME}={meta.get('name', '')}",
+            f"{dc.COMPUTE_DOMAIN_NAMESPACE}={meta.get('namespace', '')}",
         )
         traceparent = traceparent_of(domain)
         if traceparent and parse_traceparent(traceparent) is not None:
             # The daemon's formation spans join the domain's trace (OTel's env carrier).
-            env += (f"{TRACEPARENT_ENV}={traceparent}",)
+            env += (f"{dc.TRACEPARENT}={traceparent}",)
         mount = {
-            "containerPath": "/imexd",
+            "containerPath": dc.CONFIG_DIR,
             "hostPath": str(domain_dir),
             "options": ["rw", "nosuid", "nodev", "bind"],
         }

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from pkg.api import constants as c
+from pkg.api import daemoncontract as dc
 from pkg.api.namespaces import valid_namespace
 from pkg.imex.mode import ImexModeConfig
 
@@ -28,28 +29,9 @@ DEFAULT_DAEMON_SERVICE_ACCOUNT = "compute-domain-daemon"
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-DAEMON_CORE_ENV: frozenset[str] = frozenset(
-    {
-        # Rendered by objects.py (downward API and the controller's own settings).
-        "LOG_VERBOSITY",
-        "MAX_NODES_PER_IMEX_DOMAIN",
-        "NODE_NAME",
-        "POD_IP",
-        "POD_UID",
-        "POD_NAME",
-        "POD_NAMESPACE",
-        "NVIDIA_VISIBLE_DEVICES",
-        "FEATURE_GATES",
-        c.CLIQUE_JOIN_BY_CONTROLLER_ENV,
-        # Injected through CDI by the kubelet plugin from the prepared daemon claim.
-        "CLIQUE_ID",
-        "COMPUTE_DOMAIN_UUID",
-        "COMPUTE_DOMAIN_NAME",
-        "COMPUTE_DOMAIN_NAMESPACE",
-        "TRACEPARENT",
-    }
-)
-"""Daemon env names an operator may not set through ``--cd-daemon-extra-env``."""
+DAEMON_CORE_ENV: frozenset[str] = dc.DAEMONSET_ENV | dc.CDI_ENV
+"""Daemon env names an operator may not set through ``--cd-daemon-extra-env``: what our
+DaemonSet (objects.py) and the plugin's CDI spec set (:mod:`pkg.api.daemoncontract`)."""
 
 
 def _check_extra_env(pairs: tuple[tuple[str, str], ...]) -> None:

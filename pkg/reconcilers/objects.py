@@ -28,6 +28,7 @@ import hashlib
 import json
 
 from pkg.api import constants as c
+from pkg.api import daemoncontract as dc
 from pkg.api.channelshare import channel_toleration
 from pkg.api.computedomain import ComputeDomain
 from pkg.base.types import JSON
@@ -137,7 +138,7 @@ def _field_env(name: str, path: str) -> JSON:
 
 def _probe(*, period: int, failure_threshold: int) -> JSON:
     return {
-        "exec": {"command": ["compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "check"]},
+        "exec": {"command": ["compute-domain-daemon", "-v", f"$({dc.LOG_VERBOSITY})", "check"]},
         "periodSeconds": period,
         "timeoutSeconds": 10,
         "failureThreshold": failure_threshold,
@@ -155,16 +156,12 @@ DAEMON_TOLERATIONS: tuple[JSON, ...] = (
 def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
     name = c.daemon_object_name(cd.uid)
     env: list[JSON] = [
-        {"name": "LOG_VERBOSITY", "value": str(config.log_verbosity_cd_daemon)},
-        {"name": "MAX_NODES_PER_IMEX_DOMAIN", "value": str(config.max_nodes_per_imex_domain)},
-        _field_env("NODE_NAME", "spec.nodeName"),
-        _field_env("POD_IP", "status.podIP"),
-        _field_env("POD_UID", "metadata.uid"),
-        _field_env("POD_NAME", "metadata.name"),
-        _field_env("POD_NAMESPACE", "metadata.namespace"),
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
-        {"name": "FEATURE_GATES", "value": config.feature_gates},
-        {"name": c.CLIQUE_JOIN_BY_CONTROLLER_ENV, "value": "true"},
+        {"name": dc.LOG_VERBOSITY, "value": str(config.log_verbosity_cd_daemon)},
+        {"name": dc.MAX_NODES_PER_IMEX_DOMAIN, "value": str(config.max_nodes_per_imex_domain)},
+        *(_field_env(env, path) for env, path in dc.DOWNWARD_API),
+        {"name": dc.NVIDIA_VISIBLE_DEVICES, "value": "void"},
+        {"name": dc.FEATURE_GATES, "value": config.feature_gates},
+        {"name": dc.CLIQUE_JOIN_BY_CONTROLLER, "value": "true"},
         *({"name": name, "value": value} for name, value in config.daemon_extra_env),
     ]
     spec: JSON = {
@@ -175,7 +172,7 @@ def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
             {
                 "name": c.DAEMON_CONTAINER_NAME,
                 "image": config.image_name,
-                "command": ["compute-domain-daemon", "-v", "$(LOG_VERBOSITY)", "run"],
+                "command": ["compute-domain-daemon", "-v", f"$({dc.LOG_VERBOSITY})", "run"],
                 "env": env,
                 "resources": {"claims": [{"name": c.DAEMON_CLAIM_NAME}]},
                 "startupProbe": _probe(period=1, failure_threshold=1200),

@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FILE_PATH_VAR",
-    "TRACEPARENT_ENV",
     "FormationIds",
     "Tracing",
     "child_span",
@@ -62,8 +61,6 @@ log = logging.getLogger(__name__)
 
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 FILE_PATH_VAR = "OTEL_EXPORTER_FILE_TRACES_PATH"
-TRACEPARENT_ENV = "TRACEPARENT"
-"""The environment variable carrying W3C trace context into a process (OTel's env carrier)."""
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 

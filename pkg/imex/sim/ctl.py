@@ -20,7 +20,7 @@ import json
 import socket
 import sys
 
-from pkg.imex.config import ImexConfigError, read_config
+from pkg.imex.config import DEFAULT_CMD_PORT, ImexConfigError, read_config
 from pkg.imex.sim import wire
 
 
@@ -35,7 +35,7 @@ def _request_unix(path: str, command: str) -> str:
 def _request(config_path: str, command: str) -> str:
     cfg = read_config(config_path)
     ip = cfg.get("IMEX_CMD_BIND_INTERFACE_IP") or cfg.get("BIND_INTERFACE_IP") or "127.0.0.1"
-    port = int(cfg.get("IMEX_CMD_PORT") or 50005)
+    port = int(cfg.get("IMEX_CMD_PORT") or DEFAULT_CMD_PORT)
     with socket.create_connection((ip, port), timeout=3.0) as sock:
         sock.settimeout(5.0)
         wire.send_line(sock, command)

@@ -48,7 +48,15 @@ from types import FrameType
 from typing import Any
 
 from pkg.imex import hosts, nodesconfig
-from pkg.imex.config import ImexConfigError, read_config
+from pkg.imex.config import (
+    DEFAULT_CMD_PORT,
+    DEFAULT_HOSTS_FILE,
+    DEFAULT_SERVER_PORT,
+    DOMAIN_ID_ENV,
+    HOSTS_FILE_ENV,
+    ImexConfigError,
+    read_config,
+)
 from pkg.imex.sim import wire
 
 _wake = threading.Event()
@@ -118,13 +126,13 @@ def load_settings(config_path: str, env: dict[str, str]) -> Settings:
         raise SimError("IMEX_NODE_CONFIG_FILE is not set")
     return Settings(
         bind_ip=bind_ip,
-        server_port=_port(cfg, "SERVER_PORT", 50000),
+        server_port=_port(cfg, "SERVER_PORT", DEFAULT_SERVER_PORT),
         cmd_ip=cfg.get("IMEX_CMD_BIND_INTERFACE_IP") or bind_ip,
-        cmd_port=_port(cfg, "IMEX_CMD_PORT", 50005),
+        cmd_port=_port(cfg, "IMEX_CMD_PORT", DEFAULT_CMD_PORT),
         cmd_enabled=cfg.get("IMEX_CMD_ENABLED", "1") == "1",
         nodes_path=Path(nodes),
-        hosts_path=Path(env.get("IMEX_HOSTS_FILE") or "/etc/hosts"),
-        domain=env.get("IMEX_DOMAIN_ID", ""),
+        hosts_path=Path(env.get(HOSTS_FILE_ENV) or DEFAULT_HOSTS_FILE),
+        domain=env.get(DOMAIN_ID_ENV, ""),
         probe_interval=float(env.get("IMEX_SIM_PROBE_INTERVAL") or 0.5),
         ready_delay=float(env.get("IMEX_SIM_READY_DELAY") or 0),
         drop_file=Path(
