@@ -33,9 +33,6 @@ class ContainerEdits:
     def env_map(self) -> dict[str, str]:
         return dict(e.split("=", 1) for e in self.env if "=" in e)
 
-    def device_paths(self) -> list[str]:
-        return [str(d["path"]) for d in self.device_nodes]
-
     def to_json(self) -> dict[str, Any]:
         return {
             "env": list(self.env),

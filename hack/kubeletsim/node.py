@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from pkg.kube.errors import ApiError
 from pkg.kube.events import EventRecorder
 from pkg.kube.resources import NODES
 
-from .cdi import CdiResolver, GoCdiResolver
+from .cdi import CdiResolver
 from .claims import DraManager
 from .kubelet import Kubelet
 from .layout import GPU_CLIQUE_LABEL, NodeDirs, NodeSpec
@@ -74,10 +74,6 @@ class FleetConfig:
     debug_endpoints: bool = False
     # ``#!`` of the simulated IMEX zipapps (None: this Python with -S; see zygote/zclient.c).
     zipapp_interpreter: str | None = None
-
-    @staticmethod
-    def go_cdi(binary: Path) -> CdiResolver:
-        return GoCdiResolver(binary)
 
 
 def _free_port() -> int:
@@ -289,12 +285,6 @@ class SimulatedNode:
 
     def container_records(self) -> list[Path]:
         return sorted(self.dirs.containers.glob("*.json"))
-
-    def local_processes(self) -> Mapping[str, int | None]:
-        out: dict[str, int | None] = {}
-        for uid, worker in self.kubelet.workers().items():
-            out[uid] = 1 if not worker.done else None
-        return out
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -58,7 +58,6 @@ HOST_IP = "172.30.250.1"
 SERVICE_CIDR = "10.0.0.0/24"
 CLUSTER_CIDR = "10.244.0.0/16"
 HOLDER_ARGV0 = f"{PREFIX}-holder-"
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Written by the kubelet's container manager (setupKernelTunables) unless protectKernelDefaults.
 KERNEL_TUNABLES = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 # Directories of the node that replace the host's inside its mount namespace.

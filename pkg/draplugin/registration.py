@@ -62,7 +62,6 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         )
         self._lock = threading.Lock()
         self._status = RegistrationStatus()
-        self._changed = threading.Condition(self._lock)
 
     def GetInfo(  # noqa: N802
         self, request: reg_pb2.InfoRequest, context: grpc.ServicerContext
@@ -73,12 +72,11 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
     def NotifyRegistrationStatus(  # noqa: N802
         self, request: reg_pb2.RegistrationStatus, context: grpc.ServicerContext
     ) -> reg_pb2.RegistrationStatusResponse:
-        """Record and log the kubelet's verdict; wakes every `wait_notified` caller."""
+        """Record and log the kubelet's verdict (read through :attr:`status`)."""
         with self._lock:
             self._status = RegistrationStatus(
                 notified=True, registered=request.plugin_registered, error=request.error
             )
-            self._changed.notify_all()
         if request.plugin_registered:
             log.info("kubelet registered plugin %s", self._info.name)
         else:
@@ -89,11 +87,4 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
     def status(self) -> RegistrationStatus:
         """The kubelet's last verdict (`RegistrationStatus` with ``notified=False`` before any)."""
         with self._lock:
-            return self._status
-
-    def wait_notified(self, timeout: float) -> RegistrationStatus:
-        """Block up to ``timeout`` real seconds for the kubelet's first verdict; the status then
-        (``notified`` tells whether it came). Safe to call from any thread."""
-        with self._lock:
-            self._changed.wait_for(lambda: self._status.notified, timeout)
             return self._status

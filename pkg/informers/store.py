@@ -222,11 +222,6 @@ class Indexer:
         with self._lock:
             return [self._items[k] for k in self.index_keys(index_name, value)]
 
-    def index_values(self, index_name: str) -> _Strings:
-        """Every value index ``index_name`` currently has objects for."""
-        with self._lock:
-            return list(self._indices[index_name])
-
     def lock(self) -> threading.RLock:
         """For callers that need several reads (or read+notify) to be one atomic step."""
         return self._lock

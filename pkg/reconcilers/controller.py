@@ -169,7 +169,7 @@ class Controller:
     """Runs one reconciler over its own named queue with ``workers`` threads.
 
     Lifecycle: construct, register `handler` callbacks on informers, `start` once the caches
-    have synced, `stop` once. Producers (`enqueue`, `enqueue_after`, handlers) are safe from
+    have synced, `stop` once. Producers (`enqueue`, handlers) are safe from
     any thread at any time; keys added after `stop` are dropped.
     """
 
@@ -211,10 +211,6 @@ class Controller:
         """Reconcile ``key`` soon (once, however often it is enqueued before a worker takes
         it; once more if it is enqueued while being reconciled)."""
         self._queue.add(key)
-
-    def enqueue_after(self, key: str, delay: float) -> None:
-        """Reconcile ``key`` after ``delay`` seconds (an earlier pending time wins)."""
-        self._queue.add_after(key, delay)
 
     def handler(self, mapper: Callable[[JSON], Iterable[str]]) -> Callable[[JSON], None]:
         """An event-handler callback that maps an object to keys and enqueues them.

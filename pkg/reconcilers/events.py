@@ -44,9 +44,3 @@ class OnceEvents:
                 return
             self._seen[key] = True
         self._sink.event(obj, type_, reason, message)
-
-    def reset(self, uid: str) -> None:
-        """Allow the warnings about ``uid`` again (its cause went away)."""
-        with self._lock:
-            for key in [k for k in self._seen if k[0] == uid]:
-                del self._seen[key]

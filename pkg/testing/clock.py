@@ -23,8 +23,6 @@ from typing import Any
 
 __all__ = ["FakeClock"]
 
-Waitable = threading.Event | threading.Condition
-
 
 class FakeClock:
     """Implements `pkg.base.Clock` on virtual time; safe for concurrent use."""

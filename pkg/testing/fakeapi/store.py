@@ -107,9 +107,6 @@ class ObjectStore:
         with self.cond:
             return list(self._objects)
 
-    def has_status(self, resource: Resource) -> bool:
-        return resource in self._status
-
     # -- reads -------------------------------------------------------------------------------
 
     @property
