@@ -14,7 +14,6 @@ renders; and the controller's and plugin's own parsers accept every env the char
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -40,6 +39,7 @@ from helmchart import (
 
 from pkg.featuregates import FeatureGates
 from pkg.imex.mode import ImexModeConfig
+from pkg.kubeletplugin.options import parse_args as parse_plugin_args
 from pkg.reconcilers.flags import parse_options
 
 # Labels the chart adds to every templated top-level object (never to pod templates or
@@ -603,20 +603,11 @@ def test_controller_accepts_the_charts_env(tmp_path: Path) -> None:
         assert options is not None
 
 
-def test_kubelet_plugin_accepts_the_charts_env(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_kubelet_plugin_accepts_the_charts_env(tmp_path: Path) -> None:
     """The plugin's argument parser takes the env, and its IMEX config validates."""
-    spec = importlib.util.spec_from_file_location("cdd_plugin_entry", PLUGIN_ENTRY)
-    assert spec is not None and spec.loader is not None
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
     for objs in chart_renders(tmp_path):
         env_ = resolved_env(objs, "DaemonSet", "compute-domain-kubelet-plugin")
-        with monkeypatch.context() as m:
-            for key, value in env_.items():
-                m.setenv(key, value)
-            args = plugin.parse_args(["-v", env_["LOG_VERBOSITY"]])
+        args = parse_plugin_args(["-v", env_["LOG_VERBOSITY"]], env_)
         assert args.healthcheck_port == int(env_["HEALTHCHECK_PORT"])
         assert args.nvidia_driver_root == env_["NVIDIA_DRIVER_ROOT"]
         gates = FeatureGates.parse(env_["FEATURE_GATES"]).validate()

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +15,7 @@ from kp_harness import DRIVER_NS, NODE, make_config, seed_domain
 from pkg.kube import resources as res
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.driver import KubeletPlugin
+from pkg.kubeletplugin.options import parse_args
 from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
@@ -96,19 +95,13 @@ def test_debug_informers_is_off_by_default(api: FakeApiServer, root: Path) -> No
         plugin.stop()
 
 
-def test_flag_and_env(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    sys.path.insert(0, str(REPO / "cmd/compute-domain-kubelet-plugin"))
-    try:
-        cli = importlib.import_module("compute_domain_kubelet_plugin")
-    finally:
-        sys.path.pop(0)
-    monkeypatch.delenv("DEBUG_ENDPOINTS", raising=False)
-    assert cli.parse_args(["--node-name", "n"]).debug_endpoints is False
-    assert cli.parse_args(["--node-name", "n", "--debug-endpoints"]).debug_endpoints is True
-    monkeypatch.setenv("DEBUG_ENDPOINTS", "true")
-    assert cli.parse_args(["--node-name", "n"]).debug_endpoints is True
-    assert cli.parse_args(["--node-name", "n", "--no-debug-endpoints"]).debug_endpoints is False
-    monkeypatch.setenv("DEBUG_ENDPOINTS", "maybe")
-    with pytest.raises(SystemExit):
-        cli.parse_args(["--node-name", "n"])
+def test_flag_and_env(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_args(["--node-name", "n"], {}).debug_endpoints is False
+    assert parse_args(["--node-name", "n", "--debug-endpoints"], {}).debug_endpoints is True
+    env = {"DEBUG_ENDPOINTS": "true"}
+    assert parse_args(["--node-name", "n"], env).debug_endpoints is True
+    assert parse_args(["--node-name", "n", "--debug-endpoints=false"], env).debug_endpoints is False
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--node-name", "n"], {"DEBUG_ENDPOINTS": "maybe"})
+    assert exc.value.code == 2
     assert "DEBUG_ENDPOINTS" in capsys.readouterr().err

@@ -3,13 +3,11 @@ hand-kept file lists checked against NVIDIA's own CDI generator (nvidia-containe
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import importlib
 import json
 import os
 import re
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from pkg.kubeletplugin.discovery import DiscoveryError, NodeDevices
 from pkg.kubeletplugin.discovery.nvml import load_pynvml
 from pkg.kubeletplugin.driver import KubeletPlugin
 from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError, management_edits
+from pkg.kubeletplugin.options import build_discovery, parse_args
 from pkg.testing.fakeapiserver import FakeApiServer
 from pkg.testing.fakedriverroot import ARCHES, LIBRARIES, Arch, FakeDriverRoot
 
@@ -309,23 +308,17 @@ def test_missing_nvml_names_the_driver_root(tmp_path: Path) -> None:
 
 
 def test_plugin_nvml_discovery_uses_the_driver_root(tmp_path: Path, pynvml_unloaded: Any) -> None:
-    sys.path.insert(
-        0, str(Path(__file__).resolve().parents[3] / "cmd/compute-domain-kubelet-plugin")
-    )
-    try:
-        cli = importlib.import_module("compute_domain_kubelet_plugin")
-    finally:
-        sys.path.pop(0)
     made = FakeDriverRoot.create(tmp_path)
-    args: argparse.Namespace = cli.parse_args(
+    args = parse_args(
         ["--node-name", "n", "--device-discovery", "nvml",
-         "--nvidia-driver-root", "/run/nvidia/driver", "--container-driver-root", str(tmp_path)]
+         "--nvidia-driver-root", "/run/nvidia/driver", "--container-driver-root", str(tmp_path)],
+        {},
     )  # fmt: skip
     # The placeholder is no ELF file: the error shows which file the plugin tried to load.
     with pytest.raises(
         DiscoveryError, match=re.escape(f"cannot load NVML from {tmp_path}/{made.lib_dir}/")
     ):
-        cli.build_discovery(args)
+        build_discovery(args)
     assert pynvml_unloaded.nvmlLib is None
-    defaults = cli.parse_args(["--node-name", "n"])
+    defaults = parse_args(["--node-name", "n"], {})
     assert (defaults.nvidia_driver_root, defaults.container_driver_root) == ("/", "/driver-root")

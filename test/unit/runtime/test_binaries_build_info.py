@@ -53,7 +53,8 @@ def test_daemon_version_needs_no_command_and_help_still_exits_zero() -> None:
 
 def test_plugin_bad_env_number_is_a_usage_error_not_a_traceback() -> None:
     out = start("compute-domain-kubelet-plugin", "--node-name=n", env={"HEALTHCHECK_PORT": "x"})
-    assert out.returncode == 2 and "--healthcheck-port: invalid int value" in out.stderr
+    message = '--healthcheck-port (or HEALTHCHECK_PORT): "x" is not an integer'
+    assert out.returncode == 2 and message in out.stderr
     assert "Traceback" not in out.stderr
 
 

@@ -1,0 +1,103 @@
+"""The plugin's flag table (`pkg.kubeletplugin.options`): upstream's names, env fallbacks,
+defaults, errors, and the `PluginConfig` built from them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from pkg.imex.mode import DEFAULT_HOST_SOCKET_PATH, ImexModeConfig
+from pkg.kubeletplugin.options import PLUGIN_FLAGS, PluginOptions, parse_args, plugin_config
+
+NODE = ["--node-name", "n1"]
+
+
+def test_options_fields_are_the_tables_rows() -> None:
+    """`parse_args` builds `PluginOptions` from the table's values by name."""
+    fields = {f.name: f for f in dataclasses.fields(PluginOptions)}
+    assert list(fields) == [f.dest for f in PLUGIN_FLAGS.all_flags]
+    defaults = parse_args(NODE, {})
+    for row in PLUGIN_FLAGS.all_flags:
+        if row.dest != "node_name":
+            assert getattr(defaults, row.dest) == row.default, row.dest
+
+
+def test_upstream_defaults() -> None:
+    opts = parse_args(NODE, {})
+    assert (opts.namespace, opts.cdi_root, opts.healthcheck_port) == ("default", "/var/run/cdi", -1)
+    assert opts.kubelet_registrar_directory_path == "/var/lib/kubelet/plugins_registry"
+    assert opts.kubelet_plugins_directory_path == "/var/lib/kubelet/plugins"
+    assert (opts.nvidia_driver_root, opts.container_driver_root) == ("/", "/driver-root")
+    assert (opts.imex_mode, opts.imex_isolation) == ("driverManaged", "domain")
+    assert opts.imex_host_socket_path == DEFAULT_HOST_SOCKET_PATH
+    assert (opts.kubeconfig, opts.device_discovery, opts.v) == (None, "nvml", 0)
+    assert not opts.gpu_clique_label_enabled and not opts.debug_endpoints
+    assert opts.alt_proc_devices_path == "/proc/devices"
+
+
+def test_env_fallbacks_and_flags_win() -> None:
+    env = {"NODE_NAME": "env-node", "HOST_DRIVER_ROOT": "/old", "LOG_VERBOSITY": "6",
+           "GPU_CLIQUE_LABEL_ENABLED": "True", "HEALTHCHECK_PORT": "51515",
+           "ALT_PROC_DEVICES_PATH": "/alt", "KUBECONFIG": "/kc"}  # fmt: skip
+    opts = parse_args([], env)
+    assert (opts.node_name, opts.nvidia_driver_root, opts.v) == ("env-node", "/old", 6)
+    assert opts.gpu_clique_label_enabled and opts.healthcheck_port == 51515
+    assert (opts.alt_proc_devices_path, opts.kubeconfig) == ("/alt", "/kc")
+    assert parse_args([], {**env, "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}).nvidia_driver_root \
+        == "/run/nvidia/driver"  # fmt: skip
+    opts = parse_args(["--node-name=flag", "-v=2", "--gpu-clique-label-enabled=false"], env)
+    assert (opts.node_name, opts.v, opts.gpu_clique_label_enabled) == ("flag", 2, False)
+
+
+def test_empty_env_is_unset_except_for_the_imex_settings() -> None:
+    opts = parse_args(
+        NODE, {"NAMESPACE": "", "CDI_ROOT": "", "IMEX_MODE": "", "IMEX_ISOLATION": ""}
+    )
+    assert (opts.namespace, opts.cdi_root) == ("default", "/var/run/cdi")
+    assert (opts.imex_mode, opts.imex_isolation) == ("", "")  # refused later, upstream's text
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "--node-name (or NODE_NAME): required"),
+        (NODE, {"GPU_CLIQUE_LABEL_ENABLED": "yes"},
+         '--gpu-clique-label-enabled (or GPU_CLIQUE_LABEL_ENABLED): invalid boolean "yes"'),
+        ([*NODE, "--device-discovery=gpu"], {}, '--device-discovery (or DEVICE_DISCOVERY): '
+         'invalid choice "gpu"'),
+        (NODE, {"LOG_VERBOSITY": "high"}, '-v (or LOG_VERBOSITY): "high" is not an integer'),
+    ],
+    ids=["no-node", "bool-yes", "bad-discovery", "bad-verbosity"],
+)  # fmt: skip
+def test_bad_values_exit_2_naming_flag_and_env(
+    argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv, env)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_plugin_config_from_options() -> None:
+    opts = parse_args([*NODE, "--namespace=drv", "--http-endpoint=:8081"],
+                      {"ADDITIONAL_NAMESPACES": "old, drv", "GPU_CLIQUE_LABEL_ENABLED": "1",
+                       "KUBELET_PLUGINS_DIRECTORY_PATH": "/plugins"})  # fmt: skip
+    imex = ImexModeConfig()
+    config = plugin_config(opts, imex=imex)
+    assert (config.node_name, config.namespace, config.additional_namespaces) == (
+        "n1", "drv", ("old",),
+    )  # fmt: skip
+    assert (config.metrics_host, config.metrics_port, config.healthcheck_port) == ("", 8081, -1)
+    assert config.plugins_dir == Path("/plugins") and config.proc_devices == Path("/proc/devices")
+    assert config.gpu_clique_label and config.imex is imex
+    assert plugin_config(parse_args(NODE, {}), imex=imex).metrics_port == -1
+    with pytest.raises(ValueError, match="Bad_NS"):
+        plugin_config(parse_args(NODE, {"ADDITIONAL_NAMESPACES": "Bad_NS"}), imex=imex)
+
+
+def test_dump_names_every_flag() -> None:
+    dump = parse_args(NODE, {}).dump()
+    assert list(dump) == sorted(dump) and dump["node_name"] == "n1" and dump["v"] == 0
+    assert set(dump) == {f.dest for f in PLUGIN_FLAGS.all_flags}
