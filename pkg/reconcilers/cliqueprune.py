@@ -55,6 +55,7 @@ from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES
 from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, Caches
+from pkg.reconcilers.conditions import PROBLEM_DAEMON_NOT_RUNNING
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result
@@ -294,7 +295,7 @@ class CliquePruneReconciler:
             log.warning("daemon on %s is not running: entry marked NotReady", ident[0],
                         extra={"key": key})  # fmt: skip
             self._events.event(
-                verdict.down[ident], WARNING, "DaemonNotRunning",
+                verdict.down[ident], WARNING, PROBLEM_DAEMON_NOT_RUNNING,
                 f"the IMEX daemon container is not running; its entry in ComputeDomainClique "
                 f"{written['metadata']['name']} is NotReady until the daemon is Ready again",
             )  # fmt: skip

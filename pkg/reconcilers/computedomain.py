@@ -61,6 +61,7 @@ from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS
 from pkg.reconcilers.cache import BY_DOMAIN, Caches
+from pkg.reconcilers.conditions import REASON_INVALID_SPEC
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result, TerminalError
@@ -145,8 +146,8 @@ class ComputeDomainReconciler:
         try:
             cd = parse_compute_domain(obj)
         except InvalidComputeDomainError as exc:
-            self._events.event(obj, WARNING, "InvalidSpec", str(exc))
-            self._write_status(obj, members=[], problem=Problem("InvalidSpec", str(exc)))
+            self._events.event(obj, WARNING, REASON_INVALID_SPEC, str(exc))
+            self._write_status(obj, members=[], problem=Problem(REASON_INVALID_SPEC, str(exc)))
             raise TerminalError(f"invalid spec: {exc}") from exc
         try:
             if c.FINALIZER not in (obj["metadata"].get("finalizers") or []):
@@ -453,7 +454,7 @@ def _status_attributes(status: JSON) -> dict[str, str | int]:
 
 
 def _invalid_status(obj: JSON, problem: Problem | None, *, previous: JSON | None, now: str) -> JSON:
-    reason = problem.reason if problem else "InvalidSpec"
+    reason = problem.reason if problem else REASON_INVALID_SPEC
     message = problem.message if problem else "invalid spec"
     conditions = set_condition(
         list((previous or {}).get("conditions") or []),

@@ -38,6 +38,11 @@ from pkg.kube.client import KubeClient
 from pkg.kube.errors import AlreadyExistsError, ApiError, ForbiddenError, NotFoundError
 from pkg.kube.resources import DAEMONSETS, RESOURCE_CLAIM_TEMPLATES, Resource
 from pkg.reconcilers.cache import BY_DOMAIN, BY_UID, Caches, ObjectCache
+from pkg.reconcilers.conditions import (
+    REASON_DAEMONSET_CONFLICT,
+    REASON_DRIVER_NAMESPACE_UNAVAILABLE,
+    REASON_RCT_CONFLICT,
+)
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.events import NORMAL, EventSink
 from pkg.reconcilers.nodecache import patch_node_metadata
@@ -154,7 +159,7 @@ class Dependents:
             if isinstance(exc, ForbiddenError) and "being terminated" not in exc.message:
                 raise
             return Problem(
-                "DriverNamespaceUnavailable",
+                REASON_DRIVER_NAMESPACE_UNAVAILABLE,
                 f"cannot create objects in driver namespace {self._config.namespace}: "
                 f"{exc.message or exc}",
             )
@@ -188,7 +193,7 @@ class Dependents:
             raise RetryLaterError(f"deleted orphaned ResourceClaimTemplate {key} of domain {owner}")
         holder = f"ComputeDomain UID {owner}" if owner else "a user or another controller"
         return Problem(
-            "ResourceClaimTemplateConflict",
+            REASON_RCT_CONFLICT,
             f"ResourceClaimTemplate {key} already exists and belongs to {holder}; choose another "
             "spec.channel.resourceClaimTemplate.name or delete that object",
         )
@@ -231,7 +236,7 @@ class Dependents:
                 return None
         if _labels(existing).get(c.COMPUTE_DOMAIN_LABEL) != cd.uid:
             return Problem(
-                "DaemonSetConflict",
+                REASON_DAEMONSET_CONFLICT,
                 f"DaemonSet {key} exists but is not labelled for this domain; delete it",
             )
         annotations = existing.get("metadata", {}).get("annotations") or {}

@@ -53,6 +53,7 @@ from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.reconcilers.cache import INDEXES, Caches, ObjectCache
 from pkg.reconcilers.cleanup import OrphanCleaner
 from pkg.reconcilers.computedomain import format_time
+from pkg.reconcilers.conditions import REASON_HOST_MANAGED, REASON_INVALID_SPEC
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Controller, ReconcileMetrics, Result, TerminalError
@@ -61,12 +62,10 @@ from pkg.reconcilers.events import WARNING, EventSink
 from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
 from pkg.reconcilers.slim import slim_object
 
-__all__ = ["READY_REASON", "HostManagedDomainReconciler", "HostManagedManager"]
+__all__ = ["HostManagedDomainReconciler", "HostManagedManager"]
 
 log = logging.getLogger(__name__)
 
-READY_REASON = "HostManagedIMEX"
-"""Reason of the ``Ready`` condition a host-managed domain carries."""
 _READY_MESSAGE = (
     "admitted: the workload ResourceClaimTemplate exists; IMEX is run by each node's "
     "nvidia-imex service, whose readiness the kubelet plugin checks at every prepare"
@@ -143,7 +142,7 @@ class HostManagedDomainReconciler:
         try:
             cd = parse_compute_domain(obj)
         except InvalidComputeDomainError as exc:
-            self._events.event(obj, WARNING, "InvalidSpec", str(exc))
+            self._events.event(obj, WARNING, REASON_INVALID_SPEC, str(exc))
             raise TerminalError(f"invalid spec: {exc}") from exc
         if c.FINALIZER not in (obj["metadata"].get("finalizers") or []):
             body = copy.deepcopy(obj)
@@ -174,7 +173,7 @@ class HostManagedDomainReconciler:
             previous = dict(obj.get("status") or {})
             conditions = set_condition(
                 list(previous.get("conditions") or []), type_=CONDITION_READY, status=True,
-                reason=READY_REASON, message=_READY_MESSAGE,
+                reason=REASON_HOST_MANAGED, message=_READY_MESSAGE,
                 observed_generation=int(meta.get("generation", 0)),
                 now=format_time(self._clock.now()),
             )  # fmt: skip

@@ -25,12 +25,10 @@ from collections.abc import Iterable
 from pkg.api import constants as c
 from pkg.base.types import JSON
 from pkg.reconcilers.cache import ObjectCache, index_by_slice_node
+from pkg.reconcilers.conditions import REASON_NUM_NODES_UNREACHABLE
 from pkg.reconcilers.status import Problem
 
-__all__ = ["NUM_NODES_UNREACHABLE", "candidate_nodes", "num_nodes_problem"]
-
-
-NUM_NODES_UNREACHABLE = "NumNodesUnreachable"
+__all__ = ["candidate_nodes", "num_nodes_problem"]
 
 
 def candidate_nodes(slices: Iterable[JSON], nodes: ObjectCache) -> set[str]:
@@ -52,7 +50,7 @@ def num_nodes_problem(
     if num_nodes <= len(reachable):
         return None
     return Problem(
-        NUM_NODES_UNREACHABLE,
+        REASON_NUM_NODES_UNREACHABLE,
         f"numNodes is {num_nodes} but only {len(reachable)} node(s) in the cluster can ever "
         f"join this ComputeDomain (nodes that run the {c.DRIVER_NAME} kubelet plugin and "
         f"publish its ResourceSlices); add nodes or lower numNodes",

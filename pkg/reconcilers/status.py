@@ -40,7 +40,8 @@ members, each live daemon's entry as it wrote it). Invariants:
   (clique entry ``unreachablePeers``, from its IMEX's ``nvidia-imex-ctl -N``) that it cannot
   reach another Ready member of its clique, naming who cannot reach whom. Neither exists before
   the domain had members (resp. a report); afterwards they go ``Unknown`` when there is nothing
-  to judge. :func:`condition_events` gives the Event of each of their transitions;
+  to judge. :func:`condition_events` gives the Event of each of their transitions; both
+  conditions, their reasons and their Events are registered in :mod:`pkg.reconcilers.conditions`;
 * :func:`render_status` is deterministic, so re-aggregating unchanged inputs yields an equal
   status and no write.
 """
@@ -52,9 +53,7 @@ from dataclasses import dataclass, field, replace
 
 from pkg.api import constants as c
 from pkg.api.computedomain import (
-    CONDITION_IMEX_CONNECTED,
     CONDITION_READY,
-    CONDITION_SINGLE_CLIQUE,
     ComputeDomain,
     find_condition,
     global_status,
@@ -69,6 +68,18 @@ from pkg.api.daemonentry import (
     status_nodes,
 )
 from pkg.base.types import JSON
+from pkg.reconcilers.conditions import (
+    FABRIC_CONDITIONS,
+    PROBLEM_DAEMON_NOT_RUNNING,
+    PROBLEM_DAEMON_TERMINATING,
+    PROBLEM_NODE_NOT_READY,
+    PROBLEM_NODE_UNREACHABLE,
+    REASON_ALL_NODES_READY,
+    REASON_CAPACITY_EXCEEDED,
+    REASON_DAEMONS_NOT_READY,
+    REASON_NODES_NOT_READY,
+    REASON_WAITING_FOR_NODES,
+)
 from pkg.reconcilers.daemonpods import driver_root_incomplete, driver_root_message
 from pkg.reconcilers.metrics import parse_timestamp
 
@@ -79,10 +90,8 @@ __all__ = [
     "Shortfall",
     "aggregate",
     "as_written",
-    "clique_condition",
     "collect_members",
     "condition_events",
-    "connectivity_condition",
     "daemon_not_running",
     "node_loss_in",
     "node_problem",
@@ -93,8 +102,6 @@ __all__ = [
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-DAEMON_NOT_RUNNING = "DaemonNotRunning"
-CAPACITY_EXCEEDED = "CapacityExceeded"
 
 
 @dataclass(frozen=True)
@@ -131,14 +138,15 @@ def _node_health(node: JSON | None) -> tuple[str, float | None]:
     problem, since = "", None
     for cond in node.get("status", {}).get("conditions") or []:
         if cond.get("type") == "Ready" and cond.get("status") != "True":
-            problem = "NodeUnreachable" if cond.get("status") == "Unknown" else "NodeNotReady"
+            unknown = cond.get("status") == "Unknown"
+            problem = PROBLEM_NODE_UNREACHABLE if unknown else PROBLEM_NODE_NOT_READY
             since = _epoch(cond.get("lastTransitionTime"))
     for taint in node.get("spec", {}).get("taints") or []:
         key = taint.get("key")
         if key == UNREACHABLE_TAINT:
-            problem = "NodeUnreachable"
+            problem = PROBLEM_NODE_UNREACHABLE
         elif key == NOT_READY_TAINT:
-            problem = problem or "NodeNotReady"
+            problem = problem or PROBLEM_NODE_NOT_READY
         else:
             continue
         if since is None:
@@ -212,7 +220,7 @@ class Aggregate:
         """``CapacityExceeded`` naming every full clique and the nodes it leaves out."""
         if not self.shortfalls:
             return None
-        return Problem(CAPACITY_EXCEEDED, "; ".join(s.message() for s in self.shortfalls))
+        return Problem(REASON_CAPACITY_EXCEEDED, "; ".join(s.message() for s in self.shortfalls))
 
     def driver_root_problem(self) -> Problem | None:
         """``DriverRootIncomplete`` with what each affected daemon reported, if any."""
@@ -304,11 +312,11 @@ def aggregate(
                 recheck = left if recheck is None else min(recheck, left)
         pod = pods_by_node[name]
         if not problem and pod.get("metadata", {}).get("deletionTimestamp"):
-            problem = "DaemonTerminating"
+            problem = PROBLEM_DAEMON_TERMINATING
         if not problem and driver_root_incomplete(pod):
             problem = c.REASON_DRIVER_ROOT_INCOMPLETE
         if not problem and daemon_not_running(pod, entry if entry.clique_id else None):
-            problem = DAEMON_NOT_RUNNING
+            problem = PROBLEM_DAEMON_NOT_RUNNING
         if problem and entry.status != c.STATUS_NOT_READY:
             entry = replace(entry, status=c.STATUS_NOT_READY)
         members.append(Member(entry, problem))
@@ -341,13 +349,13 @@ def _ready_condition(
     ready = sum(1 for m in members if m.entry.status == c.STATUS_READY)
     lost = [m for m in members if m.problem]
     if lost:
-        reason = lost[0].problem if len({m.problem for m in lost}) == 1 else "NodesNotReady"
+        reason = lost[0].problem if len({m.problem for m in lost}) == 1 else REASON_NODES_NOT_READY
         detail = ", ".join(f"{m.entry.node_name} ({m.problem})" for m in lost)
         return False, reason, f"{ready}/{total} nodes ready; lost: {detail}"
     if total == 0:
         return (
             False,
-            "WaitingForNodes",
+            REASON_WAITING_FOR_NODES,
             (
                 "no node has joined yet; the domain forms on the node of each pod that uses "
                 f"ResourceClaimTemplate {cd.resource_claim_template_name}"
@@ -355,107 +363,35 @@ def _ready_condition(
         )
     if ready < total:
         waiting = ", ".join(m.entry.node_name for m in members if m.entry.status != c.STATUS_READY)
-        return False, "DaemonsNotReady", f"{ready}/{total} nodes ready; waiting for: {waiting}"
-    if total < required_nodes(cd.num_nodes):
-        return False, "WaitingForNodes", f"{total}/{cd.num_nodes} nodes joined (spec.numNodes)"
-    return True, "AllNodesReady", f"{ready}/{total} nodes ready"
-
-
-Condition = tuple[str, str, str]
-"""(status ``True``/``False``/``Unknown``, reason, message) of a condition."""
-
-MULTIPLE_CLIQUES = "MultipleCliques"
-PEERS_UNREACHABLE = "PeersUnreachable"
-
-
-def _clique_label(clique_id: str) -> str:
-    return f"clique {clique_id}" if clique_id else "no NVLink clique"
-
-
-def clique_condition(members: list[Member]) -> Condition | None:
-    """``SingleClique`` for these members; None while there are none."""
-    groups: dict[str, list[str]] = {}
-    for m in members:
-        groups.setdefault(m.entry.clique_id, []).append(m.entry.node_name)
-    if not groups:
-        return None
-    if len(groups) == 1:
-        ((clique_id, names),) = groups.items()
-        where = f"in {_clique_label(clique_id)}" if clique_id else "without an NVLink clique"
-        return "True", "SingleClique", f"all {len(names)} nodes are {where}"
-    spans = "; ".join(
-        f"{_clique_label(cid)}: {', '.join(sorted(names))}" for cid, names in sorted(groups.items())
-    )
-    return (
-        "False",
-        MULTIPLE_CLIQUES,
-        f"the domain's nodes span {len(groups)} NVLink cliques ({spans}); an IMEX domain "
-        "connects only the nodes of one clique, so workers in different cliques cannot share "
-        "GPU memory over NVLink",
-    )
-
-
-def connectivity_condition(members: list[Member]) -> Condition | None:
-    """``IMEXConnected`` from the Ready members' peer reports; None while none reported."""
-    ready = {
-        m.entry.node_name: m.entry
-        for m in members
-        if m.entry.status == c.STATUS_READY and m.entry.clique_id and not m.problem
-    }
-    reporting = [e for e in ready.values() if e.unreachable_peers is not None]
-    if not reporting:
-        return None
-    broken = []
-    for e in sorted(reporting, key=lambda x: x.node_name):
-        peers = sorted(
-            p
-            for p in e.unreachable_peers or ()
-            if p != e.node_name and p in ready and ready[p].clique_id == e.clique_id
-        )
-        if peers:
-            broken.append(f"{e.node_name} cannot reach {', '.join(peers)}")
-    if broken:
         return (
-            "False",
-            PEERS_UNREACHABLE,
-            "; ".join(broken) + " (IMEX connection state from nvidia-imex-ctl -N)",
+            False,
+            REASON_DAEMONS_NOT_READY,
+            f"{ready}/{total} nodes ready; waiting for: {waiting}",
         )
-    return (
-        "True",
-        "AllPeersConnected",
-        f"{len(reporting)} of {len(ready)} ready nodes reported; each reaches all its clique peers",
-    )
+    if total < required_nodes(cd.num_nodes):
+        return (
+            False,
+            REASON_WAITING_FOR_NODES,
+            f"{total}/{cd.num_nodes} nodes joined (spec.numNodes)",
+        )
+    return True, REASON_ALL_NODES_READY, f"{ready}/{total} nodes ready"
 
 
 def _fabric_conditions(
     conditions: list[JSON], members: list[Member], *, generation: int, now: str
 ) -> list[JSON]:
-    judged = (
-        (
-            CONDITION_SINGLE_CLIQUE,
-            clique_condition(members),
-            "NoNodes",
-            "no node is a member of the domain",
-        ),
-        (
-            CONDITION_IMEX_CONNECTED,
-            connectivity_condition(members),
-            "NotReported",
-            "no ready node has reported its IMEX peer connections",
-        ),
-    )
-    for type_, judged_cond, unknown_reason, unknown_message in judged:
-        if judged_cond is None and find_condition(conditions, type_) is None:
+    for fabric in FABRIC_CONDITIONS:
+        cond = fabric.current(members, exists=find_condition(conditions, fabric.type) is not None)
+        if cond is None:
             continue
-        cond = judged_cond or ("Unknown", unknown_reason, unknown_message)
         conditions = set_condition(
-            conditions, type_=type_, status=cond[0], reason=cond[1], message=cond[2],
+            conditions, type_=fabric.type, status=cond[0], reason=cond[1], message=cond[2],
             observed_generation=generation, now=now,
         )  # fmt: skip
     return conditions
 
 
-DAEMON_SILENT_PROBLEMS = frozenset({DAEMON_NOT_RUNNING, c.REASON_DRIVER_ROOT_INCOMPLETE})
+DAEMON_SILENT_PROBLEMS = frozenset({PROBLEM_DAEMON_NOT_RUNNING, c.REASON_DRIVER_ROOT_INCOMPLETE})
 """Member problems under which the daemon cannot be writing its own entry (it is not running)."""
 
 
@@ -569,26 +505,14 @@ def status_events(
 
 
 def condition_events(old: JSON | None, new: JSON) -> list[StatusEvent]:
-    """Events for the transitions of ``SingleClique`` and ``IMEXConnected`` from ``old`` to
-    ``new``: a Warning with the condition's reason when it turns (or, while False, changes
-    to another) False, a Normal Event when it turns True or Unknown from something else. A
-    condition appearing as True is not a transition and records nothing."""
+    """Events for the transitions of the fabric conditions (:data:`FABRIC_CONDITIONS`) from
+    ``old`` to ``new``, as :meth:`FabricCondition.transition_event` decides."""
     out: list[StatusEvent] = []
     before = list((old or {}).get("conditions") or [])
     after = list(new.get("conditions") or [])
-    for type_ in (CONDITION_SINGLE_CLIQUE, CONDITION_IMEX_CONNECTED):
-        was, now = find_condition(before, type_), find_condition(after, type_)
-        if now is None:
-            continue
-        status = now.get("status")
-        if was is None and status == "True":
-            continue
-        prev = was or {}
-        same = was is not None and prev.get("status") == status
-        if same and (status != "False" or prev.get("message") == now.get("message")):
-            continue
-        kind = "Warning" if status == "False" else "Normal"
-        out.append(
-            StatusEvent(kind, str(now.get("reason")), f"{type_}={status}: {now.get('message')}")
-        )
+    for fabric in FABRIC_CONDITIONS:
+        was, now = find_condition(before, fabric.type), find_condition(after, fabric.type)
+        event = fabric.transition_event(was, now)
+        if event is not None:
+            out.append(StatusEvent(*event))
     return out

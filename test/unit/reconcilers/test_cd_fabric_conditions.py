@@ -18,13 +18,8 @@ from pkg.api.computedomain import parse_compute_domain
 from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
-from pkg.reconcilers.status import (
-    clique_condition,
-    collect_members,
-    condition_events,
-    connectivity_condition,
-    render_status,
-)
+from pkg.reconcilers.conditions import clique_condition, connectivity_condition
+from pkg.reconcilers.status import collect_members, condition_events, render_status
 from pkg.testing.fakeapiserver import FakeApiServer
 
 

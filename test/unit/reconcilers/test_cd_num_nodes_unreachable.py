@@ -24,12 +24,9 @@ from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
+from pkg.reconcilers.conditions import REASON_NUM_NODES_UNREACHABLE
 from pkg.reconcilers.config import ControllerConfig
-from pkg.reconcilers.reachability import (
-    NUM_NODES_UNREACHABLE,
-    candidate_nodes,
-    num_nodes_problem,
-)
+from pkg.reconcilers.reachability import candidate_nodes, num_nodes_problem
 from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
@@ -59,7 +56,7 @@ def test_problem_only_when_num_nodes_exceeds_candidates_and_members() -> None:
     assert num_nodes_problem(0, set(), []) is None
     assert num_nodes_problem(3, {"a"}, ["b", "c"]) is None  # members count although unpublished
     problem = num_nodes_problem(5, {"a", "b"}, ["b"])
-    assert problem is not None and problem.reason == NUM_NODES_UNREACHABLE
+    assert problem is not None and problem.reason == REASON_NUM_NODES_UNREACHABLE
     assert "numNodes is 5 but only 2 node(s)" in problem.message
 
 
@@ -78,10 +75,10 @@ def test_condition_and_event_then_recovery_when_nodes_join(
     cd = server.store.get(res.COMPUTE_DOMAINS, "team", "cd1")
     cond = next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
     assert (cd["status"]["status"], cond["status"], cond["reason"]) == (
-        "NotReady", "False", NUM_NODES_UNREACHABLE,
+        "NotReady", "False", REASON_NUM_NODES_UNREACHABLE,
     )  # fmt: skip
     assert "numNodes is 3 but only 2 node(s)" in cond["message"]
-    assert events.reasons().count(NUM_NODES_UNREACHABLE) == 1
+    assert events.reasons().count(REASON_NUM_NODES_UNREACHABLE) == 1
 
     server.seed(res.NODES, node("c"))  # a third node's plugin publishes its slice
     server.seed(res.RESOURCE_SLICES, resource_slice("c", clique_id="cl.1"))
@@ -89,7 +86,7 @@ def test_condition_and_event_then_recovery_when_nodes_join(
     cd = server.store.get(res.COMPUTE_DOMAINS, "team", "cd1")
     cond = next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
     assert cond["reason"] == "WaitingForNodes", cond
-    assert events.reasons().count(NUM_NODES_UNREACHABLE) == 1
+    assert events.reasons().count(REASON_NUM_NODES_UNREACHABLE) == 1
 
     # A member whose node lost its slice still counts: no flapping while a plugin restarts.
     server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1", container="running"))
@@ -98,4 +95,4 @@ def test_condition_and_event_then_recovery_when_nodes_join(
     reconciler.reconcile("team/cd1")
     cd = server.store.get(res.COMPUTE_DOMAINS, "team", "cd1")
     cond = next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
-    assert cond["reason"] != NUM_NODES_UNREACHABLE, cond
+    assert cond["reason"] != REASON_NUM_NODES_UNREACHABLE, cond

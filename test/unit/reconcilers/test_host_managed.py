@@ -31,10 +31,10 @@ from pkg.base.clock import RealClock
 from pkg.imex.mode import ImexModeConfig
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
+from pkg.reconcilers.conditions import REASON_HOST_MANAGED
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.flags import parse_options
 from pkg.reconcilers.hostmanaged import (
-    READY_REASON,
     HostManagedDomainReconciler,
     HostManagedManager,
     host_managed_caches,
@@ -150,7 +150,7 @@ def test_one_pass_gives_finalizer_single_template_and_ready(
     assert cd["status"]["status"] == "Ready"
     assert "nodes" not in cd["status"]
     (cond,) = cd["status"]["conditions"]
-    assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "True", READY_REASON)
+    assert (cond["type"], cond["status"], cond["reason"]) == ("Ready", "True", REASON_HOST_MANAGED)
     rct = only(server, res.RESOURCE_CLAIM_TEMPLATES)
     assert rct["metadata"]["name"] == "cd1-channel" and rct["metadata"]["namespace"] == "team"
     (config,) = rct["spec"]["spec"]["devices"]["config"]
