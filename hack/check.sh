@@ -16,4 +16,5 @@ echo "==> import layers";       "$(dirname "$PY")/lint-imports" --no-cache
 if [[ -x hack/gen-proto.sh ]]; then echo "==> generated gRPC stubs current"; hack/gen-proto.sh --check; fi
 echo "==> generated CRDs current"; "$PY" hack/gen-crds.py --check
 echo "==> generated chart templates current"; "$PY" hack/gen-chart.py --check
+echo "==> generated flag tables in docs current"; "$PY" hack/gen-flag-docs.py --check
 echo "==> image lock matches the venv"; VENV=$(dirname "$(dirname "$PY")") hack/build-images.sh --check-lock

@@ -59,6 +59,7 @@ __all__ = [
     "parse_int",
     "parse_logging_format",
     "parse_vmodule_flag",
+    "with_doc_table",
 ]
 
 Parse = Callable[[str], Any]
@@ -384,3 +385,17 @@ def doc_default(f: Flag) -> str:
     if isinstance(value, int | float):
         return f"{value:g}"
     return f"`{value}`" if value != "" else '`""`'
+
+
+def with_doc_table(doc: str, table: FlagTable) -> str:
+    """``doc`` (Markdown) with the region between ``<!-- BEGIN FLAGS <prog> -->`` and
+    ``<!-- END FLAGS <prog> -->`` replaced by ``table``'s :meth:`FlagTable.markdown`.
+
+    ``hack/gen-flag-docs.py`` writes docs/operators.md with it, and a unit test checks that the
+    file is a fixed point, so the docs' tables cannot drift from the code's. Raises
+    ``ValueError`` if the markers are missing or out of order."""
+    begin, end = f"<!-- BEGIN FLAGS {table.prog} -->\n", f"<!-- END FLAGS {table.prog} -->"
+    start, stop = doc.find(begin), doc.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"no {begin.strip()} ... {end} region")
+    return doc[: start + len(begin)] + table.markdown() + doc[stop:]

@@ -17,6 +17,7 @@ from pkg.runtime.flags import (
     doc_default,
     parse_duration,
     parse_int,
+    with_doc_table,
 )
 
 TABLE = FlagTable(
@@ -167,3 +168,14 @@ def test_markdown_table_lists_every_row() -> None:
     assert [doc_default(TABLE.flag(d)) for d in ("enabled", "port", "root")] == [
         "false", "-1", "`/`",
     ]  # fmt: skip
+
+
+def test_doc_region_is_replaced_by_the_table_and_missing_markers_are_an_error() -> None:
+    doc = "intro\n<!-- BEGIN FLAGS demo -->\nstale\n<!-- END FLAGS demo -->\nrest\n"
+    fresh = with_doc_table(doc, TABLE)
+    assert fresh == (
+        "intro\n<!-- BEGIN FLAGS demo -->\n" + TABLE.markdown() + "<!-- END FLAGS demo -->\nrest\n"
+    )
+    assert with_doc_table(fresh, TABLE) == fresh
+    with pytest.raises(ValueError, match="BEGIN FLAGS demo"):
+        with_doc_table("<!-- END FLAGS demo -->\n<!-- BEGIN FLAGS demo -->\n", TABLE)

@@ -1,0 +1,89 @@
+"""docs/operators.md's flag and feature-gate tables agree with the code's tables.
+
+The three generated flag tables must be what `hack/gen-flag-docs.py` writes from the binaries'
+flag tables; every hand-written row of the form ``| `--flag` (`ENV`) | default | ... |``
+elsewhere in the file must name a real flag with that variable and that default; the
+feature-gate table must list exactly the implemented gates with their defaults and stages.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from pkg.daemon.options import DAEMON_FLAGS
+from pkg.featuregates import ALPHA, DEFAULTS, STAGES, UPSTREAM_ONLY
+from pkg.kubeletplugin.options import PLUGIN_FLAGS
+from pkg.reconcilers.flags import CONTROLLER_FLAGS
+from pkg.runtime.flags import Flag, FlagTable, with_doc_table
+
+DOC = (Path(__file__).resolve().parents[3] / "docs" / "operators.md").read_text()
+TABLES = {t.prog: t for t in (CONTROLLER_FLAGS, PLUGIN_FLAGS, DAEMON_FLAGS)}
+HAND_ROW = re.compile(r"^\| `--([a-z0-9-]+)` \(`([A-Z0-9_]+)`\) \| ([^|]*) \|", re.MULTILINE)
+
+
+def section(title: str) -> str:
+    start = DOC.index(f"\n## {title}\n")
+    end = DOC.find("\n## ", start + 1)
+    return DOC[start : end if end > 0 else len(DOC)]
+
+
+@pytest.mark.parametrize("table", TABLES.values(), ids=list(TABLES))
+def test_generated_flag_tables_are_current(table: FlagTable) -> None:
+    assert with_doc_table(DOC, table) == DOC, "run hack/gen-flag-docs.py"
+    assert f"<!-- BEGIN FLAGS {table.prog} -->" in section("Flags and environment")
+
+
+def rows_by_flag(name: str) -> list[Flag]:
+    return [f for t in TABLES.values() for f in t.all_flags if f.cli and f.name == name]
+
+
+def hand_row_mismatches(doc: str) -> list[str]:
+    """Every hand-written ``| `--flag` (`ENV`) | default |`` row that the code contradicts."""
+    problems = []
+    for name, env, default_cell in HAND_ROW.findall(doc):
+        candidates = [f for f in rows_by_flag(name) if env in f.env_names]
+        if not candidates:
+            problems.append(f"--{name} ({env}): no binary has that flag and variable")
+        written = default_cell.strip().split()[0].strip("`")
+        for flag in candidates:
+            if flag.parse(written) != flag.default:
+                problems.append(f"--{name}: docs say {written}, the code {flag.default}")
+    return problems
+
+
+def test_hand_written_flag_rows_name_real_flags_envs_and_defaults() -> None:
+    assert len(HAND_ROW.findall(DOC)) >= 8  # the controller's client table, the clique label
+    assert hand_row_mismatches(DOC) == []
+
+
+def test_a_drifted_hand_row_is_caught() -> None:
+    row = "| `--kube-api-burst` (`KUBE_API_BURST`) | 30 |"
+    assert row in DOC
+    assert hand_row_mismatches(DOC.replace(row, row.replace("30", "10"))) == [
+        "--kube-api-burst: docs say 10, the code 30"
+    ]
+    renamed = DOC.replace(row, row.replace("KUBE_API_BURST", "API_BURST"))
+    assert hand_row_mismatches(renamed) == [
+        "--kube-api-burst (API_BURST): no binary has that flag and variable"
+    ]
+
+
+def test_feature_gate_table_matches_the_gates() -> None:
+    text = section("Feature gates")
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", text, re.MULTILINE)
+    assert [name for name, _ in rows] == list(DEFAULTS)
+    for name, cell in rows:
+        assert cell.strip().split()[0] == str(DEFAULTS[name]).lower(), name
+        assert ("(Alpha)" in cell) is (STAGES[name] == ALPHA), name
+    for name in UPSTREAM_ONLY:
+        assert f"`{name}`" in text, f"upstream-only gate {name} missing from the docs"
+
+
+def test_logging_section_names_each_binarys_verbosity_variable() -> None:
+    text = section("Logs and verbosity")
+    assert f"env `{PLUGIN_FLAGS.verbosity_env}` for the plugin and the daemon" in text
+    assert DAEMON_FLAGS.verbosity_env == PLUGIN_FLAGS.verbosity_env
+    assert f"`{CONTROLLER_FLAGS.verbosity_env}` for the controller" in text
