@@ -42,6 +42,7 @@ from pkg.api import constants as c
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS, NODES, PODS
+from pkg.testing.eventually import eventually
 
 TARGETS = ("controller", "plugin", "daemon", "imex", "apiserver")
 PHASES = ("before-ready", "after-ready", "pod-deletion", "cd-deletion")
@@ -84,13 +85,12 @@ class Env:
 
 
 def _poll(fn: Callable[[], bool], timeout: float = STEP_TIMEOUT, every: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):  # an API outage is what we are testing
-            if fn():
-                return True
-        time.sleep(every)
-    return False
+    """``fn`` became true within ``timeout``; its errors are ignored (an API outage is what we
+    are testing)."""
+    try:
+        return eventually(fn, timeout, every=every, ignore=(Exception,))
+    except AssertionError:
+        return False
 
 
 def _gone(admin: KubeClient, res: object, name: str, ns: str) -> bool:

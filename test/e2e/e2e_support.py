@@ -40,6 +40,7 @@ from pkg.kube.resources import (
     RESOURCE_CLAIM_TEMPLATES,
     RESOURCE_CLAIMS,
 )
+from pkg.testing.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 KUBECTL = Path(sys.executable).parent / "kubectl"
@@ -49,15 +50,11 @@ T = TypeVar("T")
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every: float = 0.2) -> T:
-    """Poll ``fn`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+    """Poll ``fn`` every ``every`` s until it returns something truthy; fail with ``what`` after
+    ``timeout`` (:func:`pkg.testing.eventually.eventually`)."""
+    value = eventually(fn, timeout, what=what, every=every)
+    assert value is not None  # truthy
+    return value
 
 
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True) -> str:

@@ -39,6 +39,7 @@ from pkg.draplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
 from pkg.draplugin.proto.gen import kubelet_pluginregistration_v1_pb2_grpc as reg_grpc
 from pkg.kube.events import EventRecorder
 from pkg.kube.resources import EVENTS, PODS, RESOURCE_CLAIMS
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 from pkg.testing.fakedriverroot import FakeDriverRoot
 
@@ -132,13 +133,7 @@ class FakeCdi:
 
 
 def wait_for(what: str, fn: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return eventually(fn, timeout, what=what, every=0.05)
 
 
 @pytest.fixture

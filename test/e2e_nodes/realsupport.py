@@ -27,6 +27,7 @@ from nodeimages import driver_image_refs
 from pkg.api import constants as c
 from pkg.imex.sim.imexd import HOLD_FILE
 from pkg.kubeletplugin.state import domain_dir
+from pkg.testing.eventually import eventually
 from pkg.testing.fakedriverroot import FakeDriverRoot, host_arch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,18 +171,11 @@ class PodWatch:
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60, every: float = 0.5) -> T:
-    """Poll ``fn`` until it returns a truthy value; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = fn()
-            if value:
-                return value
-        except AssertionError as e:  # a failing kubectl: keep polling, report the last one
-            last = e
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last error: {last}")
+    """Poll ``fn`` until it returns a truthy value; fail naming ``what`` after ``timeout``. A
+    failing kubectl (AssertionError) keeps polling and is reported if it is the last word."""
+    value = eventually(fn, timeout, what=what, every=every, ignore=(AssertionError,))
+    assert value is not None  # truthy
+    return value
 
 
 def prepare_node(node: RealNode) -> None:
