@@ -272,65 +272,113 @@ def aggregate(
         daemons = [d for clique in cliques for d in clique_daemons(clique)]
     else:
         daemons = [e for e in entries if e.clique_id]
+    pods_by_node = _daemon_pods_by_node(pods)
+    found = _member_entries(daemons, pods_by_node)
+    judged = _judge_members(found, pods_by_node, nodes, now=now, node_loss_grace=node_loss_grace)
+    live_pods = {n: p for n, p in pods_by_node.items() if n not in judged.lost}
+    in_clique = {d.node_name for d in daemons}
+    shortfalls = (
+        _shortfalls(daemons, live_pods, in_clique, max_nodes) if max_nodes is not None else []
+    )
+    incomplete = [
+        pods_by_node[m.entry.node_name]
+        for m in judged.members
+        if m.problem == c.REASON_DRIVER_ROOT_INCOMPLETE
+    ]
+    return Aggregate(
+        members=judged.members,
+        lost=judged.lost,
+        recheck=judged.recheck,
+        shortfalls=shortfalls,
+        driver_root=driver_root_message(incomplete),
+    )
+
+
+def _daemon_pods_by_node(pods: list[JSON]) -> dict[str, JSON]:
+    """Phase 1: the domain's daemon pod on each node (bound, not finished)."""
     pods_by_node: dict[str, JSON] = {}
     for pod in pods:
         node_name = pod.get("spec", {}).get("nodeName")
         if node_name and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             pods_by_node[node_name] = pod
+    return pods_by_node
+
+
+def _member_entries(
+    daemons: list[DaemonEntry], pods_by_node: Mapping[str, JSON]
+) -> dict[str, DaemonEntry]:
+    """Phase 2: each member's entry, by node: its daemon's (while a daemon pod runs there),
+    else one the controller makes from the pod (a non-fabric daemon; a daemon that exited
+    with ``DriverRootIncomplete`` before it could join)."""
     found: dict[str, DaemonEntry] = {}
-    in_clique: set[str] = set()
     for daemon in daemons:
-        in_clique.add(daemon.node_name)
         if daemon.node_name in pods_by_node:
             found[daemon.node_name] = daemon
     for node_name, pod in pods_by_node.items():
+        if node_name in found:
+            continue
         labels = pod.get("metadata", {}).get("labels") or {}
         ip = pod.get("status", {}).get("podIP")
-        if labels.get(c.CLIQUE_ID_LABEL) == "" and ip and node_name not in found:
+        if labels.get(c.CLIQUE_ID_LABEL) == "" and ip:
             ready = c.STATUS_READY if _pod_ready(pod) else c.STATUS_NOT_READY
             found[node_name] = DaemonEntry(node_name, str(ip), "", -1, ready)
-        elif node_name not in found and driver_root_incomplete(pod):
+        elif driver_root_incomplete(pod):
             # It exited before joining its clique; a member all the same, so the domain says why.
             clique_id = str(labels.get(c.CLIQUE_ID_LABEL) or "")
-            found[node_name] = DaemonEntry(node_name, str(ip or ""), clique_id, -1,
-                                         c.STATUS_NOT_READY)  # fmt: skip
+            found[node_name] = DaemonEntry(
+                node_name, str(ip or ""), clique_id, -1, c.STATUS_NOT_READY
+            )
+    return found
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """What phase 3 decided: the members, the lost nodes (name -> why), the next recheck."""
+
+    members: list[Member]
+    lost: dict[str, str]
+    recheck: float | None
+
+
+def _judge_members(
+    found: Mapping[str, DaemonEntry],
+    pods_by_node: Mapping[str, JSON],
+    nodes: Mapping[str, JSON],
+    *,
+    now: float | None,
+    node_loss_grace: float | None,
+) -> _Judged:
+    """Phase 3: each member's problem (by node name order); members on lost nodes leave."""
     members = []
     lost: dict[str, str] = {}
     recheck: float | None = None
-    judge_loss = now is not None and node_loss_grace is not None
     for name in sorted(found):
-        entry = found[name]
         node = nodes.get(name)
         problem = node_problem(node)
-        if problem and judge_loss:
-            assert now is not None and node_loss_grace is not None
+        if problem and now is not None and node_loss_grace is not None:
             left = node_loss_in(node, now=now, grace=node_loss_grace)
             if left is not None and left <= 0:
                 lost[name] = problem
                 continue
             if left is not None:
                 recheck = left if recheck is None else min(recheck, left)
-        pod = pods_by_node[name]
-        if not problem and pod.get("metadata", {}).get("deletionTimestamp"):
-            problem = PROBLEM_DAEMON_TERMINATING
-        if not problem and driver_root_incomplete(pod):
-            problem = c.REASON_DRIVER_ROOT_INCOMPLETE
-        if not problem and daemon_not_running(pod, entry if entry.clique_id else None):
-            problem = PROBLEM_DAEMON_NOT_RUNNING
+        entry = found[name]
+        problem = problem or _daemon_problem(pods_by_node[name], entry)
         if problem and entry.status != c.STATUS_NOT_READY:
             entry = replace(entry, status=c.STATUS_NOT_READY)
         members.append(Member(entry, problem))
-    live_pods = {n: p for n, p in pods_by_node.items() if n not in lost}
-    shortfalls = (
-        _shortfalls(daemons, live_pods, in_clique, max_nodes) if max_nodes is not None else []
-    )
-    incomplete = [
-        pods_by_node[m.entry.node_name]
-        for m in members
-        if m.problem == c.REASON_DRIVER_ROOT_INCOMPLETE
-    ]
-    return Aggregate(members=members, lost=lost, recheck=recheck, shortfalls=shortfalls,
-                     driver_root=driver_root_message(incomplete))  # fmt: skip
+    return _Judged(members, lost, recheck)
+
+
+def _daemon_problem(pod: JSON, entry: DaemonEntry) -> str:
+    """Why the daemon of a member on a healthy node cannot be Ready (``""``: nothing known)."""
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return PROBLEM_DAEMON_TERMINATING
+    if driver_root_incomplete(pod):
+        return c.REASON_DRIVER_ROOT_INCOMPLETE
+    if daemon_not_running(pod, entry if entry.clique_id else None):
+        return PROBLEM_DAEMON_NOT_RUNNING
+    return ""
 
 
 def collect_members(
