@@ -133,7 +133,10 @@ def pytest_runtest_makereport(
     if report.failed and "cluster" in SESSION:
         c: Cluster = SESSION["cluster"]
         report.sections.append(("component logs", c.dump_logs(60)))
-        k = Kubectl(c.kubeconfig("admin"))
+        try:
+            k = Kubectl(c.kubeconfig("admin"))
+        except KeyError:  # a session teardown failed after the cluster stopped: nothing to ask
+            return
         report.sections.append(("pods", k("get", "pods", "-A", "-o", "wide", check=False)))
         report.sections.append(("container logs", _container_logs(k)))
         report.sections.append(
