@@ -84,3 +84,24 @@ def test_go_driver_gates_are_accepted() -> None:
     opts = parse(["run"], {**ENV, "FEATURE_GATES": "MPSSupport=true,ContextualLogging=false"})
     opts.validate_run()
     assert opts.gates.unimplemented() == ["ContextualLogging", "MPSSupport"]
+
+
+def test_shared_flag_rules() -> None:
+    """The daemon's table is on the shared mechanism: -v spellings, Go booleans, labels."""
+    for argv in (["-v", "5"], ["--v=5"], ["--verbosity", "5"], ["-v=5"]):
+        assert parse([*argv, "run"], ENV).verbosity == 5
+    assert parse(["run"], {**ENV, "LOG_VERBOSITY": "3"}).verbosity == 3
+    assert parse(["run"], ENV).verbosity == 2
+    assert parse(["run"], {**ENV, "CLIQUE_JOIN_BY_CONTROLLER": "T"}).join_by_controller
+    with pytest.raises(OptionsError, match=r'^CLIQUE_JOIN_BY_CONTROLLER: invalid boolean "yes"'):
+        parse(["run"], {**ENV, "CLIQUE_JOIN_BY_CONTROLLER": "yes"})
+    with pytest.raises(OptionsError, match=r"^--imex-cmd-port \(or IMEX_CMD_PORT\): "):
+        parse(["--imex-cmd-port=x", "run"], ENV)
+    assert parse(["-config-dir=/c", "run"], {**ENV, "IMEX_CONFIG_DIR": ""}).config_dir == "/c"
+    assert parse(["run"], {**ENV, "IMEX_CONFIG_DIR": ""}).config_dir == "/imexd"
+
+
+def test_start_up_dump_has_every_row() -> None:
+    dump = dict(parse(["run"], ENV).flag_values)
+    assert dump["node_name"] == "node-1" and dump["v"] == 2
+    assert dump["max_nodes_per_imex_domain"] == 18 and dump["feature_gates"] == ""

@@ -170,6 +170,37 @@ def test_bad_flags_fail_fast_naming_the_flag(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--image-name=x"], {"LEADER_ELECTION_ENABLED": "yes"},
+         '--leader-election-enabled (or LEADER_ELECTION_ENABLED): invalid boolean "yes"'),
+        (["--image-name=x", "--leader-election-enabled", "false"], {},
+         "unrecognized arguments: false"),
+        (["--image-name=x"], {"KUBE_API_BURST": "many"},
+         '--kube-api-burst (or KUBE_API_BURST): "many" is not an integer'),
+    ],
+    ids=["env-bool-yes", "bool-takes-no-separate-value", "env-int"],
+)  # fmt: skip
+def test_shared_flag_rules_exit_2(
+    argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_options(argv, env)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_go_booleans_and_the_start_up_dump() -> None:
+    opts = parse_options(
+        ["--image-name=x", "--debug-endpoints=T"], {"LEADER_ELECTION_ENABLED": "1"}
+    )
+    assert opts.debug_endpoints and opts.leader_election
+    dump = dict(opts.flag_values)
+    assert (dump["v"], dump["logging_format"], dump["image_name"]) == (0, "text", "x")
+    assert list(dump) == sorted(dump)
+
+
 def options(*extra: str) -> Options:
     return parse_options(
         ["--image-name=img", f"--namespace={DRIVER_NS}", "--leader-election-enabled",
