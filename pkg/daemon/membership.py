@@ -235,9 +235,12 @@ class CliqueStore:
             return None
         ops = own_entry_patch_ops(pos, old, new)
         return self._client.patch(
-            res.COMPUTE_DOMAIN_CLIQUES, self.name, ops, namespace=self.namespace,
+            res.COMPUTE_DOMAIN_CLIQUES,
+            self.name,
+            ops,
+            namespace=self.namespace,
             patch_type="json",
-        )  # fmt: skip
+        )
 
     def append_entry(self, snap: Snapshot, entry: DaemonEntry) -> JSON | None:
         """A JSON patch that appends our entry only if the list still ends with the entry
@@ -258,9 +261,12 @@ class CliqueStore:
             return None  # no list to append to: the guarded write sets it
         ops += [{"op": "add", "path": "/metadata/ownerReferences/-", "value": r} for r in missing]
         return self._client.patch(
-            res.COMPUTE_DOMAIN_CLIQUES, self.name, ops, namespace=self.namespace,
+            res.COMPUTE_DOMAIN_CLIQUES,
+            self.name,
+            ops,
+            namespace=self.namespace,
             patch_type="json",
-        )  # fmt: skip
+        )
 
 
 class StatusStore:
@@ -338,8 +344,13 @@ def upsert(entries: list[DaemonEntry], me: Identity, *, max_nodes: int) -> list[
         if e.clique_id == me.clique_id and 0 <= e.index < max_nodes:
             # Same node, new pod IP: keep the slot, readiness must be re-earned.
             out = list(entries)
-            out[i] = replace(e, ip_address=me.pod_ip, status=c.STATUS_NOT_READY,
-                             connected_peers=None, unreachable_peers=None)  # fmt: skip
+            out[i] = replace(
+                e,
+                ip_address=me.pod_ip,
+                status=c.STATUS_NOT_READY,
+                connected_peers=None,
+                unreachable_peers=None,
+            )
             return out
         others = [x for j, x in enumerate(entries) if j != i]
         return _append(others, me, max_nodes=max_nodes)

@@ -115,8 +115,10 @@ class CliqueJoinReconciler:
         clique_id = self.clique_of(pod) if uid else None
         if not uid or not clique_id:
             return []
-        return [f"{meta.get('namespace') or self._namespace}/"
-                f"{c.clique_object_name(str(uid), clique_id)}"]  # fmt: skip
+        return [
+            f"{meta.get('namespace') or self._namespace}/"
+            f"{c.clique_object_name(str(uid), clique_id)}"
+        ]
 
     def keys_for_node(self, node_name: str) -> list[str]:
         """Clique keys of the daemon pods on ``node_name`` (node health, its slices)."""
@@ -176,7 +178,7 @@ class CliqueJoinReconciler:
             "added clique entries: %s",
             ", ".join(f"{e.node_name} ({e.ip_address}, index {e.index})" for e in new),
             extra={"key": key},
-        )  # fmt: skip
+        )
         return Result()
 
     def _newest(self, key: str, cached: JSON | None) -> JSON | None:
@@ -199,11 +201,15 @@ class CliqueJoinReconciler:
             meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
             node_name = spec.get("nodeName")
             if (
-                not node_name or node_name in have or not status.get("podIP")
-                or meta.get("deletionTimestamp") or not meta.get("uid")
+                not node_name
+                or node_name in have
+                or not status.get("podIP")
+                or meta.get("deletionTimestamp")
+                or not meta.get("uid")
                 or status.get("phase") in ("Succeeded", "Failed")
-                or driver_root_incomplete(pod) or self.clique_of(pod) != clique_id
-            ):  # fmt: skip
+                or driver_root_incomplete(pod)
+                or self.clique_of(pod) != clique_id
+            ):
                 continue
             node = self._caches.nodes.get_by_key(str(node_name))
             if node_loss_in(node, now=wall, grace=self._node_loss_grace) is not None:
@@ -250,13 +256,17 @@ class CliqueJoinReconciler:
         if missing and not clique["metadata"].get("ownerReferences"):
             ops.append({"op": "add", "path": "/metadata/ownerReferences", "value": missing})
         else:
-            ops += [{"op": "add", "path": "/metadata/ownerReferences/-", "value": r}
-                    for r in missing]  # fmt: skip
+            ops += [
+                {"op": "add", "path": "/metadata/ownerReferences/-", "value": r} for r in missing
+            ]
         meta = clique["metadata"]
         return self._client.patch(
-            COMPUTE_DOMAIN_CLIQUES, meta["name"], ops, namespace=meta["namespace"],
+            COMPUTE_DOMAIN_CLIQUES,
+            meta["name"],
+            ops,
+            namespace=meta["namespace"],
             patch_type="json",
-        )  # fmt: skip
+        )
 
     @staticmethod
     def _missing_owners(refs: list[JSON], pods: list[JSON]) -> list[JSON]:

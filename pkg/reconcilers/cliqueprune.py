@@ -279,26 +279,34 @@ class CliquePruneReconciler:
         if gone:
             log.info("removed stale clique entries: %s", text(gone), extra={"key": key})
             self._events.event(
-                written, NORMAL, "StaleDaemonRemoved",
+                written,
+                NORMAL,
+                "StaleDaemonRemoved",
                 f"removed entries of daemons gone for {self._grace:.0f}s or more: {text(gone)}",
-            )  # fmt: skip
+            )
         if lost:
             why = ", ".join(f"{i[0]}: {verdict.lost[i]}" for i in lost)
-            log.warning("removed clique entries of lost nodes: %s (%s)", text(lost), why,
-                        extra={"key": key})  # fmt: skip
+            log.warning(
+                "removed clique entries of lost nodes: %s (%s)", text(lost), why, extra={"key": key}
+            )
             self._events.event(
-                written, WARNING, "NodeLost",
+                written,
+                WARNING,
+                "NodeLost",
                 f"removed entries of nodes NotReady or unreachable for more than "
                 f"{self._node_loss_grace:.0f}s: {text(lost)} ({why})",
-            )  # fmt: skip
+            )
         for ident in marked:
-            log.warning("daemon on %s is not running: entry marked NotReady", ident[0],
-                        extra={"key": key})  # fmt: skip
+            log.warning(
+                "daemon on %s is not running: entry marked NotReady", ident[0], extra={"key": key}
+            )
             self._events.event(
-                verdict.down[ident], WARNING, PROBLEM_DAEMON_NOT_RUNNING,
+                verdict.down[ident],
+                WARNING,
+                PROBLEM_DAEMON_NOT_RUNNING,
                 f"the IMEX daemon container is not running; its entry in ComputeDomainClique "
                 f"{written['metadata']['name']} is NotReady until the daemon is Ready again",
-            )  # fmt: skip
+            )
 
     def _fresh(self, obj: JSON) -> JSON | None:
         """The clique as the API server has it now (LIST by name: needs no ``get`` verb)."""

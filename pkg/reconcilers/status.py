@@ -433,9 +433,14 @@ def _fabric_conditions(
         if cond is None:
             continue
         conditions = set_condition(
-            conditions, type_=fabric.type, status=cond[0], reason=cond[1], message=cond[2],
-            observed_generation=generation, now=now,
-        )  # fmt: skip
+            conditions,
+            type_=fabric.type,
+            status=cond[0],
+            reason=cond[1],
+            message=cond[2],
+            observed_generation=generation,
+            now=now,
+        )
     return conditions
 
 
@@ -526,11 +531,14 @@ def status_events(
         out.append(StatusEvent("Normal", "NodeJoined", f"node {name} joined the domain"))
     for name in sorted(before.keys() - after.keys()):
         if name in lost:
-            out.append(StatusEvent(
-                "Warning", "NodeLost",
-                f"node {name} left the domain: {lost[name]} for more than "
-                f"{node_loss_grace:.0f}s (its daemon pod stays bound to the node)",
-            ))  # fmt: skip
+            out.append(
+                StatusEvent(
+                    "Warning",
+                    "NodeLost",
+                    f"node {name} left the domain: {lost[name]} for more than "
+                    f"{node_loss_grace:.0f}s (its daemon pod stays bound to the node)",
+                )
+            )
         else:
             out.append(StatusEvent("Normal", "NodeLeft", f"node {name} left the domain"))
     for name in sorted(after.keys() & before.keys()):
