@@ -96,14 +96,20 @@ def _cliques_of(cd: JSON) -> list[str]:
 def render_get(domains: list[JSON], *, now: float) -> str:
     """The ``get`` table for ``domains`` (sorted by namespace and name)."""
     rows = []
-    for cd in sorted(domains, key=lambda o: (o["metadata"].get("namespace", ""),
-                                             o["metadata"]["name"])):  # fmt: skip
+    for cd in sorted(
+        domains, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"])
+    ):
         meta, status = cd["metadata"], cd.get("status") or {}
-        rows.append((
-            meta.get("namespace", ""), meta["name"], status.get("status") or "-",
-            f"{status.get('readyNodes', 0)}/{status.get('nodeCount', 0)}",
-            ",".join(_cliques_of(cd)) or "-", age(meta.get("creationTimestamp"), now),
-        ))  # fmt: skip
+        rows.append(
+            (
+                meta.get("namespace", ""),
+                meta["name"],
+                status.get("status") or "-",
+                f"{status.get('readyNodes', 0)}/{status.get('nodeCount', 0)}",
+                ",".join(_cliques_of(cd)) or "-",
+                age(meta.get("creationTimestamp"), now),
+            )
+        )
     if not rows:
         return "No ComputeDomains found.\n"
     header = ("NAMESPACE", "NAME", "STATUS", "NODES", "CLIQUES", "AGE")
@@ -129,8 +135,9 @@ def _items(client: KubeClient, resource: res.Resource, **kw: Any) -> list[JSON]:
 def uses_template(pod: JSON, template: str) -> bool:
     """Whether ``pod`` has a claim made from ResourceClaimTemplate ``template``."""
     claims = (pod.get("spec") or {}).get("resourceClaims") or []
-    return any(isinstance(x, dict) and x.get("resourceClaimTemplateName") == template
-               for x in claims)  # fmt: skip
+    return any(
+        isinstance(x, dict) and x.get("resourceClaimTemplateName") == template for x in claims
+    )
 
 
 def collect(client: KubeClient, namespace: str, name: str) -> DomainView:
@@ -142,8 +149,11 @@ def collect(client: KubeClient, namespace: str, name: str) -> DomainView:
     cd = client.get(res.COMPUTE_DOMAINS, name, namespace=namespace)
     uid = str(cd["metadata"].get("uid", ""))
     by_uid = f"{c.COMPUTE_DOMAIN_LABEL}={uid}"
-    template = str((((cd.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate")
-                    or {}).get("name", ""))  # fmt: skip
+    template = str(
+        (((cd.get("spec") or {}).get("channel") or {}).get("resourceClaimTemplate") or {}).get(
+            "name", ""
+        )
+    )
     hidden: list[str] = []
 
     def read(what: str, resource: res.Resource, **kw: Any) -> list[JSON]:
@@ -155,8 +165,9 @@ def collect(client: KubeClient, namespace: str, name: str) -> DomainView:
             return []
 
     pods = read("workload pods", res.PODS, namespace=namespace)
-    events = read("events", res.EVENTS, namespace=namespace,
-                  field_selector=f"involvedObject.uid={uid}")  # fmt: skip
+    events = read(
+        "events", res.EVENTS, namespace=namespace, field_selector=f"involvedObject.uid={uid}"
+    )
     events.sort(key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
     return DomainView(
         domain=cd,
@@ -177,10 +188,15 @@ def _with_kind(obj: JSON, resource: res.Resource) -> JSON:
 
 def render_get_list(domains: list[JSON]) -> JSON:
     """``get -o json|yaml``: kubectl's ``List`` of ``domains`` (sorted by namespace and name)."""
-    items = sorted(domains, key=lambda o: (o["metadata"].get("namespace", ""),
-                                           o["metadata"]["name"]))  # fmt: skip
-    return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
-            "items": [_with_kind(cd, res.COMPUTE_DOMAINS) for cd in items]}  # fmt: skip
+    items = sorted(
+        domains, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"])
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {"resourceVersion": ""},
+        "items": [_with_kind(cd, res.COMPUTE_DOMAINS) for cd in items],
+    }
 
 
 def render_describe_document(view: DomainView) -> JSON:
@@ -228,8 +244,14 @@ def _pods_table(pods: list[JSON], *, now: float, with_ns: bool) -> list[str]:
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         meta = pod["metadata"]
         ready, phase, restarts = _pod_state(pod)
-        row = [meta["name"], str((pod.get("spec") or {}).get("nodeName") or "<none>"), ready,
-               phase, restarts, age(meta.get("creationTimestamp"), now)]  # fmt: skip
+        row = [
+            meta["name"],
+            str((pod.get("spec") or {}).get("nodeName") or "<none>"),
+            ready,
+            phase,
+            restarts,
+            age(meta.get("creationTimestamp"), now),
+        ]
         rows.append([meta.get("namespace", ""), *row] if with_ns else row)
     header = ["NAME", "NODE", "READY", "STATUS", "RESTARTS", "AGE"]
     return _table(["NAMESPACE", *header] if with_ns else header, rows, indent="  ")
@@ -246,37 +268,65 @@ def _imex_state(daemon: DaemonEntry) -> str:
 
 
 def render_describe(view: DomainView, *, now: float) -> str:
-    """The ``describe`` screen of one domain."""
-    cd = view.domain
+    """The ``describe`` screen of one domain: its header, then one section each for the
+    conditions, the members and their IMEX daemons, the pods, the Events and what could not be
+    read."""
+    status = view.domain.get("status") or {}
+    out = _describe_header(view.domain, now=now)
+    out.append("Conditions:")
+    out += _conditions_table(status)
+    out.append("Nodes and IMEX daemons (per clique):")
+    out += _members_table(status, view.cliques)
+    out.append("Daemon pods:")
+    out += _pods_table(view.daemon_pods, now=now, with_ns=True)
+    out.append("Workload pods:")
+    out += _pods_table(view.workload_pods, now=now, with_ns=False)
+    out.append("Events:")
+    out += _events_table(view.events, now=now)
+    if view.hidden:
+        out.append("Hidden (your account may not read these; ask for read access):")
+        out += [f"  {note}" for note in view.hidden]
+    return "\n".join(out) + "\n"
+
+
+def _describe_header(cd: JSON, *, now: float) -> list[str]:
     meta, spec, status = cd["metadata"], cd.get("spec") or {}, cd.get("status") or {}
     channel = spec.get("channel") or {}
+    num_nodes = f", numNodes {spec['numNodes']}" if spec.get("numNodes") else ""
     out = [
         f"Name:            {meta['name']}",
         f"Namespace:       {meta.get('namespace', '')}",
         f"UID:             {meta.get('uid', '')}",
         f"Age:             {age(meta.get('creationTimestamp'), now)}",
         f"Status:          {status.get('status') or '-'} "
-        f"({status.get('readyNodes', 0)}/{status.get('nodeCount', 0)} nodes ready"
-        f"{', numNodes ' + str(spec['numNodes']) if spec.get('numNodes') else ''})",
+        f"({status.get('readyNodes', 0)}/{status.get('nodeCount', 0)} nodes ready{num_nodes})",
         f"Channel:         ResourceClaimTemplate "
         f"{(channel.get('resourceClaimTemplate') or {}).get('name', '-')}, "
         f"allocationMode {channel.get('allocationMode') or c.ALLOCATION_MODE_SINGLE}",
     ]
     if meta.get("deletionTimestamp"):
         out.append(f"Deleting since:  {meta['deletionTimestamp']}")
-    out.append("Conditions:")
+    return out
+
+
+def _conditions_table(status: JSON) -> list[str]:
     conds = [x for x in status.get("conditions") or [] if isinstance(x, dict)]
-    if conds:
-        out += _table(("TYPE", "STATUS", "REASON", "MESSAGE"),
-                      [(x.get("type", ""), x.get("status", ""), x.get("reason", ""),
-                        x.get("message", "")) for x in conds], indent="  ")  # fmt: skip
-    else:
-        out.append("  <none>")
-    out.append("Nodes and IMEX daemons (per clique):")
+    if not conds:
+        return ["  <none>"]
+    rows = [
+        (x.get("type", ""), x.get("status", ""), x.get("reason", ""), x.get("message", ""))
+        for x in conds
+    ]
+    return _table(("TYPE", "STATUS", "REASON", "MESSAGE"), rows, indent="  ")
+
+
+def _members_table(status: JSON, cliques: list[JSON]) -> list[str]:
+    """Each clique's daemons (by clique, then index) and how the domain counts them, then the
+    members without a clique entry (non-NVLink nodes)."""
     nodes = {e.node_name: e for e in status_nodes(status)}
     rows = []
     seen: set[str] = set()
-    for clique in sorted(view.cliques, key=lambda o: o["metadata"]["name"]):
+    for clique in sorted(cliques, key=lambda o: o["metadata"]["name"]):
         clique_id = (clique["metadata"].get("labels") or {}).get(c.CLIQUE_ID_LABEL, "")
         for d in sorted(clique_daemons(clique), key=lambda d: d.index):
             seen.add(d.node_name)
@@ -287,29 +337,26 @@ def render_describe(view: DomainView, *, now: float) -> str:
         if name not in seen:  # non-NVLink members have no clique entry
             member = (n.clique_id or "-", name, str(n.index), n.ip_address, "-", n.status)
             rows.append((*member, "no IMEX (no clique)"))
-    if rows:
-        out += _table(("CLIQUE", "NODE", "INDEX", "IP", "DAEMON", "IN DOMAIN", "IMEX"),
-                      rows, indent="  ")  # fmt: skip
-    else:
-        out.append("  <none>")
-    out.append("Daemon pods:")
-    out += _pods_table(view.daemon_pods, now=now, with_ns=True)
-    out.append("Workload pods:")
-    out += _pods_table(view.workload_pods, now=now, with_ns=False)
-    out.append("Events:")
-    if view.events:
-        out += _table(("TYPE", "REASON", "AGE", "COUNT", "MESSAGE"), [
-            (e.get("type", ""), e.get("reason", ""),
-             age(e.get("lastTimestamp") or e.get("eventTime"), now), str(e.get("count") or 1),
-             str(e.get("message", "")).replace("\n", " "))
-            for e in view.events
-        ], indent="  ")  # fmt: skip
-    else:
-        out.append("  <none>")
-    if view.hidden:
-        out.append("Hidden (your account may not read these; ask for read access):")
-        out += [f"  {note}" for note in view.hidden]
-    return "\n".join(out) + "\n"
+    if not rows:
+        return ["  <none>"]
+    header = ("CLIQUE", "NODE", "INDEX", "IP", "DAEMON", "IN DOMAIN", "IMEX")
+    return _table(header, rows, indent="  ")
+
+
+def _events_table(events: list[JSON], *, now: float) -> list[str]:
+    if not events:
+        return ["  <none>"]
+    rows = [
+        (
+            e.get("type", ""),
+            e.get("reason", ""),
+            age(e.get("lastTimestamp") or e.get("eventTime"), now),
+            str(e.get("count") or 1),
+            str(e.get("message", "")).replace("\n", " "),
+        )
+        for e in events
+    ]
+    return _table(("TYPE", "REASON", "AGE", "COUNT", "MESSAGE"), rows, indent="  ")
 
 
 def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
@@ -360,8 +407,9 @@ def run(
     args = _parser().parse_args(list(argv))
     kubeconfig = _kubeconfig(args.kubeconfig)
     if client is None:
-        client = RestClient(load_api_client(kubeconfig, context=args.context),
-                            user_agent="kubectl-computedomain")  # fmt: skip
+        client = RestClient(
+            load_api_client(kubeconfig, context=args.context), user_agent="kubectl-computedomain"
+        )
     namespace = args.sub_namespace or args.namespace
     if (
         namespace is None
