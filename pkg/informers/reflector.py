@@ -30,6 +30,7 @@ from typing import Protocol
 
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
+from pkg.base.verbosity import V
 from pkg.informers.listwatch import ListerWatcher
 from pkg.kube.client import INITIAL_EVENTS_END, WatchStream
 from pkg.kube.errors import ApiError, ConnectionFailedError, GoneError
@@ -142,8 +143,11 @@ class Reflector:
         """Blocks until `stop()`; call on a dedicated thread."""
         need_list = True
         consistent = False  # after the first list, relists must not be served stale
+        kind = {"type": self._lw.resource.kind}
         while not self._is_stopped():
             try:
+                if need_list:
+                    log.log(V(3), "Listing and watching", extra=kind)
                 if need_list and self._use_watch_list():
                     self._initial_done = False
                     try:
@@ -153,10 +157,12 @@ class Reflector:
                         # broke before its end bookmark is started over.
                         need_list = not self._initial_done
                     if not need_list:
+                        log.log(V(2), "Caches populated", extra=kind)
                         continue  # the stream ended after the initial state: watch on
                 if need_list:
                     self._list(consistent=consistent)
                     need_list, consistent = False, True
+                    log.log(V(2), "Caches populated", extra=kind)
                 self._watch()
             except GoneError as exc:
                 log.info("relisting resource=%s reason=%s", self._lw.resource.plural, exc)

@@ -57,6 +57,7 @@ from pkg.api.computedomain import (
 from pkg.api.daemonentry import status_nodes
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
+from pkg.base.verbosity import V
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS
@@ -136,6 +137,8 @@ class ComputeDomainReconciler:
             with self._lock:
                 self._behind.pop(key, None)
             return Result()
+        log.log(V(2), "Processing added or updated ComputeDomain: %s/%s", key,
+                obj["metadata"].get("uid", ""))  # fmt: skip
         if self._cache_behind(key, obj):
             # The cache does not hold our last finalizer write yet (another event came first);
             # that write's own watch event brings the next pass. Acting now would PUT a stale

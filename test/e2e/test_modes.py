@@ -26,6 +26,7 @@ import pytest
 import yaml
 from e2e_support import REPO, Driver, channels_seen, free_port, kubectl, render_config, wait_for
 from kubeletsim import NodeFleet
+from kubeletsim.layout import GPU_CLIQUE_LABEL, Clique
 from localcluster import Cluster
 
 from pkg.api import constants as c
@@ -77,6 +78,12 @@ def _samples(ns: str) -> tuple[dict[str, Any], dict[str, Any]]:
     cd = copy.deepcopy(next(d for d in docs if d["kind"] == "ComputeDomain"))
     job = copy.deepcopy(next(d for d in docs if d["kind"] == "Job"))
     cd["metadata"]["namespace"] = job["metadata"]["namespace"] = ns
+    # The session's fleet has a clique of one node (gpu-node-5): the sample's podAffinity (one
+    # clique) and anti-affinity (one pod per node) cannot both hold for two pods there, so a
+    # first pod the scheduler puts on it would leave the second unschedulable forever. Keep
+    # the job on clique 0's nodes; the manifest is otherwise the sample as shipped.
+    spec = job["spec"]["template"]["spec"]
+    spec["nodeSelector"] = {**spec.get("nodeSelector", {}), GPU_CLIQUE_LABEL: Clique.numbered(0).id}
     return cd, job
 
 
