@@ -87,6 +87,7 @@ from pkg.api.daemonentry import DaemonEntry
 from pkg.base.clock import Clock, RealClock
 from pkg.base.files import write_file_atomically
 from pkg.base.types import JSON
+from pkg.daemon.check import LocalReadiness
 from pkg.daemon.formation import DaemonFormation
 from pkg.daemon.imexsync import ImexSync
 from pkg.daemon.membership import (
@@ -105,7 +106,7 @@ from pkg.daemon.peers import clique_peers, peer_report
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES
 from pkg.imex import nodesconfig
 from pkg.imex.config import DOMAIN_ID_ENV, HOSTS_FILE_ENV, ImexConfig
-from pkg.imex.ctl import CommandRunner, ImexCtl, peer_connections
+from pkg.imex.ctl import CommandRunner, peer_connections
 from pkg.imex.hosts import HostsFile
 from pkg.imex.supervisor import ProcessRunner, Supervisor
 from pkg.kube import resources as res
@@ -228,7 +229,8 @@ class Daemon:
             env=imex_child_env(opts, child_env), observer=metrics,
             stop_timeout=self._timing.imex_stop_timeout,
         )  # fmt: skip
-        self.ctl = ImexCtl(opts.imex_ctl_argv, config_path=opts.config_path, runner=commands)
+        self.readiness = LocalReadiness(opts, commands)
+        self.ctl = self.readiness.ctl
         self.sync = ImexSync(
             self.me, dns_names=self._dns, max_nodes=opts.max_nodes,
             hosts=HostsFile(opts.hosts_file, name_prefix=nodesconfig.NAME_PREFIX),
@@ -319,7 +321,7 @@ class Daemon:
         now = self._clock.monotonic()
         if now < self._next_ready_check:
             return self._ready
-        result = self.ctl.query_ready()
+        result = self.readiness.query()
         if result.ready:
             interval = self._timing.slow_interval
         else:

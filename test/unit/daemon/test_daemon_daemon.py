@@ -20,11 +20,11 @@ import pytest
 from pkg.api import constants as c
 from pkg.api import localready
 from pkg.api.daemonentry import DaemonEntry
-from pkg.daemon.check import run_check
+from pkg.daemon.check import LocalReadiness, run_check
 from pkg.daemon.daemon import Daemon, Timing
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import CDI_MISSING, Options, OptionsError, parse
-from pkg.imex.ctl import CommandResult
+from pkg.imex.ctl import CommandResult, ReadinessResult
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
 from pkg.testing.clock import FakeClock
@@ -258,6 +258,18 @@ def test_non_nvlink_node_runs_nothing(api: FakeApiServer, tmp_path: Path) -> Non
     assert not (tmp_path / "imexd").exists()
     ok, msg = run_check(daemon.opts, FakeCtl(runner))
     assert ok and msg == "check succeeded (noop, clique ID is empty)"
+
+
+def test_probe_and_loop_ask_one_readiness_rule(api: FakeApiServer, tmp_path: Path) -> None:
+    """The loop's Ready and the probe's answer come from the same `LocalReadiness`: no clique
+    is ready without running nvidia-imex-ctl; with one, READY from the ctl and nothing else."""
+    daemon, runner, ctl, _ = make(api, options(tmp_path))
+    assert isinstance(daemon.readiness, LocalReadiness) and daemon.ctl is daemon.readiness.ctl
+    assert not daemon.readiness.query().ready and ctl.calls == 1  # no IMEX runs yet
+    runner.procs.append(FakeProcess(1))
+    assert daemon.readiness.query() == ReadinessResult(True, "READY") and ctl.calls == 2
+    none = LocalReadiness(options(tmp_path, CLIQUE_ID=""), ctl)
+    assert none.query().ready and not none.has_clique and ctl.calls == 2
 
 
 def test_check_requires_exact_ready(tmp_path: Path) -> None:
