@@ -30,8 +30,8 @@ from pkg.api import constants as c
 from pkg.api.channelshare import channel_taint
 from pkg.base.types import JSON
 from pkg.kube import resources as res
-from pkg.kubeletplugin.checkpoint import ClaimEntry, ClaimState
-from pkg.kubeletplugin.checkpointformat import decode_checkpoint
+from pkg.kubeletplugin.checkpoint import CHECKPOINT_FILE, ClaimEntry, ClaimState, canonical_status
+from pkg.kubeletplugin.checkpointformat import decode_checkpoint, encode_checkpoint
 from pkg.kubeletplugin.driver import KubeletPlugin
 from pkg.kubeletplugin.state import channel_domain
 from pkg.testing.clock import FakeClock
@@ -171,23 +171,29 @@ def test_unprepare_leaves_the_others_channel_until_the_last(
 def test_a_started_claim_of_the_domain_keeps_the_label(
     api: FakeApiServer, root: Path, clock: FakeClock
 ) -> None:
-    """A claim of the domain still being prepared (PrepareStarted) needs the label too: the
-    last completed one's Unprepare leaves it."""
+    """A claim of the domain still being prepared (PrepareStarted, e.g. by a plugin killed
+    while it waited for the daemon) needs the label too: the completed one's Unprepare leaves
+    it, the Started one's removes it (and leaves upstream's tombstone)."""
     cd = seed_domain(api)
     done, pending = shared_claim(api, cd), shared_claim(api, cd)
+    started = ClaimEntry(
+        uid=uid(pending), state=ClaimState.PREPARE_STARTED,
+        status=canonical_status(pending["status"]), namespace="team",
+        name=pending["metadata"]["name"],
+    )  # fmt: skip
+    directory = root / "plugins" / c.DRIVER_NAME
+    directory.mkdir(parents=True)
+    (directory / CHECKPOINT_FILE).write_bytes(encode_checkpoint({started.uid: started}, boot_id=""))
     with running_plugin(api, root, clock=clock) as (plugin, kubelet):
+        assert plugin.store.entries()[uid(pending)].state == ClaimState.PREPARE_STARTED
         assert prepare(kubelet, done).error == ""
-        assert plugin.state is not None
-        with plugin.state._lock.held():  # what a Prepare waiting for its daemon recorded
-            plugin.state._put(
-                ClaimEntry(uid=uid(pending), state=ClaimState.PREPARE_STARTED,
-                           status=plugin.store.entries()[uid(done)].status)
-            )  # fmt: skip
         assert kubelet.unprepare(done).claims[uid(done)].error == ""
         assert node_label(api) == cd
+        taint_is(api, cd)
         assert kubelet.unprepare(pending).claims[uid(pending)].error == ""
         assert node_label(api) is None
         assert plugin.store.entries()[uid(pending)].state == ClaimState.PREPARE_ABORTED
+        taint_is(api, "")
 
 
 def test_restart_picks_the_shared_channel_up_from_the_checkpoint(
