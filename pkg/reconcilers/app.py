@@ -95,7 +95,7 @@ def run(
     line and exported as `BUILD_INFO_METRIC` on ``registry``.
     """
     build_info = build_info or load_build_info()
-    log.info("starting %s", COMPONENT, extra=build_info.log_fields())
+    log.info("%s", build_info.startup_message(COMPONENT))
     dump = startup_config(revision=build_info.revision, gates=options.gates.all_values(),
                           flags=dict(options.flag_values), type_name="*main.Flags")  # fmt: skip
     log.info("%s", dump)

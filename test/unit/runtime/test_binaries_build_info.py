@@ -63,8 +63,8 @@ def test_plugin_bad_env_number_is_a_usage_error_not_a_traceback() -> None:
 FIRST_LINES = {
     "compute-domain-controller": (
         ["--image-name=img", "--kubeconfig=/nonexistent"], {},
-        r'I\d{{4}} \S+ +\d+ app\.py:\d+\] "starting compute-domain-controller" '
-        r'version="{v}" revision="{r}" buildDate="{d}"',
+        r"I\d{{4}} \S+ +\d+ app\.py:\d+\] starting compute-domain-controller "
+        r"version={v} revision={r} buildDate={d}",
     ),
     "compute-domain-kubelet-plugin": (
         ["--node-name=n", "--device-discovery=fake", "--kubeconfig=/nonexistent"], {},
