@@ -99,5 +99,12 @@ def _undo(name: str, registered: bool, mounted: bool, log: Callable[[str], None]
         (BINFMT_MISC / name).write_text("-1")
         log(f"unregistered binfmt handler {name}")
     if mounted:
-        subprocess.run(["umount", str(BINFMT_MISC)], check=False, capture_output=True)
+        done = subprocess.run(["umount", str(BINFMT_MISC)], check=False, capture_output=True,
+                              text=True)  # fmt: skip
+        if done.returncode != 0:
+            # Busy (a foreign binary of the block still exiting): detach it now, the kernel
+            # drops it when the last user goes, so the host is left as it was found.
+            lazy = subprocess.run(["umount", "-l", str(BINFMT_MISC)], check=False,
+                                  capture_output=True, text=True)  # fmt: skip
+            log(f"umount {BINFMT_MISC}: {done.stderr.strip()}; lazy umount rc={lazy.returncode}")
         log(f"unmounted {BINFMT_MISC}")
