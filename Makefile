@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test venv check unit e2e chaos badinput demo bench control-plane images clean
+.PHONY: test venv check unit e2e chaos badinput demo bench control-plane images clean flake-check
 
 ## test: set up the venv, lint, type-check, check import layers, run unit and e2e tests
 test: venv
@@ -37,6 +37,12 @@ CHAOS_LIFECYCLES ?= 200
 chaos: venv control-plane
 	CHAOS_LIFECYCLES=$(CHAOS_LIFECYCLES) CHAOS_REPORT=docs/reliability.md \
 	  $(PY) -m pytest test/e2e/test_chaos.py -q -s -p no:cacheprovider
+
+## flake-check: the unit suite UNIT_RUNS (10) times and the simulated lane E2E_RUNS (3) times
+## beside LOAD (2) busy loops; a test that fails here depends on how busy the machine is.
+## Results -> docs/reliability.md "Flake check".
+flake-check: venv control-plane
+	hack/flake-check.sh
 
 ## badinput: the bad-input suites (opaque configs, claims, checkpoint files, gRPC requests,
 ## ComputeDomain specs on the real apiserver) with BADINPUT_SCALE (default 5) times their

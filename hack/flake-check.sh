@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# make flake-check: the test suites, again and again, beside CPU hogs (issue 28 item 3).
+#
+# Runs the unit suite UNIT_RUNS times (default 10) and the simulated-node e2e lane E2E_RUNS times
+# (default 3) while LOAD busy loops (default 2, one per core of the reference machine) compete for
+# the CPUs, and prints one line per run plus a summary: a test that fails here depends on how busy
+# the machine is. Every failing run's output is kept under $OUT (default
+# /tmp/flake-check-<time>) for reading. The hogs are this script's children and are killed on
+# every exit path (trap), so nothing is left running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${VENV:-.venv}/bin/python
+UNIT_RUNS=${UNIT_RUNS:-10}
+E2E_RUNS=${E2E_RUNS:-3}
+LOAD=${LOAD:-2}
+OUT=${OUT:-/tmp/flake-check-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+
+hogs=()
+stop_hogs() {
+  for pid in "${hogs[@]:-}"; do
+    [[ -n "$pid" ]] && kill "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+}
+trap stop_hogs EXIT INT TERM
+for _ in $(seq 1 "$LOAD"); do
+  ( while :; do :; done ) &
+  hogs+=("$!")
+done
+echo "==> flake-check: $UNIT_RUNS unit runs, $E2E_RUNS simulated-lane runs, $LOAD busy loops; logs in $OUT"
+
+failed=0
+run() {  # run <label> <log> <command...>
+  local label=$1 log=$2
+  shift 2
+  local t0=$SECONDS
+  if "$@" >"$log" 2>&1; then
+    echo "$label: passed in $((SECONDS - t0))s ($(grep -Eo '[0-9]+ passed' "$log" | tail -1))"
+    rm -f "$log"
+  else
+    failed=$((failed + 1))
+    echo "$label: FAILED in $((SECONDS - t0))s; $(grep -E '^(FAILED|ERROR) ' "$log" | head -5 | tr '\n' ';')"
+  fi
+}
+for i in $(seq 1 "$UNIT_RUNS"); do
+  run "unit run $i" "$OUT/unit-$i.log" "$PY" -m pytest test/unit -q -p no:cacheprovider
+done
+for i in $(seq 1 "$E2E_RUNS"); do
+  run "simulated lane run $i" "$OUT/e2e-$i.log" "$PY" -m pytest test/e2e -q -p no:cacheprovider
+done
+echo "==> flake-check: $failed failed run(s) of $((UNIT_RUNS + E2E_RUNS))"
+[[ $failed -eq 0 ]]
