@@ -29,8 +29,6 @@ import contextlib
 import copy
 import dataclasses
 import logging
-import threading
-import time
 from collections.abc import Callable
 
 from opentelemetry import trace
@@ -59,6 +57,7 @@ from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Controller, ReconcileMetrics, Result, TerminalError
 from pkg.reconcilers.dependents import Dependents, RetryLaterError
 from pkg.reconcilers.events import WARNING, EventSink
+from pkg.reconcilers.lifecycle import ManagerLifecycle
 from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
 from pkg.reconcilers.slim import slim_object
 
@@ -298,9 +297,7 @@ class HostManagedManager:
             on_update=lambda _old, new: on_rct(new),
             on_delete=lambda o: owner_enqueue(_unwrap(o)),
         )
-        self._stop = threading.Event()
-        self._lifecycle = threading.Lock()
-        self._cleanup_thread: threading.Thread | None = None
+        self._run = ManagerLifecycle(self._factory, self.cleaner)
 
     def _on_domain_deleted(
         self, enqueue: Callable[[JSON], None]
@@ -322,41 +319,18 @@ class HostManagedManager:
     @property
     def stopping(self) -> bool:
         """Whether :meth:`stop` was called."""
-        return self._stop.is_set()
+        return self._run.stopping
 
     def start(self, *, sync_timeout: float = 120.0) -> bool:
         """Start the informers, wait for their caches, then the workers and the sweep.
 
         Returns False if the caches did not sync in time or :meth:`stop` was called meanwhile.
         """
-        with self._lifecycle:
-            if self._stop.is_set():
-                return False
-            self._factory.start()
-        deadline = time.monotonic() + sync_timeout
-        while not self._factory.wait_for_cache_sync(0.2):
-            if self._stop.is_set():
-                return False
-            if time.monotonic() > deadline:
-                log.error("caches did not sync within %.0f s", sync_timeout)
-                return False
-        with self._lifecycle:
-            if self._stop.is_set():
-                return False
-            log.info("caches synced; starting workers (host-managed IMEX)")
-            self.controller.start()
-            self._cleanup_thread = threading.Thread(
-                target=self.cleaner.run, args=(self._stop,), name="orphan-cleanup", daemon=True
-            )
-            self._cleanup_thread.start()
-        return True
+        return self._run.start(
+            [self.controller], sync_timeout=sync_timeout,
+            on_synced=lambda: log.info("caches synced; starting workers (host-managed IMEX)"),
+        )  # fmt: skip
 
     def stop(self) -> None:
         """Stop the workers, the sweep and the informers (idempotent)."""
-        with self._lifecycle:
-            self._stop.set()
-        self.controller.stop()
-        self.cleaner.poke()
-        if self._cleanup_thread is not None:
-            self._cleanup_thread.join(timeout=10)
-        self._factory.shutdown()
+        self._run.stop([self.controller])

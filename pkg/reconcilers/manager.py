@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -67,6 +65,7 @@ from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.controller import Controller, ReconcileMetrics, Reconciler
 from pkg.reconcilers.events import EventSink, OnceEvents
 from pkg.reconcilers.formation import FormationTracer
+from pkg.reconcilers.lifecycle import ManagerLifecycle
 from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.nodecache import NodeView, as_node_metadata, same_node_metadata
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
@@ -215,10 +214,7 @@ class ControllerManager:
         self.cleaner = OrphanCleaner(
             client=client, caches=self.caches, config=config, events=events, clock=clock
         )
-        self._stop = threading.Event()
-        # Serializes start/stop so informers are never shut down while being started.
-        self._lifecycle = threading.Lock()
-        self._cleanup_thread: threading.Thread | None = None
+        self._run = ManagerLifecycle(self._factory, self.cleaner)
         self._wire()
 
     # -- event handlers → keys --------------------------------------------------------------
@@ -369,43 +365,20 @@ class ControllerManager:
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        return self._run.stopping
 
     def start(self, *, sync_timeout: float = 120.0) -> bool:
-        """Start informers, wait for their caches, then workers and the sweep.
+        """Start informers, wait for their caches, then adopt allocations and start the workers
+        and the sweep (`ManagerLifecycle.start`).
 
         Returns False if the caches did not sync in time or :meth:`stop` was called meanwhile.
         """
-        with self._lifecycle:
-            if self._stop.is_set():
-                return False
-            self._factory.start()
-        deadline = time.monotonic() + sync_timeout
-        while not self._factory.wait_for_cache_sync(0.2):
-            if self._stop.is_set():
-                return False
-            if time.monotonic() > deadline:
-                log.error("caches did not sync within %.0f s", sync_timeout)
-                return False
-        with self._lifecycle:
-            if self._stop.is_set():
-                return False
+
+        def on_synced() -> None:
             adopted = self.claims.adopt_allocations()
             log.info("caches synced; starting workers adopted_claims=%d", adopted)
-            for ctl in self.controllers:
-                ctl.start()
-            self._cleanup_thread = threading.Thread(
-                target=self.cleaner.run, args=(self._stop,), name="orphan-cleanup", daemon=True
-            )
-            self._cleanup_thread.start()
-        return True
+
+        return self._run.start(self.controllers, sync_timeout=sync_timeout, on_synced=on_synced)
 
     def stop(self) -> None:
-        with self._lifecycle:
-            self._stop.set()
-        for ctl in self.controllers:
-            ctl.stop()
-        self.cleaner.poke()
-        if self._cleanup_thread is not None:
-            self._cleanup_thread.join(timeout=10)
-        self._factory.shutdown()
+        self._run.stop(self.controllers)
