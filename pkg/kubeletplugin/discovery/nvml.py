@@ -7,6 +7,13 @@ work even if a GPU is in a bad state) and always shut down again; fabric info is
 plain call and falls back to the versioned ``...V`` call when the symbol is missing (mirrors
 go-nvlib); NOT_SUPPORTED means "no clique", never an error; the clique rules themselves live in
 `clique_id_from_fabric`.
+
+The fabric-info structures are declared here from ``nvml.h`` (`FabricInfoV1`, `FabricInfoV2`)
+rather than taken from pynvml: releases of nvidia-ml-py have shipped ``nvmlGpuFabricInfo_t``
+with ``clusterUuid`` sized ``NVML_DEVICE_UUID_BUFFER_SIZE`` (80 bytes) instead of 16, which
+misplaces every later field -- seen on a real H100 (driver 580.159.04), where discovery then
+failed with ``bytes is not a 16-char string``. NVML only writes through the pointer it is
+given, so the layout must be the C one whatever the Python binding says.
 """
 
 from __future__ import annotations
@@ -29,6 +36,35 @@ from pkg.kubeletplugin.discovery.base import (
 _NVML_INIT_FLAG_NO_GPUS = 1
 _NVML_ERROR_NOT_SUPPORTED = 3
 _NVML_ERROR_FUNCTION_NOT_FOUND = 13
+_NVML_GPU_FABRIC_UUID_LEN = 16
+
+
+class FabricInfoV1(ctypes.Structure):
+    """``nvmlGpuFabricInfo_t`` as ``nvml.h`` lays it out (the state is one unsigned char)."""
+
+    _fields_ = [
+        ("clusterUuid", ctypes.c_ubyte * _NVML_GPU_FABRIC_UUID_LEN),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_ubyte),
+    ]
+
+
+class FabricInfoV2(ctypes.Structure):
+    """``nvmlGpuFabricInfo_v2_t`` (``nvmlGpuFabricInfoV_t``) as ``nvml.h`` lays it out."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_ubyte * _NVML_GPU_FABRIC_UUID_LEN),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_ubyte),
+        ("healthMask", ctypes.c_uint32),
+    ]
+
+    def __init__(self) -> None:
+        # NVML_STRUCT_VERSION(GpuFabricInfo, 2): the size in the low bits, 2 in the top byte.
+        super().__init__(version=ctypes.sizeof(FabricInfoV2) | (2 << 24))
 
 
 def _text(value: Any) -> str:
@@ -88,7 +124,7 @@ class NvmlDiscovery:
     def _fabric(self, handle: Any) -> FabricInfo:
         nvml = self._nvml
         try:
-            info = nvml.c_nvmlGpuFabricInfo_t()
+            info: FabricInfoV1 | FabricInfoV2 = FabricInfoV1()
             nvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
         except nvml.NVMLError as err:
             code = _error_code(nvml, err)
@@ -96,7 +132,7 @@ class NvmlDiscovery:
                 return FabricInfo(supported=False)
             if code != _NVML_ERROR_FUNCTION_NOT_FOUND:
                 raise
-            info = nvml.c_nvmlGpuFabricInfo_v2_t()
+            info = FabricInfoV2()
             try:
                 nvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
             except nvml.NVMLError as err2:
@@ -105,10 +141,9 @@ class NvmlDiscovery:
                 raise
         return FabricInfo(
             supported=True,
-            # pynvml declares state as c_uint while NVML writes one byte followed by padding.
-            state=int(info.state) & 0xFF,
+            state=int(info.state),
             status=int(info.status),
-            cluster_uuid=str(uuid.UUID(bytes=bytes(bytearray(info.clusterUuid)))),
+            cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))),
             clique_id=int(info.cliqueId),
         )
 

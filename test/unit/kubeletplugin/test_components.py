@@ -3,6 +3,7 @@ opaque-config resolution (the checkpoint has its own file, test_checkpoint.py)."
 
 from __future__ import annotations
 
+import ctypes
 import json
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ from pkg.kubeletplugin.claims import config_groups
 from pkg.kubeletplugin.discovery import DiscoveryError
 from pkg.kubeletplugin.discovery.base import NodeDevices, check_driver_version
 from pkg.kubeletplugin.discovery.fake import FakeDiscovery, load_fake_config
-from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery
+from pkg.kubeletplugin.discovery.nvml import FabricInfoV1, FabricInfoV2, NvmlDiscovery
 from pkg.kubeletplugin.procdevices import ProcDevicesError, char_device_major
 from pkg.kubeletplugin.state import domain_dir
 
@@ -57,7 +58,8 @@ def fake_nvml(fabrics: list[Any], *, version: str = "580.65.06") -> Any:
             raise NVMLError(item)
         info = ref._obj  # ctypes.byref() wraps the python object
         for key, value in item.items():
-            setattr(info, key, value)
+            field = (ctypes.c_ubyte * 16).from_buffer_copy(value) if key == "clusterUuid" else value
+            setattr(info, key, field)
 
     return SimpleNamespace(
         NVMLError=NVMLError,
@@ -231,3 +233,44 @@ def test_domain_dir_never_leaves_the_domains_root(tmp_path: Path, domain_id: str
 def test_domain_dir_of_a_uid() -> None:
     uid = uid_for("cd")
     assert domain_dir(Path("/plugins/x"), uid) == Path("/plugins/x/domains") / uid
+
+
+def test_nvml_fabric_structs_have_the_nvml_h_layout() -> None:
+    """NVML writes through the pointer: offsets and sizes must be nvml.h's, whatever pynvml
+    declares (a pynvml release sized clusterUuid 80 bytes; seen on a real H100)."""
+    v1 = [(f[0], getattr(FabricInfoV1, f[0]).offset) for f in FabricInfoV1._fields_]
+    assert v1 == [("clusterUuid", 0), ("status", 16), ("cliqueId", 20), ("state", 24)]
+    assert ctypes.sizeof(FabricInfoV1) == 28
+    v2 = [(f[0], getattr(FabricInfoV2, f[0]).offset) for f in FabricInfoV2._fields_]
+    assert v2 == [
+        ("version", 0), ("clusterUuid", 4), ("status", 20), ("cliqueId", 24), ("state", 28),
+        ("healthMask", 32),
+    ]  # fmt: skip
+    assert FabricInfoV2().version == 0x02000024  # nvmlGpuFabricInfo_v2 in nvml.h
+
+
+@pytest.mark.parametrize("cluster", [bytes(16), CLUSTER.bytes, b"\x01" + bytes(15)])
+def test_nvml_reads_what_the_library_wrote_into_the_c_struct(cluster: bytes) -> None:
+    """The call writes C memory; discovery must read it back with the C layout. Before the
+    own structs, a pynvml whose struct had an 80-byte clusterUuid made discovery fail on a
+    real H100 outside any NVLink fabric (``bytes is not a 16-char string``)."""
+
+    def get_fabric(handle: int, ref: Any) -> None:
+        # What NVML does: fill sizeof(nvmlGpuFabricInfo_t) bytes at the pointer it was given.
+        raw = cluster + (0).to_bytes(4, "little") + (5).to_bytes(4, "little") + bytes([3, 0, 0, 0])
+        ctypes.memmove(ref, raw, len(raw))
+
+    class MisdeclaredInfo(ctypes.Structure):  # the pynvml release seen on the H100
+        _fields_ = [
+            ("clusterUuid", ctypes.c_uint8 * 80),
+            ("status", ctypes.c_int),
+            ("cliqueId", ctypes.c_uint32),
+            ("state", ctypes.c_uint),
+        ]
+
+    nvml = fake_nvml([0])
+    nvml.c_nvmlGpuFabricInfo_t = MisdeclaredInfo
+    nvml.nvmlDeviceGetGpuFabricInfo = get_fabric
+    (gpu,) = NvmlDiscovery(nvml=nvml, strict_fabric=False).discover().gpus
+    assert gpu.fabric.cluster_uuid == str(uuid.UUID(bytes=cluster))
+    assert (gpu.fabric.clique_id, gpu.fabric.state, gpu.fabric.status) == (5, 3, 0)
