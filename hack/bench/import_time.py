@@ -23,28 +23,16 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-DAEMON = (
-    "from pkg.daemon.daemon import Daemon\n"
-    "from pkg.daemon.metrics import DaemonMetrics\n"
-    "from pkg.imex.supervisor import SubprocessRunner\n"
-    "from pkg.kube.client import RestClient\n"
-    "from pkg.kube.config import load_api_client\n"
-    "from pkg.kube.events import EventRecorder\n"
-    "from pkg.runtime.tracing import setup_tracing\n"
-    "setup_tracing('compute-domain-daemon', env={})\n"
-)
-PLUGIN = (
-    "import importlib.util, sys\n"
-    f"spec = importlib.util.spec_from_file_location('plugin_main', {str(REPO / 'cmd' / 'compute-domain-kubelet-plugin' / 'compute_domain_kubelet_plugin.py')!r})\n"  # noqa: E501
-    "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
-)
-CONTROLLER = "from pkg.reconcilers.app import run\n"
+from pkg.testing import startpaths
+
+REPO = startpaths.REPO
+DAEMON, PLUGIN, CONTROLLER = startpaths.DAEMON, startpaths.PLUGIN, startpaths.CONTROLLER
 EAGER = "import kubernetes\n"
 
 VARIANTS: dict[str, str] = {
-    "python -c pass": "pass\n",
+    "python -c pass": startpaths.BARE,
     "daemon run path": DAEMON,
     "daemon run path, eager kubernetes": EAGER + DAEMON,
     "kubelet plugin main": PLUGIN,
