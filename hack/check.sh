@@ -13,6 +13,9 @@ for d in hack test/unit test/e2e test/e2e_nodes; do
   [[ -z "$files" ]] || "$PY" -m mypy --no-error-summary $files
 done
 echo "==> import layers";       "$(dirname "$PY")/lint-imports" --no-cache
+echo "==> import contracts of hack/"
+lint_imports="$(cd "$(dirname "$PY")" && pwd)/lint-imports"
+(cd hack && "$lint_imports" --no-cache .importlinter)
 if [[ -x hack/gen-proto.sh ]]; then echo "==> generated gRPC stubs current"; hack/gen-proto.sh --check; fi
 echo "==> generated CRDs current"; "$PY" hack/gen-crds.py --check
 echo "==> generated chart templates current"; "$PY" hack/gen-chart.py --check

@@ -11,7 +11,7 @@ identities made per lifecycle, counted from the apiserver's audit log (a policy 
 
 Per stage: every component exports the formation trace to a file; with an admin watch on all
 pods and the kubelet stand-in's own records, each node's formation is cut into stages owned by
-the driver, Kubernetes or the simulation (``formation_stages``), printed per size (median node
+the driver, Kubernetes or the simulation (``kubeletsim.formation``), printed per size (median node
 and last node to be Ready), with the load average and machine CPU use during formation. The
 daemons, their exec probes and the simulated IMEX programs are forked from a fork server
 (``kubeletsim.zygote``; ``--no-zygote`` starts interpreters as before). ``--go-controller BIN``
@@ -50,9 +50,9 @@ for p in (REPO, REPO / "hack", REPO / "test" / "e2e"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from bench.formation_stages import OWNERS, PodTimes, formations, read_spans, summarize  # noqa: E402
 from e2e_support import Driver, channels_seen, free_port, leak_report, wait_for  # noqa: E402
 from kubeletsim import NodeFleet, config_from_cluster, layout  # noqa: E402
+from kubeletsim.formation import OWNERS, PodTimes, formations, read_spans, summarize  # noqa: E402
 from kubeletsim.zygote import ZYGOTE_ENV, Zygote  # noqa: E402
 from localcluster import Cluster, bin_dir  # noqa: E402
 from workloads import create_cd, delete_cd, delete_pods, start_pods  # noqa: E402

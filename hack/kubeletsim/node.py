@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localcluster.processes import free_ports
+from hostsys.ports import free_ports
 
 from pkg.base.clock import RealClock
 from pkg.kube.client import KubeClient, RestClient

@@ -28,8 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hostsys.ports import free_ports
+
 from .pki import PKI, Identity, token_identity, write_kubeconfig, write_tokens_csv
-from .processes import ClusterError, Proc, etcd_healthy, free_ports, http_ok, tail, wait_until
+from .processes import ClusterError, Proc, etcd_healthy, http_ok, tail, wait_until
 
 DEFAULT_DRIVER_NAMESPACE = "nvidia-dra-driver"
 DRIVER_SERVICE_ACCOUNTS = (

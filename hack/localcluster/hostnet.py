@@ -20,7 +20,7 @@ Owns what a real node (kubelet + containerd, ``realnode``) needs from the host a
   values are recorded in a state file *before* the first kubelet starts and restored by
   :func:`sweep`;
 * for a node of a foreign architecture (the lane's arm64 node), the qemu-user binfmt handler
-  (host-global, ``nodeimages.binfmt``): :func:`foreign_arch` registers it for a block and notes
+  (host-global, ``hostsys.binfmt``): :func:`foreign_arch` registers it for a block and notes
   it in the state file while registered, so :func:`sweep` unregisters it after an interrupted
   run; the handlers present before the run are recorded with the tunables, and
   :func:`leftovers` reports any handler added since.
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeimages import binfmt
+from hostsys import binfmt
 
 from .processes import ClusterError, Proc
 
@@ -208,12 +208,12 @@ def _note_binfmt(name: str, *, registered: bool) -> None:
 
 @contextlib.contextmanager
 def foreign_arch(arch: str, log: Callable[[str], None] = lambda _m: None) -> Iterator[None]:
-    """:func:`nodeimages.binfmt.foreign_arch` for the real-node tier: within the block binaries
+    """:func:`hostsys.binfmt.foreign_arch` for the real-node tier: within the block binaries
     of ``arch`` (OCI name) run here; a handler the block registers is noted in the state file
     until the block has unregistered it, so :func:`sweep` removes it after an interrupted run.
 
     The handler is host-global: a handler that was already registered (by another process) is
-    used and left alone. Raises :class:`nodeimages.binfmt.BinfmtError` when it cannot be
+    used and left alone. Raises :class:`hostsys.binfmt.BinfmtError` when it cannot be
     registered."""
     name = binfmt.handler_name(arch)
     before = name in binfmt.state()

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodeimages import binfmt
+from hostsys import binfmt
 
 from . import hostnet
 from .cluster import Cluster

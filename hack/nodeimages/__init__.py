@@ -11,7 +11,7 @@ Import with ``hack/`` on ``sys.path`` (as ``localcluster``)::
 
 Modules: ``oci`` (deterministic layer tars, configs, layout archives), ``debs`` (apt
 resolution, download cache, unpacking), ``driver`` (the Dockerfile with buildah, its checks),
-``binfmt`` (qemu-user handlers for foreign architectures), ``build`` (recipes, cache keys).
+``build`` (recipes, cache keys).
 CLI: ``hack/build-node-images.py``.
 """
 

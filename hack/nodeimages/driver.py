@@ -11,7 +11,7 @@ slim's documentation filter) and passes it as ``BASE_IMAGE``.
   overlay) so nothing touches the host's own container storage; ``--layers`` keeps the
   stages shared by the three targets and by later builds.
 * Foreign ``RUN`` steps (arm64 on an amd64 host) run through qemu-user binfmt, registered only
-  for the build (:func:`nodeimages.binfmt.foreign_arch`).
+  for the build (:func:`hostsys.binfmt.foreign_arch`).
 * A host that reaches PyPI through a TLS-inspecting proxy (its CA in the host's trust store and
   ``/etc/pip.conf``) passes that CA to the build's pip with the ``Dockerfile``'s ``PIP_CERT``
   argument and a ``/tmp`` volume; the file lives in no layer.
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import binfmt
+from hostsys import binfmt
 
 Log = Callable[[str], None]
 

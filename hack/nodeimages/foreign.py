@@ -30,7 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import binfmt, oci
+from hostsys import binfmt
+
+from . import oci
 from .build import (
     PAUSE_IMAGE,
     RECIPE,

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from hostsys.ports import free_ports
 from kubeletsim import NodeFleet
-from localcluster.processes import free_ports
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient

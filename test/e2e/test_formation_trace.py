@@ -24,7 +24,6 @@ The domain's namespace is also the label of its time-to-ready sample on the cont
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -38,6 +37,7 @@ from typing import Any
 import pytest
 from e2e_support import Driver, free_port, leak_report, teardown_namespace, wait_for
 from kubeletsim import NodeFleet, config_from_cluster, layout
+from kubeletsim.formation import read_spans
 from localcluster import Cluster, bin_dir
 from workloads import create_cd, start_pods, wait_bound, wait_cd_ready, wait_running
 
@@ -133,12 +133,6 @@ def ns(admin: KubeClient, fleet: NodeFleet, driver: Driver) -> Iterator[str]:
 
 
 # -- reading the exported spans -----------------------------------------------------------------
-
-
-def read_spans(path: Path) -> list[Span]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def hex_id(value: str | None) -> int | None:

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hostsys import binfmt
 from localcluster import hostnet
-from nodeimages import binfmt
 from realsupport import REPO
 
 # A tunable the kubelet rewrites; the child changes it as the kubelet would.

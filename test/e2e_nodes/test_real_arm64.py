@@ -29,9 +29,10 @@ from typing import Any
 
 import pytest
 import yaml
+from hostsys import binfmt
 from localcluster import hostnet
 from localcluster.realnode import RealNode, RealNodes, missing_prerequisites
-from nodeimages import PAUSE_IMAGE, binfmt, build_all, driver_image_refs, images_dir
+from nodeimages import PAUSE_IMAGE, build_all, driver_image_refs, images_dir
 from nodeimages.foreign import archive_platforms, build_pause
 from realsupport import (
     ARM64_NODE,

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nodeimages import binfmt, driver
+from hostsys import binfmt
+from nodeimages import driver
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -96,8 +97,8 @@ def test_native_architecture_needs_no_handler(monkeypatch: pytest.MonkeyPatch) -
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("nothing may be mounted or registered for the native architecture")
 
-    monkeypatch.setattr("nodeimages.binfmt.subprocess.run", refuse)
-    monkeypatch.setattr("nodeimages.binfmt.os.open", refuse)
+    monkeypatch.setattr("hostsys.binfmt.subprocess.run", refuse)
+    monkeypatch.setattr("hostsys.binfmt.os.open", refuse)
     with binfmt.foreign_arch(binfmt.native_arch()):
         pass
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nodeimages import PAUSE_IMAGE, BuildError, binfmt, foreign, oci
+from hostsys import binfmt
+from nodeimages import PAUSE_IMAGE, BuildError, foreign, oci
 
 
 def _layer(tmp: Path, name: str) -> oci.Blob:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bench.formation_stages import (
+from kubeletsim.formation import (
     STAGES,
     UNATTRIBUTED,
     NodeFormation,

@@ -114,9 +114,10 @@ def span_time(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def read_spans(path: Path, trace_id: int) -> list[Span]:
-    """The spans of one trace from a ``file`` exporter's JSON lines."""
-    want = f"0x{trace_id:032x}"
+def read_spans(path: Path, trace_id: int | None = None) -> list[Span]:
+    """The spans in a ``file`` exporter's JSON lines (of one trace if ``trace_id`` is given);
+    a line still being written by another process is skipped."""
+    want = None if trace_id is None else f"0x{trace_id:032x}"
     if not path.exists():
         return []
     out = []
@@ -127,7 +128,7 @@ def read_spans(path: Path, trace_id: int) -> list[Span]:
             span = json.loads(line)
         except ValueError:
             continue  # a line being written by another process
-        if span["context"]["trace_id"] == want:
+        if want is None or span["context"]["trace_id"] == want:
             out.append(span)
     return out
 
