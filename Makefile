@@ -17,7 +17,7 @@ check: venv
 	hack/check.sh
 
 unit: venv
-	$(PY) -m pytest test/unit -q
+	$(PY) -m pytest test/unit test/hack -q
 
 e2e: venv control-plane
 	$(PY) -m pytest test/e2e -q

@@ -8,7 +8,7 @@ echo "==> ruff check";          "$PY" -m ruff check --quiet pkg cmd hack test
 echo "==> mypy --strict"
 # Separate runs: test folders and cmd/ entry points are script roots, not one package tree.
 "$PY" -m mypy --no-error-summary pkg cmd/*/*.py
-for d in hack test/unit test/e2e test/e2e_nodes; do
+for d in hack test/unit test/hack test/e2e test/e2e_nodes; do
   files=$(find "$d" -name '*.py' -not -path '*/gen/*' | sort)
   [[ -z "$files" ]] || "$PY" -m mypy --no-error-summary $files
 done

@@ -10,7 +10,7 @@ hack/check.sh
 echo "==> helm (test/unit/helm; built from the Go module proxy once, then cached)"
 hack/helm.sh >/dev/null
 echo "==> unit tests"
-"$PY" -m pytest test/unit -q -p no:cacheprovider
+"$PY" -m pytest test/unit test/hack -q -p no:cacheprovider
 if [[ "${SKIP_E2E:-}" != "1" ]]; then
   echo "==> control plane and node binaries; Debian packages of the real-node tier"
   hack/build-control-plane.sh

@@ -1,7 +1,7 @@
 """Deterministic OCI image pieces: layer tars from directory trees, configs, image-layout tars.
 
 Everything here is pure file writing (no containerd, no Docker), so it is unit-tested on its own
-(``test/unit/images``).  Determinism rules: entries sorted by path, owner ``0:0`` with empty
+(``test/hack/images``).  Determinism rules: entries sorted by path, owner ``0:0`` with empty
 user/group names, one fixed mtime (:data:`EPOCH`), permission bits kept, hard links inside a
 layer written as tar hard links to the first path seen; JSON written with sorted keys and no
 whitespace.  Two runs over the same tree therefore produce byte-identical blobs and digests.

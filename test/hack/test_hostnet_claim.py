@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CLAIM = """
 import sys, time
 sys.path[:0] = [{repo!r}, {hack!r}]

@@ -17,7 +17,7 @@ import pytest
 
 from pkg.testing.eventually import eventually
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 CONFTEST = """
 from localcluster.processes import teardown_on_sigterm
