@@ -228,10 +228,12 @@ def leftovers(admin: RestClient, driver_ns: str, namespaces: list[str]) -> int:
     return n
 
 
-def start_controller(
+def start_contender(
     who: str, driver: Driver, cluster: Cluster, *, go_binary: Path, env_extra: dict[str, str],
     workdir: Path, tag: str,
 ) -> subprocess.Popen[bytes]:  # fmt: skip
+    """Start one side of the comparison with the same env: ours through the e2e suite's
+    ``Driver.start_controller``; upstream's Go binary, which takes no flags, here."""
     kubeconfig = cluster.kubeconfig("compute-domain-controller")
     log_file = workdir / f"controller-{tag}.log"
     if who == "ours":
@@ -276,8 +278,8 @@ def one_run(
     if qps != "default":
         q, b = qps.split(":")
         env_extra = {"KUBE_API_QPS": q, "KUBE_API_BURST": b}
-    proc = start_controller(who, driver, cluster, go_binary=go_binary, env_extra=env_extra,
-                            workdir=workdir, tag=tag)  # fmt: skip
+    proc = start_contender(who, driver, cluster, go_binary=go_binary, env_extra=env_extra,
+                           workdir=workdir, tag=tag)  # fmt: skip
     result = RunResult(who=who, qps=qps)
     try:
         # warm-up: one CD through its whole life proves the controller is up and leading

@@ -6,7 +6,7 @@ certificates and static-token identities. Import with ``hack/`` on ``sys.path``:
 
     from localcluster import Cluster, bin_dir
     with Cluster.start(bin_dir(), "/tmp/cd-e2e") as c:
-        kubernetes.config.new_client_from_config(str(c.kubeconfig("admin")))
+        RestClient(load_api_client(str(c.kubeconfig("admin"))))  # pkg.kube
 
 Modules: ``pki`` (certs, identities, kubeconfigs), ``processes`` (spawning, health, logs),
 ``cluster`` (component flags, start/stop, state file), ``nodes`` (fake Node manifests),

@@ -1,4 +1,5 @@
-"""End-to-end self-check of the local control plane (no pytest needed).
+"""End-to-end self-check of the local control plane (no pytest needed; the e2e suite runs it:
+``test/e2e/test_localcluster_smoke.py``).
 
 Brings a cluster up and proves the pieces a DRA driver relies on work for real: a fake Node is
 schedulable; the real scheduler allocates a ResourceClaim (created by the resourceclaim-controller
@@ -8,12 +9,14 @@ a labeled node; static-token node and service-account identities authenticate as
 stopping the cluster leaves no processes behind.
 
     .venv/bin/python hack/localcluster/smoke.py [--bin-dir B] [--dir D] [--keep]
+
+It talks to the API server through the project's own client (``pkg.kube.client.RestClient``)
+and waits with ``pkg.testing.eventually``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -29,81 +32,85 @@ if __name__ == "__main__" and not __package__:  # run as a file: re-enter as loc
     runpy.run_module("localcluster.smoke", run_name="__main__", alter_sys=True)
     sys.exit(0)
 
-import kubernetes
+from pkg.kube.client import RestClient
+from pkg.kube.config import load_api_client
+from pkg.kube.errors import ForbiddenError, NotFoundError
+from pkg.kube.resources import (
+    DAEMONSETS,
+    DEVICE_CLASSES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    SECRETS,
+    SELF_SUBJECT_REVIEWS,
+    Resource,
+)
+from pkg.testing.eventually import eventually
 
 from . import Cluster, bin_dir, fake_node
 from .processes import pid_alive
 
 DRIVER = "smoke.example.com"
 NS = "smoke"
+TIMEOUT = 60.0
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"HTTP {status}: {body[:500]}")
-        self.status = status
+def client(c: Cluster, identity: str) -> RestClient:
+    """The project's client with ``identity``'s credentials."""
+    return RestClient(load_api_client(str(c.kubeconfig(identity))), user_agent="localcluster-smoke")
 
 
-class Api:
-    """Minimal raw-JSON access through the official client's transport and auth."""
-
-    def __init__(self, kubeconfig: Path) -> None:
-        self.client = kubernetes.config.new_client_from_config(str(kubeconfig))  # type: ignore[no-untyped-call]
-
-    def call(self, method: str, path: str, body: Any = None, ok404: bool = False) -> Any:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        m, url, hdrs, data, post = self.client.param_serialize(
-            method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
-        )
-        resp = self.client.call_api(m, url, header_params=hdrs, body=data, post_params=post)
-        raw = resp.read()
-        if resp.status == 404 and ok404:
-            return None
-        if resp.status >= 300:
-            raise ApiError(resp.status, raw.decode(errors="replace"))
-        return json.loads(raw) if raw else None
-
-    def status(self, method: str, path: str, body: Any = None) -> int:
-        try:
-            self.call(method, path, body)
-        except ApiError as e:
-            return e.status
-        return 200
+def wait_for(what: str, fn: Callable[[], Any]) -> Any:
+    return eventually(fn, TIMEOUT, what=what, every=0.2)
 
 
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+def gone(api: RestClient, resource: Resource, name: str, namespace: str | None = None) -> bool:
+    try:
+        api.get(resource, name, namespace=namespace)
+    except NotFoundError:
+        return True
+    return False
+
+
+def forbidden(call: Callable[[], object]) -> bool:
+    """True when ``call`` is answered 403 (authenticated, but RBAC denies it)."""
+    try:
+        call()
+    except ForbiddenError:
+        return True
+    return False
+
+
+def whoami(api: RestClient) -> dict[str, Any]:
+    review = {"apiVersion": SELF_SUBJECT_REVIEWS.api_version, "kind": SELF_SUBJECT_REVIEWS.kind}
+    info: dict[str, Any] = api.create(SELF_SUBJECT_REVIEWS, review)["status"]["userInfo"]
+    return info
 
 
 def run(c: Cluster) -> None:
-    api = Api(c.kubeconfig("admin"))
+    api = client(c, "admin")
     t0 = time.monotonic()
 
     def step(msg: str) -> None:
         print(f"[{time.monotonic() - t0:6.2f}s] {msg}", flush=True)
 
-    api.call("POST", "/api/v1/namespaces", {"metadata": {"name": NS}})
-    api.call("POST", "/api/v1/nodes", fake_node("node-1"))
-    api.call("POST", "/api/v1/nodes", fake_node("node-2", {"smoke/daemon": "yes"}))
+    api.create(NAMESPACES, {"metadata": {"name": NS}})
+    api.create(NODES, fake_node("node-1"))
+    api.create(NODES, fake_node("node-2", {"smoke/daemon": "yes"}))
     step("created namespace and nodes node-1, node-2 (node-2 labeled smoke/daemon=yes)")
 
-    api.call(
-        "POST",
-        "/apis/resource.k8s.io/v1/deviceclasses",
+    api.create(
+        DEVICE_CLASSES,
         {
             "metadata": {"name": DRIVER},
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
         },
     )
-    api.call(
-        "POST",
-        "/apis/resource.k8s.io/v1/resourceslices",
+    api.create(
+        RESOURCE_SLICES,
         {
             "metadata": {"name": "node-1-smoke"},
             "spec": {
@@ -117,9 +124,8 @@ def run(c: Cluster) -> None:
             },
         },
     )
-    api.call(
-        "POST",
-        f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates",
+    api.create(
+        RESOURCE_CLAIM_TEMPLATES,
         {
             "metadata": {"name": "one-dev"},
             "spec": {
@@ -130,10 +136,10 @@ def run(c: Cluster) -> None:
                 }
             },
         },
+        namespace=NS,
     )
-    api.call(
-        "POST",
-        f"/api/v1/namespaces/{NS}/pods",
+    api.create(
+        PODS,
         {
             "metadata": {"name": "dra-pod"},
             "spec": {
@@ -144,17 +150,17 @@ def run(c: Cluster) -> None:
                 ],
             },
         },
+        namespace=NS,
     )
     step("created DeviceClass, ResourceSlice (2 devices on node-1), ResourceClaimTemplate, pod")
 
-    pod_path = f"/api/v1/namespaces/{NS}/pods/dra-pod"
     pod = wait_for(
-        "pod bound", lambda: (p := api.call("GET", pod_path))["spec"].get("nodeName") and p
+        "pod bound",
+        lambda: (p := api.get(PODS, "dra-pod", namespace=NS))["spec"].get("nodeName") and p,
     )
     assert pod["spec"]["nodeName"] == "node-1", pod["spec"]["nodeName"]
     claim_name = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
-    claim_path = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim_name}"
-    claim = api.call("GET", claim_path)
+    claim = api.get(RESOURCE_CLAIMS, claim_name, namespace=NS)
     results = claim["status"]["allocation"]["devices"]["results"]
     reserved = [r["name"] for r in claim["status"].get("reservedFor", [])]
     assert results[0]["driver"] == DRIVER and results[0]["pool"] == "node-1", results
@@ -164,13 +170,12 @@ def run(c: Cluster) -> None:
         f"{results[0]['device']}, reservedFor={reserved}"
     )
 
-    api.call("DELETE", pod_path + "?gracePeriodSeconds=0")  # no kubelet: force delete
-    wait_for("generated claim deleted", lambda: api.call("GET", claim_path, ok404=True) is None)
+    api.delete(PODS, "dra-pod", namespace=NS, grace_period_seconds=0)  # no kubelet: force delete
+    wait_for("generated claim deleted", lambda: gone(api, RESOURCE_CLAIMS, claim_name, NS))
     step("pod force-deleted; generated claim removed by the controllers")
 
-    api.call(
-        "POST",
-        f"/apis/apps/v1/namespaces/{NS}/daemonsets",
+    api.create(
+        DAEMONSETS,
         {
             "metadata": {"name": "ds"},
             "spec": {
@@ -185,43 +190,38 @@ def run(c: Cluster) -> None:
                 },
             },
         },
+        namespace=NS,
     )
 
     def ds_pods() -> list[str]:
-        items = api.call("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector=app%3Dds")["items"]
+        items = api.list(PODS, namespace=NS, label_selector="app=ds")["items"]
         return [p["spec"].get("nodeName") for p in items if p["spec"].get("nodeName")]
 
     assert wait_for("daemonset pod bound", ds_pods) == ["node-2"], ds_pods()
     step("DaemonSet pod created and bound to node-2 only")
 
-    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-    path = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
-    node = Api(c.kubeconfig("node-1"))
-    who = node.call("POST", path, review)["status"]["userInfo"]
+    node = client(c, "node-1")
+    who = whoami(node)
     assert who["username"] == "system:node:node-1", who
-    assert node.status("GET", "/api/v1/nodes/node-1") == 200
-    assert node.status("GET", f"/api/v1/namespaces/{NS}/secrets") == 403
+    assert node.get(NODES, "node-1")["metadata"]["name"] == "node-1"
+    assert forbidden(lambda: node.list(SECRETS, namespace=NS))
     late = c.add_node_identity("late-node")  # client certificate, minted after start
-    who = Api(c.kubeconfig(late.name)).call("POST", path, review)["status"]["userInfo"]
+    who = whoami(client(c, late.name))
     assert who["username"] == "system:node:late-node", who
-    sa = Api(c.kubeconfig("compute-domain-controller"))
-    who = sa.call("POST", path, review)["status"]["userInfo"]
+    sa = client(c, "compute-domain-controller")
+    who = whoami(sa)
     assert (
         who["username"] == f"system:serviceaccount:{c.driver_namespace}:compute-domain-controller"
     )
     assert f"system:serviceaccounts:{c.driver_namespace}" in who["groups"], who
-    assert sa.status("GET", "/api/v1/pods") == 403  # authenticated, but no RBAC yet
+    assert forbidden(lambda: sa.list(PODS))  # authenticated, but no RBAC yet
     step("node (token and late client-cert) and service-account identities authenticate")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--bin-dir", type=Path)
-    ap.add_argument("--dir", type=Path, help="cluster dir (default: a temp dir)")
-    ap.add_argument("--keep", action="store_true", help="leave the cluster dir (logs) behind")
-    args = ap.parse_args()
-    bins = args.bin_dir or bin_dir()
-    workdir = args.dir or Path(tempfile.mkdtemp(prefix="localcluster-smoke-"))
+def smoke(bins: Path, workdir: Path) -> list[int]:
+    """Start a cluster in ``workdir``, `run` the checks, stop it; returns the PIDs of its
+    processes still alive after `Cluster.stop` (none is the pass). A failed check raises, after
+    printing the tails of the component logs."""
     t = time.monotonic()
     c = Cluster.start(bins, workdir, node_count=4)
     print(f"cluster up in {time.monotonic() - t:.1f}s at {c.server} (dir {workdir})", flush=True)
@@ -237,6 +237,20 @@ def main() -> int:
         c.stop()
         stray = [pid for pid in pids if pid_alive(pid)]
         print(f"cluster stopped in {time.monotonic() - t:.1f}s; stray processes: {stray or 'none'}")
+    return stray
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--bin-dir", type=Path)
+    ap.add_argument("--dir", type=Path, help="cluster dir (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="leave the cluster dir (logs) behind")
+    args = ap.parse_args()
+    bins = args.bin_dir or bin_dir()
+    workdir = args.dir or Path(tempfile.mkdtemp(prefix="localcluster-smoke-"))
+    try:
+        stray = smoke(bins, workdir)
+    finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(workdir, ignore_errors=True)
     if stray:

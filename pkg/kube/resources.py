@@ -24,6 +24,8 @@ __all__ = [
     "RESOURCE_CLAIMS",
     "RESOURCE_CLAIM_TEMPLATES",
     "RESOURCE_SLICES",
+    "SECRETS",
+    "SELF_SUBJECT_REVIEWS",
     "WELL_KNOWN",
     "Resource",
 ]
@@ -105,7 +107,14 @@ COMPUTE_DOMAINS = Resource(
 COMPUTE_DOMAIN_CLIQUES = Resource(
     "resource.nvidia.com", "v1beta1", "computedomaincliques", "ComputeDomainClique", namespaced=True
 )
+# Only the local cluster's self-check (hack/localcluster/smoke.py) uses these two: whom a
+# credential authenticates as (create-only, never stored) and what RBAC denies a node.
+SECRETS = Resource("", "v1", "secrets", "Secret", namespaced=True)
+SELF_SUBJECT_REVIEWS = Resource(
+    "authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview", namespaced=False
+)
 
+# The kinds the fake API server stores.
 WELL_KNOWN: tuple[Resource, ...] = (
     PODS,
     NODES,
