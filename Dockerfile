@@ -110,7 +110,9 @@ ENTRYPOINT ["compute-domain-controller"]
 
 # ---------------------------------------------------------------------------------------------
 # IMEX daemon: rewrites the kubelet-managed /etc/hosts and the root-owned /imexd host directory,
-# so it needs root (as upstream's daemon).  The pod is not privileged.
+# so it runs as root (as upstream's daemon) -- but its pod is not privileged and drops every
+# capability, with a read-only root filesystem (the controller's DaemonSet, pkg/reconcilers/
+# objects.py): nothing here may need writing at run time except /tmp and /var/log (emptyDirs).
 FROM runtime AS compute-domain-daemon
 LABEL org.opencontainers.image.title="compute-domain-daemon" \
       org.opencontainers.image.description="Per-node IMEX daemon of a ComputeDomain"

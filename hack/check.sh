@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Static gates: formatting, lint, strict typing, import layers, generated code up to date.
+# Static gates: formatting, lint, strict typing, import layers, complexity, generated code current.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
@@ -16,6 +16,7 @@ echo "==> import layers";       "$(dirname "$PY")/lint-imports" --no-cache
 echo "==> import contracts of hack/"
 lint_imports="$(cd "$(dirname "$PY")" && pwd)/lint-imports"
 (cd hack && "$lint_imports" --no-cache .importlinter)
+echo "==> cyclomatic complexity"; "$PY" hack/complexity.py
 if [[ -x hack/gen-proto.sh ]]; then echo "==> generated gRPC stubs current"; hack/gen-proto.sh --check; fi
 echo "==> generated CRDs current"; "$PY" hack/gen-crds.py --check
 echo "==> generated chart templates current"; "$PY" hack/gen-chart.py --check

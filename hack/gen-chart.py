@@ -6,11 +6,11 @@ deployments/helm/compute-domain-driver/templates/, with the driver namespace (wh
 appears: metadata, binding subjects, the admission usernames and namespaceSelector) replaced by
 the chart's namespace helper and the part-of label by the chart's labels helper. The objects that
 only exist for driver-run IMEX daemons (their RBAC, their DeviceClass, the admission policies
-about daemon pods and daemon-device claims) are wrapped in the chart's ``hostManaged`` condition,
-as config/components/host-managed-imex deletes them. ``--check`` fails if a written file is
-stale (hack/check.sh runs it). The controller Deployment and plugin DaemonSet are templated by
-hand (they carry the values); test/unit/helm/test_helm_chart.py proves them equal to
-config/default's.
+about daemon pods, daemon clique writes and daemon-device claims) are wrapped in the chart's
+``hostManaged`` condition, as config/components/host-managed-imex deletes them. ``--check``
+fails if a written file is stale (hack/check.sh runs it). The controller Deployment and plugin
+DaemonSet are templated by hand (they carry the values); test/unit/helm/test_helm_chart.py
+proves them equal to config/default's.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ DAEMON_ONLY = {
     ("DeviceClass", "compute-domain-daemon.nvidia.com"),
     ("ValidatingAdmissionPolicy", "compute-domain-daemon-pods"),
     ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-pods"),
+    ("ValidatingAdmissionPolicy", "compute-domain-daemon-cliques"),
+    ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-cliques"),
     ("ValidatingAdmissionPolicy", "compute-domain-daemon-device-claims"),
     ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-device-claims"),
 }

@@ -107,6 +107,7 @@ def parse_compute_domain(obj: JSON) -> ComputeDomain:
 CONDITION_READY = "Ready"
 CONDITION_SINGLE_CLIQUE = "SingleClique"
 CONDITION_IMEX_CONNECTED = "IMEXConnected"
+CONDITION_CLIQUE_ENTRIES_VALID = "CliqueEntriesValid"
 
 
 def required_nodes(num_nodes: int) -> int:

@@ -4,8 +4,12 @@
 ``hack/gen-crds.py`` and checked for drift in ``hack/check.sh``. The schemas accept every manifest
 the upstream CRDs accept (same fields, enums, defaults and minimums, spec immutability by CEL),
 except a ``numNodes`` above :data:`pkg.api.computedomain.MAX_NUM_NODES` (upstream has no maximum
-and such a domain waits forever), and add what upstream lacks: the short name ``cd``, printer
-columns and ``status.conditions``.
+and such a domain waits forever) and a membership entry (clique ``daemons[]``, ``status.nodes[]``)
+that no daemon writes (issue 33): an ``ipAddress`` that is not a canonical IP literal without a
+zone, a node name that is no DNS subdomain, a cliqueID that is no label value, and strings and
+lists longer than the bounds in :mod:`pkg.api.daemonentry`. Every entry upstream's daemons and
+controller write passes. They add what upstream lacks: the short name ``cd``, printer columns
+and ``status.conditions``.
 """
 
 from __future__ import annotations
@@ -21,19 +25,51 @@ _STATUS_ENUM: JSON = {
 }
 
 
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+"""A label value (empty allowed; length checked apart)."""
+CANONICAL_IP_RULE = "self == '' || (isIP(self) && ip.isCanonical(self))"
+"""CEL (Kubernetes 1.31+): empty, or an IP literal exactly as Go's netip prints it; ``isIP``
+refuses a zone (``fe80::1%eth0``) and IPv4-mapped IPv6. Python's ``ipaddress`` prints the same
+canonical text (:func:`pkg.imex.nodesconfig.is_canonical_ip`)."""
+
+
+def _node_name_schema(description: str) -> JSON:
+    return {
+        "type": "string",
+        "maxLength": de.MAX_NODE_NAME_LENGTH,
+        "pattern": de.NODE_NAME_PATTERN,
+        "description": description,
+    }
+
+
 def _node_entry_schema(*, name_field: str, description: str) -> JSON:
     return {
         "type": "object",
         "description": description,
         "required": [name_field, de.IP_ADDRESS, de.CLIQUE_ID],
         "properties": {
-            name_field: {"type": "string", "description": "Kubernetes node name."},
+            name_field: _node_name_schema("Kubernetes node name."),
             de.IP_ADDRESS: {
                 "type": "string",
-                "description": "Pod IP of the IMEX daemon on that node.",
+                "maxLength": de.MAX_IP_ADDRESS_LENGTH,
+                "description": (
+                    "Pod IP of the IMEX daemon on that node: a canonical IPv4 or IPv6 "
+                    "literal without a zone."
+                ),
+                "x-kubernetes-validations": [
+                    {
+                        "rule": CANONICAL_IP_RULE,
+                        "message": (
+                            "must be a canonical IPv4 or IPv6 address without a zone "
+                            "(for example 10.0.0.1 or fd00::1)"
+                        ),
+                    }
+                ],
             },
             de.CLIQUE_ID: {
                 "type": "string",
+                "maxLength": de.MAX_CLIQUE_ID_LENGTH,
+                "pattern": LABEL_VALUE_PATTERN,
                 "description": (
                     "NVLink clique of the node, <clusterUUID>.<cliqueId>; empty on nodes "
                     "without a multi-node NVLink fabric."
@@ -41,6 +77,8 @@ def _node_entry_schema(*, name_field: str, description: str) -> JSON:
             },
             de.INDEX: {
                 "type": "integer",
+                "minimum": -1,
+                "maximum": de.MAX_CLIQUE_DAEMONS - 1,
                 "description": (
                     "Stable slot of the daemon in its clique's IMEX node list "
                     "(unique per cliqueID; -1 for nodes without a clique)."
@@ -136,6 +174,7 @@ def _compute_domain_schema() -> JSON:
                 "description": "One entry per node running an IMEX daemon of this domain.",
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": [de.STATUS_NODE_NAME],
+                "maxItems": MAX_NUM_NODES,
                 "items": _node_entry_schema(
                     name_field=de.STATUS_NODE_NAME, description="An IMEX daemon of this domain."
                 ),
@@ -154,8 +193,9 @@ def _compute_domain_schema() -> JSON:
                 "type": "array",
                 "description": (
                     "Ready (with the reason it is not), SingleClique (False: the nodes span "
-                    "several NVLink cliques) and IMEXConnected (False: some IMEX daemons "
-                    "cannot reach their clique peers)."
+                    "several NVLink cliques), IMEXConnected (False: some IMEX daemons "
+                    "cannot reach their clique peers) and CliqueEntriesValid (False: "
+                    "malformed clique entries, skipped)."
                 ),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
@@ -184,6 +224,7 @@ _PEER_FIELDS: JSON = {
     de.CONNECTED_PEERS: {
         "type": "integer",
         "minimum": 0,
+        "maximum": de.MAX_CLIQUE_DAEMONS,
         "description": (
             "Members of this clique the node's IMEX is connected to (nvidia-imex-ctl -N); "
             "absent until the daemon reported."
@@ -191,7 +232,8 @@ _PEER_FIELDS: JSON = {
     },
     de.UNREACHABLE_PEERS: {
         "type": "array",
-        "items": {"type": "string"},
+        "maxItems": de.MAX_CLIQUE_DAEMONS,
+        "items": _node_name_schema("Node name of a clique member."),
         "description": (
             "Node names of clique members the node's IMEX is not connected to "
             "(nvidia-imex-ctl -N); absent until the daemon reported."
@@ -217,9 +259,13 @@ def _clique_schema() -> JSON:
             "metadata": {"type": "object"},
             de.DAEMONS: {
                 "type": "array",
-                "description": "One entry per daemon, keyed by node name.",
+                "description": (
+                    "One entry per daemon, keyed by node name; at most "
+                    f"{de.MAX_CLIQUE_DAEMONS} (an IMEX domain's daemons)."
+                ),
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": [de.NODE_NAME],
+                "maxItems": de.MAX_CLIQUE_DAEMONS,
                 "items": daemon,
             },
         },

@@ -28,6 +28,7 @@ not know (:func:`item_identity`, :func:`with_item_status`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,11 +50,40 @@ DAEMONS = "daemons"
 STATUS_NODES = "nodes"
 """The list of entries in a ComputeDomain's ``status``."""
 
+# -- bounds (the CRD schema's ``maxLength``/``maxItems``; :mod:`pkg.api.crds`) -----------------
+
+MAX_NODE_NAME_LENGTH = 253
+"""A node's name is a DNS subdomain (what the API server accepts for a Node)."""
+NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A lowercase RFC 1123 subdomain, as every Node's name is (length checked apart)."""
+MAX_IP_ADDRESS_LENGTH = 45
+"""The longest textual IP address (an IPv6 address with an embedded IPv4 one)."""
+MAX_CLIQUE_ID_LENGTH = 63
+"""``<clusterUUID>.<cliqueId>`` (36 + 1 + at most 10 digits of a uint32 today); it is also the
+value of the clique label on cliques and daemon pods, which Kubernetes caps at 63."""
+MAX_CLIQUE_DAEMONS = 1024
+"""Entries in one ComputeDomainClique: one per daemon of one IMEX domain, so at most the
+controller's ``max-nodes-per-imex-domain`` (18 by default, the GB200/GB300 NVL72 rack of 18
+compute trays); 1024 leaves room for NVLink domains far larger than any NVIDIA ships or has
+announced, while one clique object stays well below etcd's 1.5 MiB request limit. The
+controller refuses a larger ``max-nodes-per-imex-domain``."""
+
+_NODE_NAME = re.compile(NODE_NAME_PATTERN)
+
 Layout = Literal["clique", "status"]
 """Which list an item belongs to: a clique's ``daemons[]`` or a domain's ``status.nodes[]``."""
 
 EntryId = tuple[str, str, int]
 """(node name, IP address, index): an entry as one daemon incarnation wrote it."""
+
+
+def is_node_name(value: object) -> bool:
+    """True iff ``value`` could be a Node's name (:data:`NODE_NAME_PATTERN`, length)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_NODE_NAME_LENGTH
+        and _NODE_NAME.fullmatch(value) is not None
+    )
 
 
 def name_key(layout: Layout) -> str:
@@ -127,21 +157,27 @@ def _index(item: JSON) -> int:
 # -- lists ----------------------------------------------------------------------------------------
 
 
+def _items(obj: JSON | None, key: str) -> list[object]:
+    """``obj[key]`` if it is a list, else ``[]`` (a list of another type reads as empty)."""
+    items = (obj or {}).get(key)
+    return items if isinstance(items, list) else []
+
+
 def daemon_items(clique: JSON | None) -> list[JSON]:
     """The raw ``daemons[]`` items of a ComputeDomainClique that are objects (for writers that
     must keep fields this version does not know)."""
-    return [d for d in (clique or {}).get(DAEMONS) or [] if isinstance(d, dict)]
+    return [d for d in _items(clique, DAEMONS) if isinstance(d, dict)]
 
 
 def clique_daemons(clique: JSON | None) -> list[DaemonEntry]:
     """The ``daemons[]`` of a ComputeDomainClique, skipping malformed items."""
-    items = (clique or {}).get(DAEMONS) or []
+    items = _items(clique, DAEMONS)
     return [e for e in (DaemonEntry.decode(i, "clique") for i in items) if e is not None]
 
 
 def status_nodes(status: JSON | None) -> list[DaemonEntry]:
     """The ``status.nodes[]`` of a ComputeDomain (its ``status``), skipping malformed items."""
-    items = (status or {}).get(STATUS_NODES) or []
+    items = _items(status, STATUS_NODES)
     return [e for e in (DaemonEntry.decode(i, "status") for i in items) if e is not None]
 
 

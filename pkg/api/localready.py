@@ -26,6 +26,11 @@ Invariants:
   NotReady (its container died) holds Prepares as before;
 - absent, unreadable or unlocked means "not known Ready": a reader falls back to the membership
   entry and never fails because of the record;
+- the directory is the daemon's (bind-mounted read-write into its pod), so the reader trusts
+  nothing in it (issue 33): the directory itself and both files are opened without following a
+  symlink, without blocking (a FIFO) and without opening a device node; the record must be a
+  regular file of at most :data:`MAX_RECORD_BYTES` (`pkg.base.files.read_untrusted_file`). A
+  file it refuses is reported to the caller's ``on_unsafe`` and counts as absent;
 - a daemon process withdraws any record it finds once it holds the lock, before its IMEX runs;
   a process that cannot take the lock (another daemon process of the domain still runs on the
   node) publishes no record and leaves the decision to its membership entry.
@@ -38,17 +43,30 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from pkg.api.constants import STATUS_READY
-from pkg.base.files import write_file_atomically
+from pkg.base.files import (
+    open_untrusted_dir,
+    open_untrusted_file,
+    read_untrusted_file,
+    write_file_atomically,
+)
 
-__all__ = ["FILE_NAME", "LOCK_NAME", "LocalReady", "Publisher", "read"]
+__all__ = ["FILE_NAME", "LOCK_NAME", "MAX_RECORD_BYTES", "LocalReady", "Publisher", "read"]
 
 FILE_NAME: Final = "daemon-ready.json"
 LOCK_NAME: Final = "daemon.lock"
+# The largest record is under 500 bytes (a 36-character UID, a node name of at most 253, an IP
+# literal of at most 45, the keys); anything beyond 8x that is not a record.
+MAX_RECORD_BYTES: Final = 4096
+
+OnUnsafe = Callable[[Path, OSError], None]
+"""Told about a file that is there but was refused or could not be read (not about an absent
+one): its path and the error (`pkg.base.files.UnsafeFileError` for a refused one)."""
 
 
 @dataclass(frozen=True)
@@ -144,10 +162,14 @@ class Publisher:
         return True
 
 
-def _writer_alive(directory: Path) -> bool:
+def _writer_alive(dir_fd: int, directory: Path, on_unsafe: OnUnsafe | None) -> bool:
     try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = open_untrusted_file(LOCK_NAME, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    except OSError as err:
+        if on_unsafe is not None:
+            on_unsafe(directory / LOCK_NAME, err)
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -160,21 +182,42 @@ def _writer_alive(directory: Path) -> bool:
     return False
 
 
-def read(directory: str | os.PathLike[str]) -> LocalReady | None:
+def read(
+    directory: str | os.PathLike[str], *, on_unsafe: OnUnsafe | None = None
+) -> LocalReady | None:
     """The record in ``directory`` if a live daemon stands behind it; None when absent,
-    unreadable, malformed, not ``Ready``, or its writer is gone (the lock is free)."""
+    unreadable, refused (a symlink, FIFO, directory or device, or over
+    :data:`MAX_RECORD_BYTES`; ``on_unsafe`` is told), malformed, not ``Ready``, or its writer
+    is gone (the lock is free). Never blocks and takes no lock but the record's own ``flock``
+    probe: call it outside any lock of the caller."""
     path = Path(directory)
     try:
-        raw = (path / FILE_NAME).read_text(encoding="utf-8")
-    except OSError:
+        dir_fd = open_untrusted_dir(path)
+    except FileNotFoundError:
         return None
-    record: LocalReady | None = None
-    with contextlib.suppress(ValueError):
-        body = json.loads(raw)
-        if isinstance(body, dict) and body.get("status") == STATUS_READY:
-            uid, node, ip = body.get("domainUID"), body.get("nodeName"), body.get("ipAddress")
-            if isinstance(uid, str) and isinstance(node, str) and isinstance(ip, str):
-                record = LocalReady(uid, node, ip)
-    if record is None or not _writer_alive(path):
+    except OSError as err:
+        if on_unsafe is not None:
+            on_unsafe(path, err)
         return None
-    return record
+    try:
+        try:
+            raw = read_untrusted_file(FILE_NAME, max_bytes=MAX_RECORD_BYTES, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            if on_unsafe is not None:
+                on_unsafe(path / FILE_NAME, err)
+            return None
+        record: LocalReady | None = None
+        # ValueError: also UnicodeDecodeError; RecursionError: "[[[[..." nested too deep.
+        with contextlib.suppress(ValueError, RecursionError):
+            body = json.loads(raw.decode("utf-8"))
+            if isinstance(body, dict) and body.get("status") == STATUS_READY:
+                uid, node, ip = body.get("domainUID"), body.get("nodeName"), body.get("ipAddress")
+                if isinstance(uid, str) and isinstance(node, str) and isinstance(ip, str):
+                    record = LocalReady(uid, node, ip)
+        if record is None or not _writer_alive(dir_fd, path, on_unsafe):
+            return None
+        return record
+    finally:
+        os.close(dir_fd)

@@ -334,8 +334,21 @@ class Daemon:
         return result.ready
 
     def step(self) -> None:
-        """One pass of the control loop (public for tests)."""
+        """One pass of the control loop (public for tests): keep our entry in the membership
+        object, feed the members to IMEX, then publish our readiness (and peer connectivity)."""
         self.supervisor.tick()
+        joined = self._ensure_joined()
+        if joined is None:
+            return
+        entries, own, obj = joined
+        self._run_imex(entries, obj)
+        self._publish_readiness(entries, own)
+
+    def _ensure_joined(self) -> tuple[list[DaemonEntry], DaemonEntry | None, JSON | None] | None:
+        """The members, our entry and the membership object after making sure we are in it:
+        the first pass joins as NotReady (or takes back a Ready left by this pod's previous
+        container); later passes rejoin if our entry is gone or carries another IP. None while
+        we wait for the controller to write our entry."""
         snap = self._snapshot()
         entries, obj = snap if snap is not None else ([], None)
         own = self.membership.own_entry(entries)
@@ -343,7 +356,7 @@ class Daemon:
             if self._join_since is None:
                 self._join_since = (self._clock.monotonic(), self._clock.now())
             if self._awaiting_controller(own):
-                return
+                return None
             # Joins, or takes back a Ready left by this pod's previous container.
             started = self._join_since[1]
             entries = self.membership.set_status(c.STATUS_NOT_READY)
@@ -355,6 +368,11 @@ class Daemon:
             entries = self.membership.join()
             own = self.membership.own_entry(entries)
             obj = self.membership.last_object
+        return entries, own, obj
+
+    def _run_imex(self, entries: list[DaemonEntry], obj: JSON | None) -> None:
+        """Hand the members to IMEX (started once the domain's nodes are known) and refresh
+        ``self._ready`` from its readiness."""
         num_nodes = int(((obj or {}).get("spec") or {}).get("numNodes") or 0)
         was_running, started = self.supervisor.running(), self._clock.now()
         self.sync.apply(entries, num_nodes=num_nodes)
@@ -365,6 +383,10 @@ class Daemon:
         if self._ready and not was_ready:
             self._next_peer_check = self._clock.monotonic() + self._timing.peer_interval
         self._metrics.ready.set(1 if self._ready else 0)
+
+    def _publish_readiness(self, entries: list[DaemonEntry], own: DaemonEntry | None) -> None:
+        """Publish ``self._ready``: the node-local record first, then our entry's status (a
+        Ready only once `_ready_write_due`), then, while Ready in a clique, peer connectivity."""
         self._signal_node(own)
         want = c.STATUS_READY if self._ready else c.STATUS_NOT_READY
         if not self._ready_write_due():
@@ -453,14 +475,37 @@ class Daemon:
         peers = clique_peers(entries, self.me)
         if not peers and not own.unreachable_peers:
             return  # alone in the clique: nothing to report, no write
-        connections: dict[str, str] = {}
-        if peers:
-            try:
-                status = self.ctl.node_status()
-                connections = peer_connections(status, own_address=self.me.pod_ip)
-            except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
-                log.debug("no peer connectivity from nvidia-imex-ctl -N: %s", err)
-                return
+        connections = self._peer_connections(peers)
+        if connections is None:
+            return
+        report = self._debounced_report(peers, connections)
+        if not self._peer_write_due(own, report, len(peers), now):
+            return
+        connected, unreachable = report
+        if unreachable:
+            log.warning("IMEX cannot reach clique peers: %s", ", ".join(unreachable))
+        elif own.unreachable_peers:
+            log.info("IMEX reaches all %d clique peers again", connected)
+        self.membership.set_connectivity(connected, unreachable)
+        self._peer_count_written, self._peer_written = now, report
+
+    def _peer_connections(self, peers: list[DaemonEntry]) -> dict[str, str] | None:
+        """Our IMEX's connection state per peer (``nvidia-imex-ctl -N``); empty without peers,
+        None if it cannot be had this poll."""
+        if not peers:
+            return {}
+        try:
+            status = self.ctl.node_status()
+            return peer_connections(status, own_address=self.me.pod_ip)
+        except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired) as err:
+            log.debug("no peer connectivity from nvidia-imex-ctl -N: %s", err)
+            return None
+
+    def _debounced_report(
+        self, peers: list[DaemonEntry], connections: dict[str, str]
+    ) -> tuple[int, tuple[str, ...]]:
+        """``(connected, unreachable)`` for our entry: only Ready peers can be unreachable, and
+        only on the second poll in a row that finds them so (updates ``self._peer_suspects``)."""
         connected, unreachable = peer_report(peers, connections)
         # Only a Ready peer can be unreachable: one whose IMEX is not Ready (yet) cannot be
         # connected, and the domain's IMEXConnected condition judges Ready members only.
@@ -470,38 +515,39 @@ class Daemon:
         # not connected until IMEX reloaded its node list and said hello.
         suspects, self._peer_suspects = self._peer_suspects, set(unreachable)
         unreachable = tuple(n for n in unreachable if n in suspects)
-        report = (connected, unreachable)
+        return connected, unreachable
+
+    def _peer_write_due(
+        self, own: DaemonEntry, report: tuple[int, tuple[str, ...]], num_peers: int, now: float
+    ) -> bool:
+        """Whether ``report`` should be written now: not if our entry (and our last write)
+        already says it, nor if only the connected count moved within ``peer_count_interval``
+        of the last such write."""
+        connected, unreachable = report
         if (own.connected_peers, own.unreachable_peers) == report and self._peer_written in (
             None, report,
         ):  # fmt: skip
-            return  # (a cache that has not seen our last write yet does not count)
+            return False  # (a cache that has not seen our last write yet does not count)
         # What we wrote last (the cache may not show it yet), else what our entry says.
         last = self._peer_written
         if last is None and own.connected_peers is not None:
             last = (own.connected_peers, own.unreachable_peers or ())
         reported = None if last is None else set(last[1])
-        if (
+        # Only the count moved (peers still joining, none newly unreachable, no problem
+        # resolved): while a large domain forms, every daemon rewriting it each poll was most of
+        # the writes of the shared clique. The rest is written at once.
+        return not (
             reported is not None
             and set(unreachable) <= reported
             and (unreachable or not reported)
-            and connected < len(peers)
+            and connected < num_peers
             and now - self._peer_count_written < self._timing.peer_count_interval
-        ):
-            # Only the count moved (peers still joining, none newly unreachable, no problem
-            # resolved): while a large domain forms, every daemon rewriting it each poll was
-            # most of the writes of the shared clique. The rest is written at once.
-            return
-        if unreachable:
-            log.warning("IMEX cannot reach clique peers: %s", ", ".join(unreachable))
-        elif own.unreachable_peers:
-            log.info("IMEX reaches all %d clique peers again", connected)
-        self.membership.set_connectivity(connected, unreachable)
-        self._peer_count_written, self._peer_written = now, report
+        )
 
     def _write_imex_config(self) -> None:
         cfg = ImexConfig(
             bind_ip=self.opts.pod_ip, node_config_path=self.opts.nodes_config_path,
-            server_port=self.opts.server_port, cmd_port=self.opts.cmd_port,
+            server_port=self.opts.server_port, cmd_port=self.opts.cmd_port, auth=self.opts.auth,
         )  # fmt: skip
         write_file_atomically(self.opts.config_path, cfg.render())
         self.sync.prepare()

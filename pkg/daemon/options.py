@@ -11,8 +11,10 @@ Owns the daemon's flag table, :data:`DAEMON_FLAGS`, on the shared mechanism
   ``CLIQUE_JOIN_BY_CONTROLLER`` (ours, ``true`` in our DaemonSets: the controller writes the
   clique entry);
 - flags with an env fallback: ``--feature-gates`` and our additions (config directory, hosts
-  file, IMEX binaries, termination log, IMEX ports, metrics address, kubeconfig); the docs'
-  table is generated from :data:`DAEMON_FLAGS` (``hack/gen-flag-docs.py``).
+  file, IMEX binaries, termination log, IMEX ports, metrics address, kubeconfig, and IMEX's own
+  authentication/encryption under imexd.cfg's key names, ``IMEX_ENABLE_AUTH_ENCRYPTION`` and
+  friends, off as upstream ships it: :attr:`Options.auth`); the docs' table is generated from
+  :data:`DAEMON_FLAGS` (``hack/gen-flag-docs.py``).
 
 The IMEX binaries are looked up through ``PATH`` like upstream's: in the daemon container they
 exist only if the kubelet plugin injected them from the driver root through CDI (at
@@ -29,10 +31,11 @@ reports missing CDI edits with upstream's exact message.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from pkg.api import constants as c
@@ -74,6 +77,8 @@ class Options:
     cmd_port: int
     metrics_address: str
     kubeconfig: str | None
+    # IMEX_ENABLE_AUTH_ENCRYPTION and friends (imexd.cfg's names): off unless set
+    auth: imex.AuthConfig = field(default_factory=imex.AuthConfig)
     traceparent: str = ""  # CDI env TRACEPARENT: the domain's formation trace (may be empty)
     join_by_controller: bool = False  # CLIQUE_JOIN_BY_CONTROLLER=true (our DaemonSets)
     logging_format: str = "text"  # --logging-format / LOGGING_FORMAT: text (klog) or json
@@ -104,6 +109,14 @@ class Options:
             missing.append(dc.POD_IP)
         if missing:
             raise OptionsError(f"missing required environment: {', '.join(missing)}")
+
+
+_AUTH_KEYS: Final = (
+    "SERVER_KEY", "SERVER_CERT", "SERVER_CERT_AUTH", "CLIENT_KEY", "CLIENT_CERT",
+    "CLIENT_CERT_AUTH", "SECURITY_TARGET_OVERRIDE",
+)  # fmt: skip
+"""imexd.cfg's key and certificate settings, ``IMEX_<key>``: flag ``--imex-<key>``."""
+_AUTH_ENV: Final = {"mode": "IMEX_AUTH_ENCRYPTION_MODE", "source": "IMEX_AUTH_SOURCE"}
 
 
 def _env_only(name: str, env: str, help_: str) -> Flag:
@@ -149,6 +162,16 @@ DAEMON_FLAGS: Final = FlagTable(
              "IMEX server port"),
         Flag("imex-cmd-port", "IMEX_CMD_PORT", parse_int, imex.DEFAULT_CMD_PORT,
              "IMEX command port"),
+        # IMEX's own authentication/encryption (imexd.cfg keys of the same names); off, as
+        # upstream ships it. Set them through the controller's --cd-daemon-extra-env.
+        Flag("imex-enable-auth-encryption", "IMEX_ENABLE_AUTH_ENCRYPTION", parse_bool, False,
+             "IMEX authentication and encryption between the domain's daemons (needs the keys)"),
+        Flag("imex-auth-encryption-mode", "IMEX_AUTH_ENCRYPTION_MODE", str,
+             imex.AuthConfig.mode, "IMEX_AUTH_ENCRYPTION_MODE of imexd.cfg"),
+        Flag("imex-auth-source", "IMEX_AUTH_SOURCE", str, "",
+             "IMEX_AUTH_SOURCE of imexd.cfg: where IMEX reads the keys below (FILE: paths)"),
+        *(Flag(f"imex-{key.lower().replace('_', '-')}", f"IMEX_{key}", str, "",
+               f"IMEX_{key} of imexd.cfg") for key in _AUTH_KEYS),
         Flag("metrics-address", "METRICS_ADDRESS", str, "",
              "host:port of /metrics (empty: no endpoint; :9400, 127.0.0.1:0)"),
         Flag("kubeconfig", "KUBECONFIG", str, None,
@@ -180,7 +203,12 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     max_nodes = flags.get_int("max_nodes_per_imex_domain")
     if not 1 <= max_nodes <= 9999:
         raise OptionsError(f"MAX_NODES_PER_IMEX_DOMAIN={max_nodes} outside 1..9999")
-    return _options(flags, gates=gates)
+    opts = _options(flags, gates=gates)
+    for key, value in dataclasses.asdict(opts.auth).items():
+        if isinstance(value, str) and any(ch in value for ch in "\n\r#"):
+            name = _AUTH_ENV.get(key, f"IMEX_{key.upper()}")
+            raise OptionsError(f"{name}: {value!r} must not contain newlines or '#'")
+    return opts
 
 
 def _options(flags: FlagValues, *, gates: FeatureGates) -> Options:
@@ -208,6 +236,18 @@ def _options(flags: FlagValues, *, gates: FeatureGates) -> Options:
         cmd_port=flags.get_int("imex_cmd_port"),
         metrics_address=text("metrics_address"),
         kubeconfig=flags.get_optional_str("kubeconfig") or None,
+        auth=imex.AuthConfig(
+            enabled=flags.get_bool("imex_enable_auth_encryption"),
+            mode=text("imex_auth_encryption_mode"),
+            source=text("imex_auth_source"),
+            server_key=text("imex_server_key"),
+            server_cert=text("imex_server_cert"),
+            server_cert_auth=text("imex_server_cert_auth"),
+            client_key=text("imex_client_key"),
+            client_cert=text("imex_client_cert"),
+            client_cert_auth=text("imex_client_cert_auth"),
+            security_target_override=text("imex_security_target_override"),
+        ),
         traceparent=text("traceparent"),
         join_by_controller=flags.get_bool("join_by_controller"),
         logging_format=text("logging_format"),

@@ -10,8 +10,10 @@ Invariants:
 - legacy unmarked lines for one of our names (written by an older daemon) are dropped, so a name
   never resolves twice;
 - the write is atomic (temp file + rename) when possible. A kubelet-managed ``/etc/hosts`` is a
-  bind mount that cannot be renamed over (EBUSY/EXDEV); then the file is rewritten in place,
-  which is what upstream always does.
+  bind mount that cannot be renamed over (EBUSY/EXDEV), in a directory no temp file can be
+  created in when the container's root filesystem is read-only (EROFS, the daemon pod's
+  ``readOnlyRootFilesystem``; EACCES/EPERM without write permission on the directory); then the
+  file is rewritten in place, which is what upstream always does.
 
 :func:`resolve` is the reader used by the simulated IMEX: first matching line wins, as in glibc.
 """
@@ -29,6 +31,11 @@ from pkg.base.files import write_file_atomically
 
 BEGIN_MARKER: Final = "# BEGIN compute-domain-daemon mappings (managed, do not edit)"
 END_MARKER: Final = "# END compute-domain-daemon mappings"
+
+# Why a temp file + rename next to the hosts file can fail while the file itself is writable.
+_IN_PLACE_ERRNOS: Final = frozenset(
+    {errno.EBUSY, errno.EXDEV, errno.EROFS, errno.EACCES, errno.EPERM}
+)
 
 
 def parse_hosts(text: str) -> list[tuple[str, list[str]]]:
@@ -106,9 +113,10 @@ class HostsFile:
             try:
                 write_file_atomically(self._path, wanted)
             except OSError as err:
-                if err.errno not in (errno.EBUSY, errno.EXDEV, errno.EACCES, errno.EPERM):
+                if err.errno not in _IN_PLACE_ERRNOS:
                     raise
-                # Bind-mounted file (the pod's /etc/hosts): only an in-place rewrite works.
+                # Bind-mounted file (the pod's /etc/hosts, writable in a read-only /etc): only
+                # an in-place rewrite works.
                 with self._path.open("w", encoding="utf-8") as f:
                     f.write(wanted)
             return True

@@ -517,58 +517,82 @@ def decode_checkpoint(data: bytes) -> DecodedCheckpoint:
 
 
 def _decode(data: bytes) -> DecodedCheckpoint:
-    try:
-        doc = gojson.loads(data)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"not valid JSON: {err}") from err
-    if not isinstance(doc, dict):
-        raise ValueError("not a checkpoint: the top level is not a JSON object")
+    """`decode_checkpoint`'s phases: parse the top level, decode both sections, verify their
+    checksums, convert the claims of the section to trust (v2, else v1)."""
+    doc, top_checksum = _parse_top(data)
     problems: list[str] = []
-    try:
-        top_checksum = gojson.canonical(_pick(doc, "checksum"), INT, where="checksum")
-    except SchemaError as err:
-        raise ValueError(f"not a checkpoint of this format: {err}") from err
     raw_v1, raw_v2 = _pick(doc, "v1"), _pick(doc, "v2")
     v1, problem = _section(raw_v1, _V1, "v1")
     problems += [problem] if problem else []
     v2, problem = _section(raw_v2, _V2, "v2")
     problems += [problem] if problem else []
 
-    v1_ok = _verified(
-        {"checksum": 0, **({"v1": raw_v1} if raw_v1 is not None else {})},
-        {"checksum": 0, **({"v1": v1} if v1 is not None else {})},
-        top_checksum,
-    ) and (raw_v1 is None or v1 is not None)
+    v1_ok = _v1_verified(raw_v1, v1, top_checksum)
     if not v1_ok:
         problems.append("v1 checksum mismatch")
-    v2_ok = v2 is not None
-    if v2 is not None and isinstance(raw_v2, dict):
-        v2_ok = _verified({**raw_v2, "checksum": 0}, {**v2, "checksum": 0}, v2["checksum"])
-        if not v2_ok:
-            problems.append("v2 checksum mismatch")
+    v2_ok, problem = _v2_verified(raw_v2, v2)
+    problems += [problem] if problem else []
 
     seen = max(
         len((v2 or {}).get("preparedClaims") or {}),
         len((v1 or {}).get("preparedClaims") or {}),
         _count(raw_v1),
         _count(raw_v2),
-    )
-    entries: dict[str, ClaimEntry] = {}
-    boot_id = ""
+    )  # claims in the file, whether or not they verified
+    trusted_v2 = v2 if v2_ok else None
+    boot_id = trusted_v2.get("nodeBootID", "") if trusted_v2 is not None else ""
     try:
-        if v2_ok and v2 is not None:
-            boot_id = v2.get("nodeBootID", "")
-            for uid, claim in (v2.get("preparedClaims") or {}).items():
-                entries[uid] = _entry_from_wire(uid, claim)
-        elif v1_ok and v1 is not None:
-            for uid, claim in (v1.get("preparedClaims") or {}).items():
-                entries[uid] = _entry_from_wire(uid, claim)
+        entries = _entries(v1 if v1_ok else None, trusted_v2)
     except SchemaError as err:
         problems.append(str(err))
         entries = {}
     return DecodedCheckpoint(
         entries=entries, boot_id=boot_id, problems=tuple(problems), claims_seen=seen
     )
+
+
+def _parse_top(data: bytes) -> tuple[dict[Any, Any], int]:
+    """The file's top-level object and its checksum; `ValueError` if it is not a checkpoint."""
+    try:
+        doc = gojson.loads(data)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"not valid JSON: {err}") from err
+    if not isinstance(doc, dict):
+        raise ValueError("not a checkpoint: the top level is not a JSON object")
+    try:
+        top_checksum = gojson.canonical(_pick(doc, "checksum"), INT, where="checksum")
+    except SchemaError as err:
+        raise ValueError(f"not a checkpoint of this format: {err}") from err
+    return doc, top_checksum
+
+
+def _v1_verified(raw_v1: Any, v1: dict[str, Any] | None, top_checksum: int) -> bool:
+    """Whether the top-level checksum covers the v1 section (absent counts as covered) and the
+    section, if present, decoded."""
+    return _verified(
+        {"checksum": 0, **({"v1": raw_v1} if raw_v1 is not None else {})},
+        {"checksum": 0, **({"v1": v1} if v1 is not None else {})},
+        top_checksum,
+    ) and (raw_v1 is None or v1 is not None)
+
+
+def _v2_verified(raw_v2: Any, v2: dict[str, Any] | None) -> tuple[bool, str]:
+    """Whether the v2 section decoded and matches its own checksum, and the problem if not
+    (none for an absent or undecodable section: `_section` reported that already)."""
+    if v2 is None:
+        return False, ""
+    if not isinstance(raw_v2, dict):
+        return True, ""
+    ok = _verified({**raw_v2, "checksum": 0}, {**v2, "checksum": 0}, v2["checksum"])
+    return ok, "" if ok else "v2 checksum mismatch"
+
+
+def _entries(v1: dict[str, Any] | None, v2: dict[str, Any] | None) -> dict[str, ClaimEntry]:
+    """Entries of the verified section to trust: v2 if given, else v1; `SchemaError` if a claim
+    in it does not convert."""
+    section = v2 if v2 is not None else v1
+    claims = (section or {}).get("preparedClaims") or {}
+    return {uid: _entry_from_wire(uid, claim) for uid, claim in claims.items()}
 
 
 def _count(raw: Any) -> int:

@@ -18,7 +18,10 @@ Owns three things:
   the wait is bounded by the caller's deadline (on the injected
   `pkg.base.Clock`). No event is lost: an informer updates its cache before it
   queues the notification, and the handler must take the condition the waiter holds while
-  checking. `daemon_readiness` answers the same question with a reason and a third answer
+  checking. The record is the daemon's file: it is read before the condition is taken, never
+  under it (a hostile daemon must not stall the event handlers), by `LocalRecordReader`, which
+  refuses symlinks, FIFOs, devices and oversized files and warns once per file and problem
+  (issue 33). `daemon_readiness` answers the same question with a reason and a third answer
   ("cannot tell") for device health; listeners added with `add_listener` are called after
   every event (device health re-evaluates then);
 * the node label ``resource.nvidia.com/computeDomain=<cdUID>``: added with a JSON patch whose
@@ -41,16 +44,20 @@ Owns three things:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from pkg.api import localready
 from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
 from pkg.api.daemonentry import DaemonEntry, clique_daemons, status_nodes
 from pkg.api.localready import LocalReady
 from pkg.base.clock import Clock
+from pkg.base.files import UnsafeFileError
 from pkg.base.types import JSON
 from pkg.draplugin.errors import RetryableError
 from pkg.informers import (
@@ -72,6 +79,55 @@ log = logging.getLogger(__name__)
 _LABEL_PATH = "/metadata/labels/" + COMPUTE_DOMAIN_LABEL.replace("~", "~0").replace("/", "~1")
 _LABEL_ATTEMPTS = 5
 _TRANSIENT_BACKOFF = (0.1, 0.2, 0.4, 0.8)  # then give up this call: the kubelet retries
+
+
+class LocalRecordReader:
+    """``local_ready`` of a `DomainTracker`: a domain's node-local readiness record
+    (:func:`pkg.api.localready.read`, which never follows, blocks on or over-reads the daemon's
+    files) from the directory ``directory_of(cd_uid)`` gives (None for an id it refuses with
+    ``ValueError``).
+
+    A file that is there but refused or unreadable counts as no record and is logged as one
+    warning naming its path and the reason, repeated for the same file and kind of problem at
+    most once per ``interval`` seconds (of ``clock``): never once per poll.
+    """
+
+    _MAX_REMEMBERED = 1024
+
+    def __init__(
+        self, directory_of: Callable[[str], Path], *, clock: Clock, interval: float = 600.0
+    ) -> None:
+        self._directory_of = directory_of
+        self._clock = clock
+        self._interval = interval
+        self._lock = threading.Lock()  # guards _warned only; held for no I/O
+        self._warned: dict[tuple[str, str], float] = {}
+
+    def __call__(self, cd_uid: str) -> LocalReady | None:
+        try:
+            directory = self._directory_of(cd_uid)
+        except ValueError:
+            return None
+        return localready.read(directory, on_unsafe=self._unsafe)
+
+    def _unsafe(self, path: Path, err: OSError) -> None:
+        if isinstance(err, UnsafeFileError):
+            kind = err.kind
+        else:
+            kind = errno.errorcode.get(err.errno or 0, type(err).__name__)
+        key = (str(path), kind)
+        now = self._clock.monotonic()
+        with self._lock:
+            last = self._warned.get(key)
+            if last is not None and now - last < self._interval:
+                return
+            if len(self._warned) >= self._MAX_REMEMBERED:
+                self._warned.clear()
+            self._warned[key] = now
+        log.warning(
+            "ignoring the IMEX daemon's readiness record %s: %s; the daemon counts as not Ready "
+            "until its membership entry says so", path, err,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -183,24 +239,15 @@ class DomainTracker:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _wait(
-        self,
-        predicate: Callable[[], Any],
-        deadline: float,
-        *,
-        poll: Callable[[], float | None] = lambda: None,
-    ) -> Any:
-        """``predicate`` re-checked after every event (and every ``poll()`` seconds, when it
-        gives a period) until it is truthy or ``deadline`` passes; its last result."""
+    def _wait(self, predicate: Callable[[], Any], deadline: float) -> Any:
+        """``predicate`` (cache reads only: it runs under ``_cond``) re-checked after every
+        event until it is truthy or ``deadline`` passes; its last result."""
         with self._cond:
             while True:
                 result = predicate()
                 remaining = deadline - self._clock.monotonic()
                 if result or remaining <= 0:
                     return result
-                period = poll()
-                if period is not None:
-                    remaining = min(remaining, period)
                 self._clock.wait_condition(self._cond, remaining)
 
     def _domain(self, uid: str) -> JSON | None:
@@ -235,14 +282,24 @@ class DomainTracker:
         return None
 
     def _ready(self, cd_uid: str) -> bool:
-        return self._readiness_of(cd_uid, self._entry(cd_uid))
+        entry = self._entry(cd_uid)
+        return self._readiness_of(cd_uid, entry, self._record_for(cd_uid, entry))
 
-    def _readiness_of(self, cd_uid: str, entry: DaemonEntry | None) -> bool:
+    def _record_for(self, cd_uid: str, entry: DaemonEntry | None) -> LocalReady | None:
+        """The daemon's node-local record, when it could decide: ``entry`` exists and is not
+        Ready. Reads the daemon's file: call it without holding ``_cond`` (a slow or hostile
+        file must never stall the informers' event handlers, which take it)."""
+        if self._local_ready is None or entry is None or entry.status == STATUS_READY:
+            return None
+        return self._local_ready(cd_uid)
+
+    def _readiness_of(
+        self, cd_uid: str, entry: DaemonEntry | None, record: LocalReady | None
+    ) -> bool:
         if entry is None:
             return False
         if entry.status == STATUS_READY:
             return True
-        record = self._local_ready(cd_uid) if self._local_ready is not None else None
         return record is not None and record.speaks_for(cd_uid, self._node, entry.ip_address)
 
     def daemon_readiness(self, cd_uid: str) -> DaemonReadiness:
@@ -280,14 +337,23 @@ class DomainTracker:
         or its node-local record speaks for that entry), at most until ``deadline``
         (monotonic); whether it is."""
 
-        def poll() -> float | None:
-            # A record can only speak for an entry that exists: until the daemon has joined,
-            # only an event can change the answer, so only then is there a poll.
-            if self._local_ready is None or self._entry(cd_uid) is None:
-                return None
-            return self._local_poll
-
-        return bool(self._wait(lambda: self._ready(cd_uid), deadline, poll=poll))
+        while True:
+            # The record is read first, outside the condition; the decision is then taken under
+            # it against the listers' current entry, so an event that lands in between is not
+            # lost (the entry is re-read) and the record is at most one poll old.
+            record = self._record_for(cd_uid, self._entry(cd_uid))
+            with self._cond:
+                entry = self._entry(cd_uid)
+                if self._readiness_of(cd_uid, entry, record):
+                    return True
+                remaining = deadline - self._clock.monotonic()
+                if remaining <= 0:
+                    return False
+                # A record can only speak for an entry that exists: until the daemon has
+                # joined, only an event can change the answer, so only then is there a poll.
+                if entry is not None and self._local_ready is not None:
+                    remaining = min(remaining, self._local_poll)
+                self._clock.wait_condition(self._cond, remaining)
 
     def _with_retries(self, what: str, step: Callable[[bool], bool]) -> None:
         """Run ``step`` until it reports done (True); conflicts and outages retry.

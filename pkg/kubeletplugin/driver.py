@@ -33,7 +33,6 @@ from pathlib import Path
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
-from pkg.api import localready
 from pkg.api.constants import DRIVER_NAME, IMEX_CHANNEL_COUNT
 from pkg.base.clock import Clock, RealClock
 from pkg.base.types import JSON
@@ -66,7 +65,7 @@ from pkg.kubeletplugin.clique import (
     CliqueRefresher,
     NodeCliqueLabel,
 )
-from pkg.kubeletplugin.computedomains import DomainTracker
+from pkg.kubeletplugin.computedomains import DomainTracker, LocalRecordReader
 from pkg.kubeletplugin.devicehealth import DeviceHealthMonitor
 from pkg.kubeletplugin.discovery import DeviceDiscovery, NodeDevices
 from pkg.kubeletplugin.discovery.fabric import select_dev_root
@@ -191,7 +190,9 @@ class KubeletPlugin:
             client=client, informers=self.informers, node_name=config.node_name,
             driver_namespace=config.namespace, clique_id=self.clique.clique_id, clock=self.clock,
             domain_grace=config.domain_grace,
-            local_ready=lambda uid: localready.read(domain_dir(config.plugin_dir, uid)),
+            local_ready=LocalRecordReader(
+                lambda uid: domain_dir(config.plugin_dir, uid), clock=self.clock
+            ),
         )  # fmt: skip
         self.device_health = DeviceHealthMonitor(
             readiness=self.domains.daemon_readiness, clock=self.clock

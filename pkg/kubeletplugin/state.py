@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -149,6 +149,36 @@ def _prepared(ref: ClaimRef, devices: tuple[PreparedDevice, ...]) -> tuple[Prepa
     names = " ".join(d.device_name for d in devices)
     log.log(V(1), "Prepared devices for claim '%s': [%s]", ref, names)
     return devices
+
+
+@dataclass(frozen=True)
+class _PreparePlan:
+    """What Prepare of one claim works on, derived from the claim alone (`DeviceState._plan`)."""
+
+    ref: ClaimRef
+    groups: tuple[ConfigGroup, ...]  # our results, each with the config that applies to it
+    status: dict[str, Any]  # the claim's status as the checkpoint records it
+    wanted: set[str]  # our devices the claim holds, adminAccess ones left out
+
+
+def _recorded_outcome(
+    plan: _PreparePlan, existing: ClaimEntry | None
+) -> tuple[PreparedDevice, ...] | None:
+    """What the claim's checkpoint entry decides before any side effect (pure): the recorded
+    devices of a PrepareCompleted claim (idempotent Prepare), `PermanentError` for a
+    PrepareAborted one with the same status (a stale retry after Unprepare), else None: the
+    claim is to be prepared."""
+    if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
+        return existing.devices
+    if (
+        existing is not None
+        and existing.state == ClaimState.PREPARE_ABORTED
+        and same_status(existing.status, plan.status)
+    ):
+        raise PermanentError(
+            f"stale prepare for claim {plan.ref}: claim prepare was already aborted"
+        )
+    return None
 
 
 class NodeLock:
@@ -262,10 +292,24 @@ class DeviceState:
         arriving after Unprepare: refused permanently, with no side effect; a different
         status (the claim was re-allocated) is prepared afresh.
         """
+        plan = self._plan(claim)
+        if plan is None:
+            return ()  # nothing of ours in this claim
+        done = self._record_started(plan)
+        if done is not None:
+            return done
+        edits = self._prepare_groups(plan, deadline=deadline)
+        return self._record_completed(plan, edits)
+
+    def _plan(self, claim: JSON) -> _PreparePlan | None:
+        """Step 1 (no side effects): our config groups of ``claim`` and its status to record;
+        None if nothing in it is ours. `PermanentError` for a claim this node must not prepare
+        (a daemon claim in host-managed mode or outside the driver namespaces) or whose status
+        the checkpoint cannot hold."""
         ref = ClaimRef.of(claim)
         groups = config_groups(claim)
         if not groups:
-            return ()  # nothing of ours in this claim
+            return None
         if self._host_imex is not None and any(g.kind == "daemon" for g in groups):
             raise PermanentError(DAEMON_CLAIMS_REFUSED)
         if not self._daemon_namespace(ref.namespace) and any(g.kind == "daemon" for g in groups):
@@ -279,28 +323,33 @@ class DeviceState:
             status = canonical_status(claim.get("status"))
         except SchemaError as err:
             raise PermanentError(f"cannot record the claim's status: {err}") from err
-        wanted = requested_devices(status)
+        return _PreparePlan(ref, groups, status, requested_devices(status))
+
+    def _record_started(self, plan: _PreparePlan) -> tuple[PreparedDevice, ...] | None:
+        """Step 2 (under the node lock): the recorded devices if the claim is already
+        PrepareCompleted; else refuse it (`_recorded_outcome`, `_assert_not_held`) or record it
+        PrepareStarted and return None."""
+        ref = plan.ref
         with self._tracer.start_as_current_span("record PrepareStarted"), self._lock.held():
             entries = self._store.entries()
-            existing = entries.get(ref.uid)
-            if existing is not None and existing.state == ClaimState.PREPARE_COMPLETED:
+            done = _recorded_outcome(plan, entries.get(ref.uid))
+            if done is not None:
                 log.log(V(4), "Skip prepare: claim already in PrepareCompleted state: %s",
                         ref)  # fmt: skip
-                return _prepared(ref, existing.devices)
-            if (
-                existing is not None
-                and existing.state == ClaimState.PREPARE_ABORTED
-                and same_status(existing.status, status)
-            ):
-                raise PermanentError(
-                    f"stale prepare for claim {ref}: claim prepare was already aborted"
-                )
-            self._assert_not_held(ref, groups, wanted, entries.values())
+                return _prepared(ref, done)
+            self._assert_not_held(ref, plan.groups, plan.wanted, entries.values())
             started = ClaimEntry(
-                uid=ref.uid, state=ClaimState.PREPARE_STARTED, status=status,
+                uid=ref.uid, state=ClaimState.PREPARE_STARTED, status=plan.status,
                 namespace=ref.namespace, name=ref.name,
             )  # fmt: skip
             self._put(started)
+        return None
+
+    def _prepare_groups(self, plan: _PreparePlan, *, deadline: float) -> list[ContainerEdits]:
+        """Step 3 (without the lock): each group's side effects, in order, and their CDI edits.
+        A permanent error undoes the groups before the failing one and forgets the claim (if
+        it is still PrepareStarted); a retryable one keeps both for the retry."""
+        ref, groups = plan.ref, plan.groups
         edits: list[ContainerEdits] = []
         try:
             for group in groups:
@@ -316,6 +365,14 @@ class DeviceState:
                     self._undo_targets(ref, done, current.values())
                     self._remove(ref.uid)
             raise
+        return edits
+
+    def _record_completed(
+        self, plan: _PreparePlan, edits: list[ContainerEdits]
+    ) -> tuple[PreparedDevice, ...]:
+        """Step 4 (under the node lock): if the claim is still PrepareStarted and none of its
+        devices got taken meanwhile, write its CDI spec and record it PrepareCompleted."""
+        ref, groups = plan.ref, plan.groups
         with (
             self._tracer.start_as_current_span("write CDI spec, record PrepareCompleted"),
             self._lock.held(),
@@ -325,7 +382,7 @@ class DeviceState:
             if entry is None or entry.state != ClaimState.PREPARE_STARTED:
                 raise RetryableError("claim was unprepared while it was being prepared")
             # Another claim may have completed while this one waited outside the lock.
-            self._assert_not_held(ref, groups, wanted, current.values())
+            self._assert_not_held(ref, groups, plan.wanted, current.values())
             ids = self._cdi.write_claim_spec(
                 ref.uid,
                 [
@@ -338,7 +395,7 @@ class DeviceState:
                 ClaimEntry(
                     uid=ref.uid,
                     state=ClaimState.PREPARE_COMPLETED,
-                    status=status,
+                    status=plan.status,
                     groups=checkpoint_groups,
                     namespace=ref.namespace,
                     name=ref.name,

@@ -352,8 +352,9 @@ class ComputeDomainReconciler:
                 listed = (
                     as_written(members, status_nodes(obj.get("status"))) if by_daemons else None
                 )
+                bad = found.bad_entries if found is not None else ()
                 new = render_status(cd, members=members, previous=previous, problem=problem,
-                                    now=now, listed=listed)  # fmt: skip
+                                    now=now, listed=listed, bad_entries=bad)  # fmt: skip
             if new == previous:
                 # Keeps the per-status gauge right after a restart, when nothing is written.
                 self._metrics.observe_status(

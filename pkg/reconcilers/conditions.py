@@ -17,7 +17,13 @@ Invariants:
   there is nothing to judge;
 * a fabric condition's transition to ``False`` (or, while ``False``, to another message) is a
   Warning with the condition's reason; a transition to ``True`` or ``Unknown`` from something
-  else is a Normal Event; a condition that first appears as ``True`` records nothing.
+  else is a Normal Event; a condition that first appears as ``True`` records nothing;
+* ``CliqueEntriesValid`` (issue 33) judges the malformed clique entries the members were
+  aggregated without (:mod:`pkg.reconcilers.entrycheck`), not the members: it appears only once
+  an entry is bad (``False``, reason ``InvalidCliqueEntry``, naming the clique, the entry's
+  position and node, and why) and turns ``True`` (``AllCliqueEntriesValid``) once the entry is
+  gone or fixed, so a domain that never had one has no such condition. Its Events are the
+  transitions', so a bad entry left in place records one Warning, not one per reconcile.
 """
 
 from __future__ import annotations
@@ -27,8 +33,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pkg.api import constants as c
-from pkg.api.computedomain import CONDITION_IMEX_CONNECTED, CONDITION_SINGLE_CLIQUE
+from pkg.api.computedomain import (
+    CONDITION_CLIQUE_ENTRIES_VALID,
+    CONDITION_IMEX_CONNECTED,
+    CONDITION_SINGLE_CLIQUE,
+)
 from pkg.base.types import JSON
+from pkg.reconcilers.entrycheck import BadEntry, describe
 
 if TYPE_CHECKING:
     from pkg.reconcilers.status import Member
@@ -40,6 +51,7 @@ __all__ = [
     "FabricCondition",
     "clique_condition",
     "connectivity_condition",
+    "entries_condition",
 ]
 
 # -- Ready: the domain's reasons ----------------------------------------------------------------
@@ -99,13 +111,15 @@ REASON_NO_NODES = "NoNodes"
 REASON_ALL_PEERS_CONNECTED = "AllPeersConnected"
 REASON_PEERS_UNREACHABLE = "PeersUnreachable"
 REASON_NOT_REPORTED = "NotReported"
+REASON_INVALID_CLIQUE_ENTRY = "InvalidCliqueEntry"
+REASON_ALL_CLIQUE_ENTRIES_VALID = "AllCliqueEntriesValid"
 
 
 def _clique_label(clique_id: str) -> str:
     return f"clique {clique_id}" if clique_id else "no NVLink clique"
 
 
-def clique_condition(members: Sequence[Member]) -> Condition | None:
+def clique_condition(members: Sequence[Member], bad: Sequence[BadEntry] = ()) -> Condition | None:
     """``SingleClique`` for these members; None while there are none."""
     groups: dict[str, list[str]] = {}
     for m in members:
@@ -128,7 +142,9 @@ def clique_condition(members: Sequence[Member]) -> Condition | None:
     )
 
 
-def connectivity_condition(members: Sequence[Member]) -> Condition | None:
+def connectivity_condition(
+    members: Sequence[Member], bad: Sequence[BadEntry] = ()
+) -> Condition | None:
     """``IMEXConnected`` from the Ready members' peer reports; None while none reported."""
     ready = {
         m.entry.node_name: m.entry
@@ -160,22 +176,44 @@ def connectivity_condition(members: Sequence[Member]) -> Condition | None:
     )
 
 
+def entries_condition(members: Sequence[Member], bad: Sequence[BadEntry] = ()) -> Condition:
+    """``CliqueEntriesValid`` from the malformed clique entries (the members do not matter)."""
+    if not bad:
+        return (
+            "True",
+            REASON_ALL_CLIQUE_ENTRIES_VALID,
+            "every clique entry of the domain is well-formed",
+        )
+    skipped = sum(1 for b in bad if b.skipped)
+    return (
+        "False",
+        REASON_INVALID_CLIQUE_ENTRY,
+        f"{len(bad)} malformed clique entries ({skipped} skipped by the controller and the "
+        f"IMEX daemons): {describe(list(bad))}",
+    )
+
+
 @dataclass(frozen=True)
 class FabricCondition:
     """A condition about the fabric that leaves ``Ready`` alone (see the module docstring)."""
 
     type: str
-    judge: Callable[[Sequence[Member]], Condition | None]
-    """The condition for the domain's members; None while there is nothing to judge."""
+    judge: Callable[[Sequence[Member], Sequence[BadEntry]], Condition | None]
+    """The condition for the domain's members and its malformed clique entries; None while
+    there is nothing to judge."""
     unknown_reason: str
     unknown_message: str
     """``Unknown``'s reason and message once the condition exists and nothing can be judged."""
+    absent_while_true: bool = False
+    """The condition does not appear while its judge says ``True`` (it appears at ``False``)."""
 
-    def current(self, members: Sequence[Member], *, exists: bool) -> Condition | None:
-        """What to write for ``members`` (None: write nothing), ``exists`` telling whether the
-        domain already has this condition."""
-        judged = self.judge(members)
-        if judged is None and not exists:
+    def current(
+        self, members: Sequence[Member], *, exists: bool, bad: Sequence[BadEntry] = ()
+    ) -> Condition | None:
+        """What to write for ``members`` and the malformed clique entries ``bad`` (None: write
+        nothing), ``exists`` telling whether the domain already has this condition."""
+        judged = self.judge(members, bad)
+        if not exists and (judged is None or (self.absent_while_true and judged[0] == "True")):
             return None
         return judged or ("Unknown", self.unknown_reason, self.unknown_message)
 
@@ -206,6 +244,13 @@ FABRIC_CONDITIONS: tuple[FabricCondition, ...] = (
         connectivity_condition,
         REASON_NOT_REPORTED,
         "no ready node has reported its IMEX peer connections",
+    ),
+    FabricCondition(
+        CONDITION_CLIQUE_ENTRIES_VALID,
+        entries_condition,
+        REASON_ALL_CLIQUE_ENTRIES_VALID,  # never Unknown: the judge always judges
+        "",
+        absent_while_true=True,
     ),
 )
 """Every fabric condition, in the order they are written and their Events recorded."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from pkg.api import constants as c
 from pkg.api import daemoncontract as dc
+from pkg.api.daemonentry import MAX_CLIQUE_DAEMONS
 from pkg.api.namespaces import valid_namespace
 from pkg.imex.mode import ImexModeConfig
 
@@ -133,8 +134,11 @@ class ControllerConfig:
             raise ValueError("namespace: Required value")
         if not self.image_name:
             raise ValueError("image-name: Required value")
-        if self.max_nodes_per_imex_domain < 1:
-            raise ValueError("max-nodes-per-imex-domain: must be >= 1")
+        if not 1 <= self.max_nodes_per_imex_domain <= MAX_CLIQUE_DAEMONS:
+            # A clique holds one entry per daemon; its CRD takes at most MAX_CLIQUE_DAEMONS.
+            raise ValueError(
+                f"max-nodes-per-imex-domain: must be between 1 and {MAX_CLIQUE_DAEMONS}"
+            )
         if self.node_loss_grace_period < 0:
             raise ValueError("node-loss-grace-period: must be >= 0")
         if self.clique_entry_grace_period < 0:

@@ -182,7 +182,9 @@ class ControllerManager:
             client=client, caches=self.caches, config=config, events=events,
             metrics=DomainMetrics(registry), clock=clock, formation=formation,
         )  # fmt: skip
-        self.claims = ResourceClaimReconciler(client=client, caches=self.caches, events=once)
+        self.claims = ResourceClaimReconciler(
+            client=client, caches=self.caches, events=once, clock=clock
+        )
         self.cliques = CliqueLabelReconciler(client=client, caches=self.caches, events=once)
         self.prune = CliquePruneReconciler(
             client=client, caches=self.caches, config=config, events=events, clock=clock

@@ -19,11 +19,18 @@ implementation can adopt the other's objects. Invariants:
   including one with a custom taint the workload tolerates. A daemon is never evicted: the
   DaemonSet controller adds infinite ``not-ready``/``unreachable`` tolerations to every daemon
   pod whatever the template says, so how a dead node leaves the domain is decided by the
-  controller (``node_loss_grace_period``), not by eviction.
+  controller (``node_loss_grace_period``), not by eviction;
+* the daemon container runs with least privilege (:data:`DAEMON_SECURITY_CONTEXT`): root (uid 0
+  owns every file it must write: the kubelet's ``/etc/hosts``, the plugin's root-owned domain
+  directory at ``/imexd``, and opens the root-only ``fabric-imex-mgmt`` capability device) but
+  with no capability at all, no privilege escalation, the runtime's default seccomp profile and
+  a read-only root filesystem; what it and ``nvidia-imex`` write outside the CDI and kubelet
+  mounts goes to the emptyDirs of :data:`DAEMON_SCRATCH_DIRS`.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 
@@ -35,6 +42,8 @@ from pkg.base.types import JSON
 from pkg.reconcilers.config import ControllerConfig
 
 __all__ = [
+    "DAEMON_SCRATCH_DIRS",
+    "DAEMON_SECURITY_CONTEXT",
     "DAEMON_TOLERATIONS",
     "SPEC_HASH_ANNOTATION",
     "render_daemon_rct",
@@ -153,6 +162,40 @@ DAEMON_TOLERATIONS: tuple[JSON, ...] = (
 )
 
 
+# Least privilege for the daemon container (issue 33). Why each setting holds:
+# * root (uid/gid 0, as the image's USER): the files the daemon writes are root-owned -- the
+#   kubelet's /etc/hosts (0644), the plugin's domain directory mounted at /imexd (0755) -- and
+#   nvidia-imex opens /dev/nvidia-caps/nvidia-cap<N> (fabric-imex-mgmt), which the CDI spec
+#   creates root-owned with the driver's DeviceFileMode 0400. As the *owner* uid 0 needs no
+#   capability for any of them (no CAP_DAC_OVERRIDE), so all are dropped: the IMEX ports
+#   (50000/50005) and the metrics port are >= 1024 (no NET_BIND_SERVICE), the daemon signals
+#   only its own child (no KILL), chmods only its own temp files (no FOWNER/CHOWN), never
+#   changes identity (no SETUID/SETGID) and uses no raw sockets (no NET_RAW);
+# * no privilege escalation: nothing it runs is setuid;
+# * RuntimeDefault seccomp: the daemon needs files, processes, signals and TCP; nvidia-imex
+#   ioctls on its device nodes -- nothing the default profile blocks (mount, bpf, ptrace of
+#   others, ...). Real nvidia-imex is not run by any test here (no NVLink hardware): with its
+#   Kerberos (GSSAPI) authentication a keyring credential cache would need keyctl, which the
+#   default profile blocks;
+# * read-only root filesystem: every path written is a mount: /imexd (CDI, host), /etc/hosts and
+#   /dev/termination-log (kubelet), and DAEMON_SCRATCH_DIRS.
+DAEMON_SECURITY_CONTEXT: JSON = {
+    "runAsUser": 0,
+    "runAsGroup": 0,
+    "privileged": False,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+# (volume name, mount path) of the daemon container's emptyDirs: the only writable places of its
+# root filesystem. /var/log: nvidia-imex's STATS_FILE_NAME (pkg.imex.config); /tmp: the
+# conventional scratch directory (Python's tempfile, the driver's libraries), empty but kept
+# writable so nothing fails on a read-only /tmp.
+DAEMON_SCRATCH_DIRS: tuple[tuple[str, str], ...] = (("tmp", "/tmp"), ("var-log", "/var/log"))
+
+
 def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
     name = c.daemon_object_name(cd.uid)
     env: list[JSON] = [
@@ -175,12 +218,17 @@ def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
                 "command": ["compute-domain-daemon", "-v", f"$({dc.LOG_VERBOSITY})", "run"],
                 "env": env,
                 "resources": {"claims": [{"name": c.DAEMON_CLAIM_NAME}]},
+                "securityContext": copy.deepcopy(DAEMON_SECURITY_CONTEXT),
+                "volumeMounts": [
+                    {"name": vol, "mountPath": path} for vol, path in DAEMON_SCRATCH_DIRS
+                ],
                 "startupProbe": _probe(period=1, failure_threshold=1200),
                 "livenessProbe": _probe(period=60, failure_threshold=20),
                 "readinessProbe": _probe(period=10, failure_threshold=1),
             }
         ],
         "resourceClaims": [{"name": c.DAEMON_CLAIM_NAME, "resourceClaimTemplateName": name}],
+        "volumes": [{"name": vol, "emptyDir": {}} for vol, _ in DAEMON_SCRATCH_DIRS],
     }
     if config.image_pull_secret_names:
         spec["imagePullSecrets"] = [{"name": s} for s in config.image_pull_secret_names]

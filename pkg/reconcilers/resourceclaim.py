@@ -9,7 +9,11 @@ still labels at NodePrepareResources as a fallback. Invariants:
 * a label naming another *live* domain is never overwritten (one domain per node): the claim
   and its domain get a Warning Event; a label naming a deleted domain is replaced;
 * a claim that references a domain in another namespace never labels anything and produces one
-  Warning Event on the claim and on the domain (the plugin refuses to prepare it anyway);
+  Warning Event on the claim and a rate-limited one on the domain (the plugin refuses to prepare
+  it anyway). Neither names anything of the other namespace: the claim's Event does not name the
+  domain, and the domain's Event -- whose cause another tenant controls -- names no claim and
+  comes at most once per domain per :data:`VICTIM_WARNING_INTERVAL`, however many claims point
+  at it (issue 33: no leak, no spam);
 * the label is removed only when this process saw claims of that domain on that node and the
   last of them was deallocated, and only while the label still names that domain; a label
   this process never saw a claim for (e.g. set before a restart) is left to the plugin's
@@ -32,6 +36,7 @@ import logging
 import threading
 
 from pkg.api import constants as c
+from pkg.base.clock import Clock, RealClock
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import (
@@ -45,12 +50,15 @@ from pkg.reconcilers.cache import (
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.dependents import remove_domain_label
-from pkg.reconcilers.events import WARNING, OnceEvents
+from pkg.reconcilers.events import WARNING, OnceEvents, RateLimitedEvents
 from pkg.reconcilers.nodecache import patch_node_metadata
 
-__all__ = ["ResourceClaimReconciler"]
+__all__ = ["VICTIM_WARNING_INTERVAL", "ResourceClaimReconciler"]
 
 log = logging.getLogger(__name__)
+
+VICTIM_WARNING_INTERVAL = 600.0
+"""Least seconds between two ``ComputeDomainNamespaceMismatch`` Warnings on one domain."""
 
 
 def _ref(obj: JSON) -> str:
@@ -61,10 +69,18 @@ def _ref(obj: JSON) -> str:
 class ResourceClaimReconciler:
     """Reconciles the domain label of one node from the claims allocated on it."""
 
-    def __init__(self, *, client: KubeClient, caches: Caches, events: OnceEvents) -> None:
+    def __init__(
+        self, *, client: KubeClient, caches: Caches, events: OnceEvents,
+        clock: Clock | None = None, victim_interval: float = VICTIM_WARNING_INTERVAL,
+    ) -> None:  # fmt: skip
         self._client = client
         self._caches = caches
         self._events = events
+        # Warnings on a domain that another namespace's claims point at: per domain, not per
+        # claim, and past the once-per-message filter (the message is the same every time).
+        self._victim_events = RateLimitedEvents(
+            events.sink, clock or RealClock(), interval=victim_interval
+        )
         # node -> domain UID whose claims we saw allocated there (and so may unlabel).
         self._seen: dict[str, str] = {}
         # node -> UIDs of the allocated claims the node's label was already applied for.
@@ -114,12 +130,14 @@ class ResourceClaimReconciler:
             cd = domains[0]
             cd_ns = cd["metadata"].get("namespace")
             if cd_ns != claim.get("metadata", {}).get("namespace"):
-                msg = (
-                    f"claim {_ref(claim)} references ComputeDomain {_ref(cd)} in another "
-                    "namespace; a channel claim must be in its ComputeDomain's namespace"
-                )
-                self._events.event(claim, WARNING, "ComputeDomainNamespaceMismatch", msg)
-                self._events.event(cd, WARNING, "ComputeDomainNamespaceMismatch", msg)
+                self._events.event(claim, WARNING, "ComputeDomainNamespaceMismatch", (
+                    f"claim {_ref(claim)} references a ComputeDomain in another namespace; "
+                    "a channel claim must be in its ComputeDomain's namespace"
+                ))  # fmt: skip
+                self._victim_events.event(cd, WARNING, "ComputeDomainNamespaceMismatch", (
+                    "a channel claim in another namespace references this ComputeDomain and "
+                    "is ignored; a channel claim must be in its ComputeDomain's namespace"
+                ))  # fmt: skip
                 continue
             if cd["metadata"].get("deletionTimestamp"):
                 continue

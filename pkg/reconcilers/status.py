@@ -42,6 +42,12 @@ members, each live daemon's entry as it wrote it). Invariants:
   the domain had members (resp. a report); afterwards they go ``Unknown`` when there is nothing
   to judge. :func:`condition_events` gives the Event of each of their transitions; both
   conditions, their reasons and their Events are registered in :mod:`pkg.reconcilers.conditions`;
+* a malformed clique entry (:mod:`pkg.reconcilers.entrycheck`: not a canonical IP, not a node
+  name, another clique's ID, an index outside the clique, ...) is skipped, as every daemon
+  skips it: it makes no member and never reaches ``status.nodes`` (whose schema would refuse
+  the whole status write); :attr:`Aggregate.bad_entries` names it for the condition
+  ``CliqueEntriesValid`` (``False``, reason ``InvalidCliqueEntry``), which turns ``True`` once
+  it is gone or fixed;
 * :func:`render_status` is deterministic, so re-aggregating unchanged inputs yields an equal
   status and no write.
 """
@@ -63,7 +69,6 @@ from pkg.api.computedomain import (
 from pkg.api.daemonentry import (
     STATUS_NODES,
     DaemonEntry,
-    clique_daemons,
     encode_status_nodes,
     status_nodes,
 )
@@ -81,6 +86,7 @@ from pkg.reconcilers.conditions import (
     REASON_WAITING_FOR_NODES,
 )
 from pkg.reconcilers.daemonpods import driver_root_incomplete, driver_root_message
+from pkg.reconcilers.entrycheck import BadEntry, check_clique
 from pkg.reconcilers.metrics import parse_timestamp
 
 __all__ = [
@@ -215,6 +221,8 @@ class Aggregate:
     shortfalls: list[Shortfall]
     driver_root: str = ""
     """The messages of daemons whose node's driver root lacks IMEX (``""``: none)."""
+    bad_entries: tuple[BadEntry, ...] = ()
+    """The malformed entries of the domain's cliques, by clique name and position."""
 
     def capacity_problem(self) -> Problem | None:
         """``CapacityExceeded`` naming every full clique and the nodes it leaves out."""
@@ -268,8 +276,13 @@ def aggregate(
     entries without a ``cliqueID`` there are the controller's own non-fabric entries and are
     rebuilt from the pods, as with cliques.
     """
+    bad: list[BadEntry] = []
     if entries is None:
-        daemons = [d for clique in cliques for d in clique_daemons(clique)]
+        daemons = []
+        for clique in cliques:
+            checked = check_clique(clique, max_nodes=max_nodes)
+            daemons += checked.entries
+            bad += checked.bad
     else:
         daemons = [e for e in entries if e.clique_id]
     pods_by_node = _daemon_pods_by_node(pods)
@@ -291,6 +304,7 @@ def aggregate(
         recheck=judged.recheck,
         shortfalls=shortfalls,
         driver_root=driver_root_message(incomplete),
+        bad_entries=tuple(sorted(bad, key=lambda b: (b.clique, b.position))),
     )
 
 
@@ -426,10 +440,16 @@ def _ready_condition(
 
 
 def _fabric_conditions(
-    conditions: list[JSON], members: list[Member], *, generation: int, now: str
+    conditions: list[JSON],
+    members: list[Member],
+    *,
+    bad: tuple[BadEntry, ...],
+    generation: int,
+    now: str,
 ) -> list[JSON]:
     for fabric in FABRIC_CONDITIONS:
-        cond = fabric.current(members, exists=find_condition(conditions, fabric.type) is not None)
+        exists = find_condition(conditions, fabric.type) is not None
+        cond = fabric.current(members, exists=exists, bad=bad)
         if cond is None:
             continue
         conditions = set_condition(
@@ -473,11 +493,13 @@ def render_status(
     problem: Problem | None,
     now: str,
     listed: list[DaemonEntry] | None = None,
+    bad_entries: tuple[BadEntry, ...] = (),
 ) -> JSON:
     """The complete ``status`` for ``cd``; equal to ``previous`` when nothing changed.
 
     ``listed`` (default: the members' entries) is what ``status.nodes`` shows; ``status``,
-    the counts and the conditions always follow the members."""
+    the counts and the conditions always follow the members; ``bad_entries`` (the cliques'
+    malformed entries, :attr:`Aggregate.bad_entries`) make ``CliqueEntriesValid``."""
     entries = [m.entry for m in members]
     ready, reason, message = _ready_condition(cd, members, problem)
     status = global_status(entries, num_nodes=cd.num_nodes)
@@ -492,7 +514,9 @@ def render_status(
         observed_generation=cd.generation,
         now=now,
     )
-    conditions = _fabric_conditions(conditions, members, generation=cd.generation, now=now)
+    conditions = _fabric_conditions(
+        conditions, members, bad=bad_entries, generation=cd.generation, now=now
+    )
     out: JSON = {"status": status}
     shown = entries if listed is None else listed
     if shown:  # upstream omits an empty list (omitempty); its e2e tests check for that

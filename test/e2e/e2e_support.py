@@ -46,6 +46,10 @@ REPO = Path(__file__).resolve().parents[2]
 KUBECTL = Path(sys.executable).parent / "kubectl"
 CONTROLLER_SCRIPT = REPO / "cmd" / "compute-domain-controller" / "compute_domain_controller.py"
 LOCAL_KINDS = {"Deployment", "DaemonSet"}  # run as local processes, not applied
+# ...except that the controller Deployment is applied with no replicas: it is the parameter of
+# the controller's DaemonSet admission policy (config/admission/controller-daemonsets.yaml reads
+# its IMAGE_NAME and CD_DAEMON_SERVICE_ACCOUNT env), which is the env the local controller gets.
+PARKED_KINDS = {"Deployment"}
 T = TypeVar("T")
 
 
@@ -89,7 +93,9 @@ class Driver:
     @classmethod
     def deploy(cls, admin_kubeconfig: Path) -> Driver:
         docs = render_config()
-        applied = [d for d in docs if d["kind"] not in LOCAL_KINDS]
+        applied = [d for d in docs if d["kind"] not in LOCAL_KINDS] + [
+            {**d, "spec": {**d["spec"], "replicas": 0}} for d in docs if d["kind"] in PARKED_KINDS
+        ]
         ns = next(d["metadata"]["name"] for d in docs if d["kind"] == "Namespace")
         crds = [d for d in applied if d["kind"] == "CustomResourceDefinition"]
         kubectl(admin_kubeconfig, "apply", "--server-side", "-f", "-",

@@ -7,6 +7,7 @@ and that deleting the workload and the domain removes everything the driver crea
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -38,6 +39,58 @@ def _driver_objects(kubectl: Kubectl, driver_ns: str, cd_uid: str) -> list[str]:
     return left
 
 
+# Run inside each IMEX daemon container while its domain is Ready: what the kernel says about the
+# daemon process (PID 1 of the container, the shell-less entry point's python) and what its
+# filesystem allows. runc applies the pod's securityContext to `kubectl exec` processes too.
+_PROBE = r"""
+import errno, json, os
+def status(pid):
+    fields = dict(l.split(":", 1) for l in open(f"/proc/{pid}/status") if ":" in l)
+    return {k: fields[k].strip() for k in ("Uid", "CapEff", "CapPrm", "CapBnd", "NoNewPrivs",
+                                          "Seccomp")}
+def writable(path):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        os.unlink(path)
+        return "ok"
+    except OSError as err:
+        return errno.errorcode[err.errno]
+hosts = open("/etc/hosts").read()
+print(json.dumps({
+    "daemon": status(1), "probe": status("self"),
+    "write": {p: writable(p) for p in ("/opt/probe", "/etc/probe", "/tmp/probe",
+                                       "/var/log/probe", "/imexd/.probe")},
+    "hostsBlock": "BEGIN compute-domain-daemon" in hosts,
+    "imexCfg": os.path.isfile("/imexd/imexd.cfg"),
+}))
+"""
+
+
+def _check_daemons_hardened(kubectl: Kubectl, driver: str, uid: str) -> None:
+    """Issue 33: the formed domain's daemons run with no capability, no_new_privs, seccomp
+    filtering and a read-only root filesystem, enforced by containerd/runc (not only rendered),
+    and still wrote everything IMEX needs (/imexd/imexd.cfg, the /etc/hosts block)."""
+    pods = kubectl.items("pods", "-n", driver, "-l", f"resource.nvidia.com/computeDomain={uid}")
+    assert pods, "no daemon pods of the domain"
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        out = kubectl("-n", driver, "exec", name, "--", "python3", "-c", _PROBE)
+        seen = json.loads(out.strip().splitlines()[-1])
+        for proc in ("daemon", "probe"):
+            st = seen[proc]
+            assert st["Uid"].split()[:2] == ["0", "0"], (name, proc, st)
+            assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0, (name, proc, st)
+            assert int(st["CapBnd"], 16) == 0, (name, proc, st)
+            assert st["NoNewPrivs"] == "1", (name, proc, st)
+            assert st["Seccomp"] == "2", (name, proc, st)  # SECCOMP_MODE_FILTER: RuntimeDefault
+        assert seen["write"] == {
+            "/opt/probe": "EROFS", "/etc/probe": "EROFS", "/tmp/probe": "ok",
+            "/var/log/probe": "ok", "/imexd/.probe": "ok",
+        }, (name, seen)  # fmt: skip
+        assert seen["hostsBlock"] and seen["imexCfg"], (name, seen)
+
+
 def _run_job(kubectl: Kubectl, ns: str, driver: str, *, mode: str) -> None:
     kubectl("apply", "-f", "-", stdin=sample_workload(ns, WORKLOAD_CMD, mode=mode))
 
@@ -48,6 +101,7 @@ def _run_job(kubectl: Kubectl, ns: str, driver: str, *, mode: str) -> None:
     cd = wait_for("the ComputeDomain Ready with both nodes", ready, timeout=180, every=0.3)
     assert sorted(n["name"] for n in cd["status"]["nodes"]) == sorted(REAL_NODES)
     uid = cd["metadata"]["uid"]
+    _check_daemons_hardened(kubectl, driver, uid)
 
     def complete() -> bool:
         job = kubectl.json("-n", ns, "get", "job/training-job")

@@ -112,68 +112,29 @@ def serve_watch(
     bookmark_interval: float,
 ) -> None:
     """Stream events until timeout, `close_watches()`, server stop or client disconnect."""
-    gen = opened_at
+
+    def alive() -> bool:
+        """Neither the server stopping nor `close_watches()` since the watch opened."""
+        return not stopping() and generation() == opened_at
+
     deadline = time.monotonic() + req.timeout
-    bookmark_obj: Callable[[int], JSON] = lambda rv: {  # noqa: E731
-        "kind": req.resource.kind,
-        "apiVersion": req.resource.api_version,
-        "metadata": {"resourceVersion": str(rv)},
-    }
-    with store.cond:
-        initial: list[bytes] = []
-        try:
-            if req.send_initial_events and req.resource_version not in ("", "0"):
-                # NotOlderThan a given RV: replay nothing older, state as of now (simplified).
-                _, objs = store.select(req.resource, req.namespace, req.match)
-                initial = [_line("ADDED", o, req) for o in objs]
-                pos = store.log_end
-            elif req.resource_version in ("", "0"):
-                # "Any/most recent" semantics: synthetic ADDED for current state, then live.
-                _, objs = store.select(req.resource, req.namespace, req.match)
-                initial = [_line("ADDED", o, req) for o in objs]
-                pos = store.log_end
-            else:
-                pos = store.log_position(int(req.resource_version))
-        except ApiError as err:
-            out.write_chunk(_line("ERROR", status_body(err)))
-            out.end_chunks()
-            return
-        except ValueError:
-            out.write_chunk(_line("ERROR", {"code": 400, "reason": "BadRequest", "message": ""}))
-            out.end_chunks()
-            return
-        sent_rv = store.rv
-    if req.send_initial_events:
-        end = bookmark_obj(sent_rv)
-        end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
-        initial.append(_line("BOOKMARK", end))
+    opened = _open_watch(out, req, store)
+    if opened is None:
+        return
+    initial, pos = opened
     if initial:
         out.write_chunk(b"".join(initial))
     next_bookmark = time.monotonic() + bookmark_interval
     while True:
-        with store.cond:
-            while True:
-                now = time.monotonic()
-                if stopping() or generation() != gen:
-                    break
-                if store.log_end > pos or now >= deadline or now >= next_bookmark:
-                    break
-                store.cond.wait(min(deadline, next_bookmark) - now)
-            if stopping() or generation() != gen:
-                out.drop()
-                return
-            try:
-                events = store.events_from(pos)
-            except ApiError as err:
-                out.write_chunk(_line("ERROR", status_body(err)))
-                out.end_chunks()
-                return
-            pos += len(events)
-            sent_rv = store.rv  # every RV bump is logged, so all events <= rv are taken
+        taken = _take_events(out, store, pos, alive, min(deadline, next_bookmark))
+        if taken is None:
+            return
+        events, sent_rv = taken
+        pos += len(events)
         lines = [b for b in (_translate(ev, req) for ev in events) if b is not None]
         now = time.monotonic()
         if req.bookmarks and (now >= next_bookmark or now >= deadline):
-            lines.append(_line("BOOKMARK", bookmark_obj(sent_rv)))
+            lines.append(_line("BOOKMARK", _bookmark_obj(req, sent_rv)))
         if now >= next_bookmark:
             next_bookmark = now + bookmark_interval
         if lines:
@@ -181,3 +142,80 @@ def serve_watch(
         if now >= deadline:
             out.end_chunks()
             return
+
+
+def _bookmark_obj(req: WatchRequest, rv: int) -> JSON:
+    """The object of a BOOKMARK event at ``rv`` for the watched resource."""
+    return {
+        "kind": req.resource.kind,
+        "apiVersion": req.resource.api_version,
+        "metadata": {"resourceVersion": str(rv)},
+    }
+
+
+def _end_with_error(out: ChunkWriter, obj: JSON) -> None:
+    """Send an ERROR event and end the stream cleanly."""
+    out.write_chunk(_line("ERROR", obj))
+    out.end_chunks()
+
+
+def _open_watch(
+    out: ChunkWriter, req: WatchRequest, store: ObjectStore
+) -> tuple[list[bytes], int] | None:
+    """The lines to send first (synthetic ADDEDs, the initial-events-end BOOKMARK) and the
+    event-log position to stream from, per the request's resourceVersion and
+    sendInitialEvents; None once an ERROR for an unusable resourceVersion ended the stream."""
+    initial: list[bytes] = []
+    with store.cond:
+        try:
+            if req.send_initial_events or req.resource_version in ("", "0"):
+                # "Any/most recent" semantics (no RV), or sendInitialEvents NotOlderThan a given
+                # RV (replay nothing older; simplified): ADDED for current state, then live.
+                _, objs = store.select(req.resource, req.namespace, req.match)
+                initial = [_line("ADDED", o, req) for o in objs]
+                pos = store.log_end
+            else:
+                pos = store.log_position(int(req.resource_version))
+        except ApiError as err:
+            _end_with_error(out, status_body(err))
+            return None
+        except ValueError:
+            _end_with_error(out, {"code": 400, "reason": "BadRequest", "message": ""})
+            return None
+        sent_rv = store.rv
+    if req.send_initial_events:
+        end = _bookmark_obj(req, sent_rv)
+        end["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
+        initial.append(_line("BOOKMARK", end))
+    return initial, pos
+
+
+def _take_events(
+    out: ChunkWriter,
+    store: ObjectStore,
+    pos: int,
+    alive: Callable[[], bool],
+    wake_at: float,
+) -> tuple[list[Event], int] | None:
+    """Wait (under the store's lock) for events past ``pos`` or until ``wake_at`` (the
+    deadline or the next bookmark, whichever is first), then take the new events and the RV
+    they bring the watcher to (every RV bump is logged, so all events <= rv are taken). None
+    once the stream ended: dropped because the watch is no longer ``alive``, or an ERROR sent
+    because the log was compacted."""
+    with store.cond:
+        while True:
+            now = time.monotonic()
+            if not alive():
+                break
+            if store.log_end > pos or now >= wake_at:
+                break
+            store.cond.wait(wake_at - now)
+        if not alive():
+            out.drop()
+            return None
+        try:
+            events = store.events_from(pos)
+        except ApiError as err:
+            _end_with_error(out, status_body(err))
+            return None
+        return events, store.rv

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from pkg.api import localready
-from pkg.api.localready import FILE_NAME, LOCK_NAME, LocalReady, Publisher
+from pkg.api.localready import FILE_NAME, LOCK_NAME, MAX_RECORD_BYTES, LocalReady, Publisher
+from pkg.base.files import UnsafeFileError
 
 REC = LocalReady("uid-1", "node-a", "10.0.0.1")
 
@@ -81,3 +88,106 @@ def test_a_record_speaks_only_for_its_own_domain_node_and_ip() -> None:
     assert not REC.speaks_for("uid-1", "node-a", "10.0.0.2")
     assert not REC.speaks_for("uid-1", "node-a", None)
     assert not LocalReady("uid-1", "node-a", "").speaks_for("uid-1", "node-a", "")
+
+
+# -- a hostile daemon's files (issue 33) ---------------------------------------------------------
+
+
+def _reader(directory: Path) -> tuple[list[tuple[Path, OSError]], Callable[[], object]]:
+    """``read`` with an ``on_unsafe`` that records; the read runs in a thread only as a safety
+    net: if it blocks (a FIFO opened for reading), the test fails instead of hanging."""
+    seen: list[tuple[Path, OSError]] = []
+
+    def call() -> object:
+        out: list[object] = []
+        t = threading.Thread(
+            target=lambda: out.append(
+                localready.read(directory, on_unsafe=lambda p, e: seen.append((p, e)))
+            ),
+            daemon=True,
+        )
+        t.start()
+        t.join(5)
+        if t.is_alive():
+            for fifo in directory.glob("*"):
+                if stat.S_ISFIFO(fifo.lstat().st_mode):
+                    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            pytest.fail("reading the record blocked")
+        return out[0]
+
+    return seen, call
+
+
+def _live_daemon(directory: Path) -> Publisher:
+    pub = Publisher(directory)
+    assert pub.acquire()
+    return pub
+
+
+def test_a_symlinked_record_is_not_followed(tmp_path: Path) -> None:
+    """A record elsewhere (another domain's, or any host file) never counts through a link."""
+    other = _live_daemon(tmp_path / "other")
+    other.publish(REC)
+    mine = _live_daemon(tmp_path / "d")
+    (tmp_path / "d" / FILE_NAME).symlink_to(tmp_path / "other" / FILE_NAME)
+    seen, call = _reader(tmp_path / "d")
+    assert call() is None
+    [(path, err)] = seen
+    assert path == tmp_path / "d" / FILE_NAME and isinstance(err, UnsafeFileError)
+    assert err.kind == "a symlink"
+    mine.release()
+    other.release()
+
+
+def test_a_fifo_record_returns_at_once(tmp_path: Path) -> None:
+    pub = _live_daemon(tmp_path)
+    os.mkfifo(tmp_path / FILE_NAME)  # no writer: a plain read would hang the plugin
+    seen, call = _reader(tmp_path)
+    assert call() is None
+    assert [e.kind for _, e in seen if isinstance(e, UnsafeFileError)] == ["not a regular file"]
+    pub.abandon()
+
+
+def test_a_directory_or_oversized_record_does_not_count(tmp_path: Path) -> None:
+    pub = _live_daemon(tmp_path)
+    (tmp_path / FILE_NAME).mkdir()
+    seen, call = _reader(tmp_path)
+    assert call() is None
+    assert isinstance(seen[-1][1], UnsafeFileError) and seen[-1][1].kind == "not a regular file"
+    (tmp_path / FILE_NAME).rmdir()
+    body = json.dumps({"domainUID": "uid-1", "nodeName": "node-a", "ipAddress": "10.0.0.1",
+                       "status": "Ready"})  # fmt: skip
+    (tmp_path / FILE_NAME).write_text(body + " " * (MAX_RECORD_BYTES - len(body) + 1))
+    assert call() is None
+    assert isinstance(seen[-1][1], UnsafeFileError) and seen[-1][1].kind == "too large"
+    (tmp_path / FILE_NAME).write_text(body + " " * (MAX_RECORD_BYTES - len(body)))
+    assert call() == REC  # exactly the cap is still a record
+    # Nested too deep for the JSON parser: malformed, not a crash of the plugin's Prepare.
+    (tmp_path / FILE_NAME).write_text("[" * (MAX_RECORD_BYTES - 1))
+    assert call() is None
+    pub.release()
+
+
+def test_a_symlinked_lock_or_directory_does_not_count(tmp_path: Path) -> None:
+    """The record's writer must hold *this* directory's lock: a link to a live daemon's lock
+    elsewhere proves nothing; a linked domain directory is not read at all."""
+    other = _live_daemon(tmp_path / "other")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / LOCK_NAME).symlink_to(tmp_path / "other" / LOCK_NAME)
+    (tmp_path / "d" / FILE_NAME).write_text(json.dumps({
+        "domainUID": "uid-1", "nodeName": "node-a", "ipAddress": "10.0.0.1", "status": "Ready"
+    }))  # fmt: skip
+    seen, call = _reader(tmp_path / "d")
+    assert call() is None
+    assert [(p.name, e.kind) for p, e in seen if isinstance(e, UnsafeFileError)] == [
+        (LOCK_NAME, "a symlink")
+    ]
+    other.publish(REC)
+    (tmp_path / "link").symlink_to(tmp_path / "other")
+    seen, call = _reader(tmp_path / "link")
+    assert call() is None
+    assert [(p.name, e.kind) for p, e in seen if isinstance(e, UnsafeFileError)] == [
+        ("link", "a symlink")
+    ]
+    assert localready.read(tmp_path / "other") == REC  # the real one, read directly, counts
+    other.release()

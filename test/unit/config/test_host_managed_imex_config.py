@@ -24,6 +24,8 @@ DAEMON_ONLY = {
     ("RoleBinding", "compute-domain-daemon"),
     ("ValidatingAdmissionPolicy", "compute-domain-daemon-pods"),
     ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-pods"),
+    ("ValidatingAdmissionPolicy", "compute-domain-daemon-cliques"),
+    ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-cliques"),
     ("ValidatingAdmissionPolicy", "compute-domain-daemon-device-claims"),
     ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-device-claims"),
 }

@@ -61,7 +61,7 @@ WORKLOADS = {
     "compute-domain-kubelet-plugin": "DaemonSet",
 }
 # Left out in host-managed IMEX mode (no driver-run daemons), as upstream's chart leaves out the
-# first four and config/components/host-managed-imex all eight.
+# first four and config/components/host-managed-imex all ten.
 DAEMON_OBJECTS = {
     ("ServiceAccount", "compute-domain-daemon"),
     ("Role", "compute-domain-daemon"),
@@ -69,6 +69,8 @@ DAEMON_OBJECTS = {
     ("DeviceClass", "compute-domain-daemon.nvidia.com"),
     ("ValidatingAdmissionPolicy", "compute-domain-daemon-pods"),
     ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-pods"),
+    ("ValidatingAdmissionPolicy", "compute-domain-daemon-cliques"),
+    ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-cliques"),
     ("ValidatingAdmissionPolicy", "compute-domain-daemon-device-claims"),
     ("ValidatingAdmissionPolicyBinding", "compute-domain-daemon-device-claims"),
 }
@@ -183,7 +185,13 @@ def test_namespace_reaches_every_object_and_the_admission_policies(override: boo
     assert users == {
         f'request.userInfo.username == "system:serviceaccount:{ns}:compute-domain-daemon"',
         f'request.userInfo.username == "system:serviceaccount:{ns}:compute-domain-kubelet-plugin"',
+        f'request.userInfo.username == "system:serviceaccount:{ns}:compute-domain-controller"',
     }
+    # The controller's DaemonSet policy reads the release's controller Deployment.
+    ds_binding = find(objs, "ValidatingAdmissionPolicyBinding",
+                      "compute-domain-controller-daemonsets")  # fmt: skip
+    assert ds_binding["spec"]["paramRef"]["namespace"] == ns
+    find(objs, "Deployment", ds_binding["spec"]["paramRef"]["name"])
     binding = find(objs, "ValidatingAdmissionPolicyBinding", "compute-domain-daemon-device-claims")
     [expr] = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
     assert expr == {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [ns]}
@@ -398,10 +406,18 @@ def test_upstream_value_names_reach_the_objects(tmp_path: Path) -> None:
     assert volumes["alt-proc-devices"]["hostPath"] == {
         "path": "/var/lib/nvml-mock/imex/proc-devices", "type": "File"}  # fmt: skip
     assert mounts["alt-proc-devices"] == "/alt-proc-devices"
-    paths = (("plugins-registry", "KUBELET_REGISTRAR_DIRECTORY_PATH", "/k/registry"),
-             ("plugins", "KUBELET_PLUGINS_DIRECTORY_PATH", "/k/plugins"))  # fmt: skip
-    for vol, var, path in paths:
-        assert volumes[vol]["hostPath"]["path"] == mounts[vol] == e[var]["value"] == path
+    assert e["KUBELET_REGISTRAR_DIRECTORY_PATH"]["value"] == "/k/registry"
+    registry = volumes["plugins-registry"]["hostPath"]["path"]
+    assert registry == mounts["plugins-registry"] == "/k/registry"
+    # The env keeps upstream's meaning (the kubelet's plugins directory); only the driver's own
+    # directory in it is mounted (issue 33).
+    assert e["KUBELET_PLUGINS_DIRECTORY_PATH"]["value"] == "/k/plugins"
+    plugin_dir = volumes["plugins"]["hostPath"]["path"]
+    assert plugin_dir == mounts["plugins"] == "/k/plugins/compute-domain.nvidia.com"
+    assert not any(
+        v["hostPath"]["path"].rstrip("/") == "/k/plugins"
+        for v in pod["spec"]["volumes"] if "hostPath" in v
+    )  # fmt: skip
     assert volumes["driver-root"]["hostPath"]["path"] == "/run/nvidia/driver"
     assert pod["metadata"]["annotations"] == {"b": "2"}
     assert pod["spec"]["priorityClassName"] == "plugin-prio"

@@ -22,7 +22,8 @@ EXAMPLE = CONFIG / "overlays" / "other-namespace"
 
 
 def admission_namespaces(objs: list[Obj]) -> set[str]:
-    """Every namespace the admission objects name (usernames and the namespaceSelector)."""
+    """Every namespace the admission objects name (usernames, the namespaceSelector and the
+    controller policy's paramRef)."""
     found = set()
     for o in objs:
         if o["kind"] == "ValidatingAdmissionPolicy":
@@ -31,6 +32,9 @@ def admission_namespaces(objs: list[Obj]) -> set[str]:
     binding = find(objs, "ValidatingAdmissionPolicyBinding", "compute-domain-daemon-device-claims")
     [expr] = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
     found.update(expr["values"])
+    # The controller's DaemonSet policy reads its Deployment in the driver namespace.
+    params = find(objs, "ValidatingAdmissionPolicyBinding", "compute-domain-controller-daemonsets")
+    found.add(params["spec"]["paramRef"]["namespace"])
     return found
 
 

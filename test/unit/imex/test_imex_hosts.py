@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,26 @@ def test_bind_mounted_file_is_rewritten_in_place(
     assert HostsFile(path, name_prefix=PREFIX).update({f"{PREFIX}a-0000": "10.0.0.1"})
     assert path.stat().st_ino == inode
     assert path.read_text().startswith(KUBELET)
+
+
+def test_read_only_root_filesystem_rewrites_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon pod's ``readOnlyRootFilesystem``: no temp file can be created next to the
+    kubelet's ``/etc/hosts`` (EROFS from the real atomic write's ``mkstemp``), yet the bind-mounted
+    file itself is writable, so the block is written in place."""
+    path = tmp_path / "hosts"
+    path.write_text(KUBELET)
+    inode = path.stat().st_ino
+
+    def read_only(*_args: object, **_kw: object) -> tuple[int, str]:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)  # what pkg.base.files uses
+    assert HostsFile(path, name_prefix=PREFIX).update({f"{PREFIX}a-0000": "10.0.0.1"})
+    assert path.stat().st_ino == inode
+    assert hosts.resolve(path.read_text(), f"{PREFIX}a-0000") == "10.0.0.1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts"]
 
 
 def test_resolve_first_match_and_comments() -> None:

@@ -7,6 +7,8 @@ other record (dead writer, other IP, other domain, no entry) leaves the decision
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from pkg.base.clock import RealClock
 from pkg.base.types import JSON
 from pkg.informers import SharedInformerFactory
 from pkg.kube import resources as res
-from pkg.kubeletplugin.computedomains import DomainTracker
+from pkg.kubeletplugin.computedomains import DomainTracker, LocalRecordReader
 from pkg.kubeletplugin.state import domain_dir
 from pkg.testing.clock import FakeClock
 from pkg.testing.eventually import eventually
@@ -192,3 +194,98 @@ def test_the_record_is_polled_only_while_an_entry_it_could_speak_for_exists(
         assert len(clock.waits) == 20 and all(w == pytest.approx(0.05) for w in clock.waits)
     finally:
         t.stop()
+
+
+# -- the record is the daemon's file: read outside the lock, refused safely (issue 33) -----------
+
+
+def test_the_record_is_read_outside_the_trackers_lock(api: FakeApiServer, tmp_path: Path) -> None:
+    """While the record is read, an informer event handler (which takes the tracker's
+    condition) runs to completion: a slow or hostile file can never stall the plugin's watch
+    dispatch or another Prepare."""
+    api.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(c.STATUS_NOT_READY))
+    client = api.client()
+    reads: list[bool] = []  # per read: an event handler ran to completion meanwhile
+    t: DomainTracker
+
+    def reader(uid: str) -> LocalReady | None:
+        handler = threading.Thread(target=lambda: t._on_update({}, {}), daemon=True)
+        handler.start()
+        handler.join(2)  # only a safety net: with the lock held this times out and fails
+        reads.append(not handler.is_alive())
+        return None
+
+    t = DomainTracker(
+        client=client, informers=SharedInformerFactory(client, clock=RealClock()),
+        node_name=NODE, driver_namespace=NS, clique_id=lambda: "cl.1", clock=RealClock(),
+        local_ready=reader, local_poll=0.02,
+    )  # fmt: skip
+    t.start()
+    try:
+        assert t.wait_synced(5)
+        assert not t.wait_ready(UID, deadline=time.monotonic() + 0.1)
+        assert not t.is_ready(UID)
+        assert reads and all(reads), reads
+    finally:
+        t.stop()
+
+
+def record_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records
+        if r.name == "pkg.kubeletplugin.computedomains" and r.levelno == logging.WARNING
+    ]  # fmt: skip
+
+
+def test_a_hostile_record_counts_as_absent_with_one_warning(
+    api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO in place of the record (a plain read would hang the plugin): the wait ends at its
+    deadline, the file is named in one warning however often it is polled (again only after the
+    interval), and the membership entry still decides."""
+    api.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(c.STATUS_NOT_READY))
+    warn_clock = FakeClock()
+    client = api.client()
+    t = DomainTracker(
+        client=client, informers=SharedInformerFactory(client, clock=RealClock()),
+        node_name=NODE, driver_namespace=NS, clique_id=lambda: "cl.1", clock=RealClock(),
+        local_ready=LocalRecordReader(lambda uid: domain_dir(tmp_path, uid), clock=warn_clock,
+                                      interval=600),
+        local_poll=0.01,
+    )  # fmt: skip
+    pub = daemon(tmp_path)
+    fifo = domain_dir(tmp_path, UID) / localready.FILE_NAME
+    os.mkfifo(fifo)
+    t.start()
+    caplog.set_level(logging.WARNING, logger="pkg.kubeletplugin.computedomains")
+    try:
+        assert t.wait_synced(5)
+        done: list[bool] = []
+        waiter = threading.Thread(
+            target=lambda: done.append(t.wait_ready(UID, deadline=time.monotonic() + 0.3)),
+            daemon=True,
+        )
+        waiter.start()
+        waiter.join(5)  # safety net only
+        if waiter.is_alive():
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            pytest.fail("the wait blocked on the FIFO")
+        assert done == [False]
+        warnings = record_warnings(caplog)
+        assert len(warnings) == 1, warnings
+        assert str(fifo) in warnings[0] and "FIFO" in warnings[0]
+        assert not t.is_ready(UID)
+        assert len(record_warnings(caplog)) == 1
+        warn_clock.step(600)
+        assert not t.is_ready(UID)
+        assert len(record_warnings(caplog)) == 2
+        api.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(c.STATUS_READY))
+        assert t.wait_ready(UID, deadline=time.monotonic() + 5)
+    finally:
+        pub.release()
+        t.stop()
+
+
+def test_the_reader_refuses_an_id_that_is_not_a_directory_name(tmp_path: Path) -> None:
+    reader = LocalRecordReader(lambda uid: domain_dir(tmp_path, uid), clock=FakeClock())
+    assert reader("../../etc") is None and reader("/etc") is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
 from pkg.base.types import JSON
+from pkg.imex.config import ImexConfig
 from pkg.reconcilers.config import ControllerConfig, parse_extra_env
 from pkg.reconcilers.objects import (
     SPEC_HASH_ANNOTATION,
@@ -96,6 +98,39 @@ def test_daemonset_contract_with_the_daemon() -> None:
         assert (p["periodSeconds"], p["failureThreshold"], p["timeoutSeconds"]) == (
             period, threshold, 10,
         )  # fmt: skip
+
+
+def test_daemon_container_runs_with_least_privilege() -> None:
+    """Issue 33: root (the owner of every file it writes and of the fabric-imex-mgmt device)
+    without any capability, no escalation, RuntimeDefault seccomp and a read-only root
+    filesystem whose only writable places are emptyDirs (/imexd comes from CDI, /etc/hosts and
+    /dev/termination-log from the kubelet)."""
+    pod = render_daemonset(CD, CONFIG)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert container["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "var-log", "mountPath": "/var/log"},
+    ]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}, {"name": "var-log", "emptyDir": {}}]
+    # Nothing that widens the pod: no host namespaces, no hostPath, no added capability.
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod)
+    assert all(set(v) == {"name", "emptyDir"} for v in pod["volumes"])
+    # nvidia-imex's stats file is written where an emptyDir is mounted.
+    stats = ImexConfig(bind_ip="10.0.0.1", node_config_path="/imexd/nodes.cfg").stats_file_name
+    assert os.path.dirname(stats) in {m["mountPath"] for m in container["volumeMounts"]}
+    # A rendered context is a copy: mutating one DaemonSet never changes the next.
+    container["securityContext"]["capabilities"]["drop"].append("X")
+    fresh = render_daemonset(CD, CONFIG)["spec"]["template"]["spec"]["containers"][0]
+    assert fresh["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def test_daemons_tolerate_every_taint_like_upstream() -> None:

@@ -372,10 +372,13 @@ def test_status_conflict_is_retried_on_a_fresh_read(
 
 
 def test_many_concurrent_daemon_writers_never_lose_an_entry(
-    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler
+    server: FakeApiServer,
+    client: RestClient,
+    reconciler: ComputeDomainReconciler,
+    clock: FakeClock,
 ) -> None:
     uid = created_domain(server, reconciler)
-    n_nodes = 24
+    n_nodes = c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN  # a full clique; a higher index is skipped
     name = c.clique_object_name(uid, "cl.1")
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", []))
     for i in range(n_nodes):
@@ -408,6 +411,7 @@ def test_many_concurrent_daemon_writers_never_lose_an_entry(
         t.join()
     stop.set()
     agg.join()
+    clock.step(60)  # past the status coalescing interval: the last counts are written now
     reconciler.reconcile("team/cd1")
     status = get_cd(server)["status"]
     assert status["nodeCount"] == n_nodes and status["status"] == "Ready"

@@ -79,7 +79,10 @@ def test_domain_lifecycle_is_event_driven_end_to_end(
     assert len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 2
     # The DaemonSet's pod starts there and its daemon registers Ready in its clique.
     server.seed(res.PODS, daemon_pod(uid, "a", clique="uuid.3"))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "uuid.3", [daemon_entry("a", index=0)]))
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(uid, "uuid.3", [daemon_entry("a", index=0, clique_id="uuid.3")]),
+    )
     eventually(lambda: (cd() or {}).get("status", {}).get("status") == "Ready")
     eventually(
         lambda: registry.get_sample_value("nvidia_dra_compute_domain_info", {"status": "Ready"})

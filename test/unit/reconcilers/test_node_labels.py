@@ -10,8 +10,9 @@ from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.reconcilers.cache import Caches
 from pkg.reconcilers.cliquelabel import MANAGED_ANNOTATION, CliqueLabelReconciler
-from pkg.reconcilers.events import OnceEvents
+from pkg.reconcilers.events import OnceEvents, RateLimitedEvents
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
+from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
@@ -80,6 +81,70 @@ def test_cross_namespace_claim_warns_once_and_labels_nothing(
     assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
     assert events.reasons() == ["ComputeDomainNamespaceMismatch"] * 2  # claim and domain
     assert {e[0] for e in events.items} == {"w0", "cd1"}
+    # Issue 33: neither side learns anything of the other namespace.
+    [(_, _, _, on_claim)] = [e for e in events.items if e[0] == "w0"]
+    [(_, _, _, on_domain)] = [e for e in events.items if e[0] == "cd1"]
+    assert "intruder/w0" in on_claim and "team" not in on_claim and "cd1" not in on_claim
+    assert "intruder" not in on_domain and "w0" not in on_domain
+    assert on_domain == (
+        "a channel claim in another namespace references this ComputeDomain and is ignored; "
+        "a channel claim must be in its ComputeDomain's namespace"
+    )
+
+
+def test_victim_warning_is_rate_limited_per_domain(
+    server: FakeApiServer, client: RestClient, caches: Caches, events: RecordedEvents
+) -> None:
+    """Issue 33: another tenant's claims pointing at a domain cannot flood it with Warnings --
+    at most one per domain per interval, however many claims, nodes and namespaces; each
+    claim still gets its own."""
+    clock = FakeClock()
+    claims = ResourceClaimReconciler(
+        client=client, caches=caches, events=OnceEvents(events), clock=clock,
+        victim_interval=600.0,
+    )  # fmt: skip
+    victim, other = domain(server, "cd1"), domain(server, "cd2")
+    for n in ("a", "b"):
+        server.seed(res.NODES, node(n))
+    for i in range(20):
+        server.seed(res.RESOURCE_CLAIMS, channel_claim(
+            f"w{i}", ns=f"intruder-{i % 3}", uid=victim, node_name="ab"[i % 2]))  # fmt: skip
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("x", ns="intruder-0", uid=other, node_name="a"))
+
+    def on_domains() -> list[str]:
+        return [e[0] for e in events.items if e[0] in ("cd1", "cd2")]
+
+    for _ in range(3):
+        claims.reconcile("a")
+        claims.reconcile("b")
+    assert sorted(on_domains()) == ["cd1", "cd2"]  # one each
+    assert len(events.items) - 2 == 21  # one per claim
+    clock.step(599)
+    claims.reconcile("a")
+    claims.reconcile("b")
+    assert len(on_domains()) == 2
+    clock.step(1)
+    claims.reconcile("a")
+    claims.reconcile("b")
+    assert sorted(on_domains()) == ["cd1", "cd1", "cd2", "cd2"]  # the attack goes on: once more
+    assert len(events.items) - 4 == 21  # the claims' own stay once per claim
+
+
+def test_rate_limited_events_per_object_and_reason() -> None:
+    sink = RecordedEvents()
+    clock = FakeClock()
+    limited = RateLimitedEvents(sink, clock, interval=10.0, size=2)
+    a = {"metadata": {"name": "a", "uid": "1"}}
+    b = {"metadata": {"name": "b", "uid": "2"}}
+    limited.event(a, "Warning", "R", "one")
+    limited.event(a, "Warning", "R", "two")  # other message, same (object, reason): dropped
+    limited.event(a, "Warning", "S", "three")  # other reason: its own budget
+    limited.event(b, "Warning", "R", "four")
+    clock.step(9.9)
+    limited.event(b, "Warning", "R", "five")
+    clock.step(0.1)
+    limited.event(b, "Warning", "R", "six")
+    assert [m for *_, m in sink.items] == ["one", "three", "four", "six"]
 
 
 def test_node_of_another_live_domain_is_not_taken(
