@@ -158,8 +158,9 @@ class FeatureGates:
             log.warning(
                 "feature gate %s=%s is known to the Go driver but not implemented by this "
                 "driver; accepted and ignored",
-                name, str(overrides[name]).lower(),
-            )  # fmt: skip
+                name,
+                str(overrides[name]).lower(),
+            )
         return gates
 
     def unimplemented(self) -> list[str]:

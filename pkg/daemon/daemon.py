@@ -144,11 +144,16 @@ class Timing:
 
 def identity(opts: Options) -> Identity:
     return Identity(
-        domain_uid=opts.domain_uid, domain_name=opts.domain_name,
-        domain_namespace=opts.domain_namespace, clique_id=opts.clique_id,
-        node_name=opts.node_name, pod_ip=opts.pod_ip, pod_name=opts.pod_name,
-        pod_uid=opts.pod_uid, pod_namespace=opts.pod_namespace,
-    )  # fmt: skip
+        domain_uid=opts.domain_uid,
+        domain_name=opts.domain_name,
+        domain_namespace=opts.domain_namespace,
+        clique_id=opts.clique_id,
+        node_name=opts.node_name,
+        pod_ip=opts.pod_ip,
+        pod_name=opts.pod_name,
+        pod_uid=opts.pod_uid,
+        pod_namespace=opts.pod_namespace,
+    )
 
 
 def imex_child_env(opts: Options, base: dict[str, str]) -> dict[str, str]:
@@ -225,18 +230,24 @@ class Daemon:
             else StatusStore(client, self.me)
         )
         self.supervisor = Supervisor(
-            [*opts.imex_argv, "-c", opts.config_path], runner=runner, clock=clock,
-            env=imex_child_env(opts, child_env), observer=metrics,
+            [*opts.imex_argv, "-c", opts.config_path],
+            runner=runner,
+            clock=clock,
+            env=imex_child_env(opts, child_env),
+            observer=metrics,
             stop_timeout=self._timing.imex_stop_timeout,
-        )  # fmt: skip
+        )
         self.readiness = LocalReadiness(opts, commands)
         self.ctl = self.readiness.ctl
         self.sync = ImexSync(
-            self.me, dns_names=self._dns, max_nodes=opts.max_nodes,
+            self.me,
+            dns_names=self._dns,
+            max_nodes=opts.max_nodes,
             hosts=HostsFile(opts.hosts_file, name_prefix=nodesconfig.NAME_PREFIX),
-            nodes_config_path=opts.nodes_config_path, process=self.supervisor,
+            nodes_config_path=opts.nodes_config_path,
+            process=self.supervisor,
             peers=metrics.peers,
-        )  # fmt: skip
+        )
         self._kick = threading.Event()
         watched: Resource = (
             res.COMPUTE_DOMAIN_CLIQUES
@@ -244,9 +255,11 @@ class Daemon:
             else res.COMPUTE_DOMAINS
         )
         self.informers = informers.SharedInformerFactory(
-            client, clock=informer_clock or RealClock(),
-            resync_period=float(self._timing.resync_seconds), backoff=self._timing.watch_backoff,
-        )  # fmt: skip
+            client,
+            clock=informer_clock or RealClock(),
+            resync_period=float(self._timing.resync_seconds),
+            backoff=self._timing.watch_backoff,
+        )
         self._informer = self.informers.informer_for(
             watched, self.store.namespace, field_selector=f"metadata.name={self.store.name}"
         )
@@ -256,9 +269,12 @@ class Daemon:
             self._informer.wait_for_sync,
         )
         self.membership = Membership(
-            self.store, self.me, max_nodes=opts.max_nodes, cache=self.cache,
+            self.store,
+            self.me,
+            max_nodes=opts.max_nodes,
+            cache=self.cache,
             on_conflict=metrics.conflict,
-        )  # fmt: skip
+        )
         self._informer.add_event_handler(
             on_add=lambda _obj: self._changed(),
             on_update=lambda _old, _new: self._changed(),
@@ -279,10 +295,15 @@ class Daemon:
         self._peer_written: tuple[int, tuple[str, ...]] | None = None  # our last report
         self._peer_suspects: set[str] = set()
         self.formation = DaemonFormation(
-            tracer or trace.NoOpTracer(), opts.traceparent, now=clock.now,
-            attributes={"k8s.node.name": opts.node_name, "k8s.pod.name": opts.pod_name,
-                        "imex.clique.id": opts.clique_id},
-        )  # fmt: skip
+            tracer or trace.NoOpTracer(),
+            opts.traceparent,
+            now=clock.now,
+            attributes={
+                "k8s.node.name": opts.node_name,
+                "k8s.pod.name": opts.pod_name,
+                "imex.clique.id": opts.clique_id,
+            },
+        )
 
     def wake(self) -> None:
         """Run the loop now (new object, or shutdown requested)."""
@@ -301,11 +322,15 @@ class Daemon:
             return
         body = {"metadata": {"labels": {c.CLIQUE_ID_LABEL: self.opts.clique_id}}}
         try:
-            self._client.patch(res.PODS, self.opts.pod_name, body,
-                               namespace=self.opts.pod_namespace)  # fmt: skip
+            self._client.patch(
+                res.PODS, self.opts.pod_name, body, namespace=self.opts.pod_namespace
+            )
         except NotFoundError:
-            log.warning("daemon pod %s/%s not found; not labelled",
-                        self.opts.pod_namespace, self.opts.pod_name)  # fmt: skip
+            log.warning(
+                "daemon pod %s/%s not found; not labelled",
+                self.opts.pod_namespace,
+                self.opts.pod_name,
+            )
 
     def _snapshot(self) -> tuple[list[DaemonEntry], JSON | None] | None:
         """The membership object as last observed (None until the informer's first list)."""
@@ -435,8 +460,12 @@ class Daemon:
             else:
                 self.local.withdraw()
         except OSError as err:
-            log.warning("cannot %s the node-local readiness record in %s: %s",
-                        "write" if want else "remove", self.opts.config_dir, err)  # fmt: skip
+            log.warning(
+                "cannot %s the node-local readiness record in %s: %s",
+                "write" if want else "remove",
+                self.opts.config_dir,
+                err,
+            )
             if not want:
                 self.local.abandon()
 
@@ -445,11 +474,15 @@ class Daemon:
         left is withdrawn with it, before our IMEX starts."""
         try:
             if not self.local.acquire():
-                log.info("another daemon process holds %s; publishing readiness through the "
-                         "API server only", self.opts.config_dir)  # fmt: skip
+                log.info(
+                    "another daemon process holds %s; publishing readiness through the "
+                    "API server only",
+                    self.opts.config_dir,
+                )
         except OSError as err:
-            log.warning("cannot take the node-local readiness lock in %s: %s",
-                        self.opts.config_dir, err)  # fmt: skip
+            log.warning(
+                "cannot take the node-local readiness lock in %s: %s", self.opts.config_dir, err
+            )
 
     def _awaiting_controller(self, own: DaemonEntry | None) -> bool:
         """Our DaemonSet says the controller writes our clique entry and it is not there yet:
@@ -462,8 +495,11 @@ class Daemon:
         waited = self._clock.monotonic() - self._join_since[0]
         if waited < self._timing.controller_join_grace:
             return True
-        log.info("no entry from the controller in %s after %.1fs: joining by ourselves",
-                 self._where(), waited)  # fmt: skip
+        log.info(
+            "no entry from the controller in %s after %.1fs: joining by ourselves",
+            self._where(),
+            waited,
+        )
         return False
 
     def _report_peers(self, entries: list[DaemonEntry], own: DaemonEntry) -> None:
@@ -525,8 +561,9 @@ class Daemon:
         of the last such write."""
         connected, unreachable = report
         if (own.connected_peers, own.unreachable_peers) == report and self._peer_written in (
-            None, report,
-        ):  # fmt: skip
+            None,
+            report,
+        ):
             return False  # (a cache that has not seen our last write yet does not count)
         # What we wrote last (the cache may not show it yet), else what our entry says.
         last = self._peer_written
@@ -546,9 +583,12 @@ class Daemon:
 
     def _write_imex_config(self) -> None:
         cfg = ImexConfig(
-            bind_ip=self.opts.pod_ip, node_config_path=self.opts.nodes_config_path,
-            server_port=self.opts.server_port, cmd_port=self.opts.cmd_port, auth=self.opts.auth,
-        )  # fmt: skip
+            bind_ip=self.opts.pod_ip,
+            node_config_path=self.opts.nodes_config_path,
+            server_port=self.opts.server_port,
+            cmd_port=self.opts.cmd_port,
+            auth=self.opts.auth,
+        )
         write_file_atomically(self.opts.config_path, cfg.render())
         self.sync.prepare()
 
@@ -601,9 +641,12 @@ class Daemon:
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": self.opts.pod_name, "namespace": self.opts.pod_namespace,
-                             "uid": self.opts.pod_uid},
-            }  # fmt: skip
+                "metadata": {
+                    "name": self.opts.pod_name,
+                    "namespace": self.opts.pod_namespace,
+                    "uid": self.opts.pod_uid,
+                },
+            }
             self._events.event(pod, WARNING, c.REASON_DRIVER_ROOT_INCOMPLETE, detail)
         write_termination_message(
             self.opts.termination_log, f"{c.REASON_DRIVER_ROOT_INCOMPLETE}: {detail}"
@@ -619,9 +662,11 @@ class Daemon:
         # The label is for the controller; nothing here waits for it, so the join (which a
         # forming domain's other daemons wait for) does not queue behind it.
         labeller = threading.Thread(
-            target=self._retry, args=(self.label_pod, stop, "label own pod"), name="label-pod",
+            target=self._retry,
+            args=(self.label_pod, stop, "label own pod"),
+            name="label-pod",
             daemon=True,
-        )  # fmt: skip
+        )
         labeller.start()
         try:
             return self._run_fabric(stop)

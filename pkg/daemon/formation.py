@@ -59,18 +59,22 @@ class DaemonFormation:
             return
         self._recorded.add("begin")
         self._span = self._tracer.start_span(
-            "IMEX daemon", context=self._parent, start_time=epoch_ns(self._now()),
+            "IMEX daemon",
+            context=self._parent,
+            start_time=epoch_ns(self._now()),
             attributes=self._attributes,
-        )  # fmt: skip
+        )
 
     def _child(self, name: str, start: float, end: float, attributes: Attributes | None) -> None:
         if self._span is None or name in self._recorded:
             return
         self._recorded.add(name)
         child = self._tracer.start_span(
-            name, context=trace.set_span_in_context(self._span), start_time=epoch_ns(start),
+            name,
+            context=trace.set_span_in_context(self._span),
+            start_time=epoch_ns(start),
             attributes={**self._attributes, **(attributes or {})},
-        )  # fmt: skip
+        )
         child.end(end_time=epoch_ns(max(end, start)))
 
     def joined(self, start: float, end: float) -> None:

@@ -99,8 +99,10 @@ class ImexSync:
             log.warning(
                 "skipping clique entry of node %r (index %d): ipAddress %r is not a canonical "
                 "IP literal or is the empty-slot sentinel",
-                bad.node_name, bad.index, bad.ip_address,
-            )  # fmt: skip
+                bad.node_name,
+                bad.index,
+                bad.ip_address,
+            )
             self._skipped.add(key)
         return sorted(usable, key=lambda e: (e.index, e.node_name != self._me.node_name))
 

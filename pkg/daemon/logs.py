@@ -28,5 +28,6 @@ def configure(
     stream: TextIO | None = None,
 ) -> logging.Handler:
     """Install the process's log handler with ``context`` on every line; see `setup_logging`."""
-    return setup_logging(verbosity, logging_format=logging_format, vmodule=vmodule,
-                         context=context, stream=stream)  # fmt: skip
+    return setup_logging(
+        verbosity, logging_format=logging_format, vmodule=vmodule, context=context, stream=stream
+    )

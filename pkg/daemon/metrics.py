@@ -34,13 +34,16 @@ class DaemonMetrics:
         )
         p = "compute_domain_daemon_"
         self.restarts = Counter(
-            f"{p}imex_restarts", "IMEX process restarts (after a crash or a config change).",
+            f"{p}imex_restarts",
+            "IMEX process restarts (after a crash or a config change).",
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.exits = Counter(
-            f"{p}imex_exits", "IMEX process exits by cause.", ["expected", "cause"],
+            f"{p}imex_exits",
+            "IMEX process exits by cause.",
+            ["expected", "cause"],
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.reloads = Counter(
             f"{p}imex_reloads", "SIGUSR1 reloads sent to IMEX.", registry=self.registry
         )

@@ -156,9 +156,13 @@ class SlicePublisher:
             except Exception as err:
                 delay = min(self._retry_delay * 2**self.failures, self._max_retry_delay)
                 self.failures += 1
-                log.warning("publishing ResourceSlice %s failed: %s; retrying in %.1fs",
-                            self._name, err, delay,
-                            exc_info=not isinstance(err, _FAILURES))  # fmt: skip
+                log.warning(
+                    "publishing ResourceSlice %s failed: %s; retrying in %.1fs",
+                    self._name,
+                    err,
+                    delay,
+                    exc_info=not isinstance(err, _FAILURES),
+                )
                 self._stop.wait(delay)
                 self._dirty.set()
             else:

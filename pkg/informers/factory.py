@@ -72,26 +72,39 @@ class SharedInformerFactory:
         the factory's) applies only when this call creates it; ``metadata_only`` (needs a
         `RestClient`) caches PartialObjectMetadata objects, a separate informer."""
         key: InformerKey = (
-            resource, namespace, label_selector or None, field_selector or None, metadata_only,
-        )  # fmt: skip
+            resource,
+            namespace,
+            label_selector or None,
+            field_selector or None,
+            metadata_only,
+        )
         with self._lock:
             inf = self._informers.get(key)
             if inf is None:
                 lw: ListerWatcher
                 if isinstance(self._client, RestClient) and (self._watch_list or metadata_only):
                     lw = RestListerWatcher(
-                        self._client, resource, namespace, label_selector, field_selector,
-                        metadata_only=metadata_only, watch_list_enabled=self._watch_list,
-                    )  # fmt: skip
+                        self._client,
+                        resource,
+                        namespace,
+                        label_selector,
+                        field_selector,
+                        metadata_only=metadata_only,
+                        watch_list_enabled=self._watch_list,
+                    )
                 else:
                     lw = ResourceListerWatcher(
                         self._client, resource, namespace, label_selector, field_selector
                     )
                 inf = SharedInformer(
-                    lw, clock=self._clock, resync_period=self._resync_period,
-                    page_size=self._page_size, min_watch_timeout=self._min_watch_timeout,
-                    backoff=self._backoff, transform=transform or self._transform,
-                )  # fmt: skip
+                    lw,
+                    clock=self._clock,
+                    resync_period=self._resync_period,
+                    page_size=self._page_size,
+                    min_watch_timeout=self._min_watch_timeout,
+                    backoff=self._backoff,
+                    transform=transform or self._transform,
+                )
                 self._informers[key] = inf
             return inf
 

@@ -69,9 +69,14 @@ class SharedInformer:
         self._resync_cond = threading.Condition()
         self._threads: list[threading.Thread] = []
         self.reflector = Reflector(
-            lw, self, clock=clock, page_size=page_size, min_watch_timeout=min_watch_timeout,
-            backoff=backoff, rng=rng,
-        )  # fmt: skip
+            lw,
+            self,
+            clock=clock,
+            page_size=page_size,
+            min_watch_timeout=min_watch_timeout,
+            backoff=backoff,
+            rng=rng,
+        )
 
     # -- handlers ----------------------------------------------------------------------------
 
@@ -97,9 +102,12 @@ class SharedInformer:
         if 0 < period < MIN_RESYNC:
             period = MIN_RESYNC
         reg = HandlerRegistration(
-            on_add=on_add, on_update=on_update, on_delete=on_delete, resync_period=period,
+            on_add=on_add,
+            on_update=on_update,
+            on_delete=on_delete,
+            resync_period=period,
             name=self.resource.plural,
-        )  # fmt: skip
+        )
         with self._lock:
             if self._stopped:
                 raise RuntimeError("informer is stopped")

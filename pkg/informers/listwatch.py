@@ -102,19 +102,28 @@ class RestListerWatcher:
     ) -> JSON:
         """One LIST page of this slice."""
         return self.client.list(
-            self.resource, namespace=self.namespace, label_selector=self.label_selector,
-            field_selector=self.field_selector, limit=limit, continue_token=continue_token,
-            resource_version=resource_version, metadata_only=self.metadata_only,
-        )  # fmt: skip
+            self.resource,
+            namespace=self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            limit=limit,
+            continue_token=continue_token,
+            resource_version=resource_version,
+            metadata_only=self.metadata_only,
+        )
 
     def watch(self, *, resource_version: str, timeout_seconds: int) -> WatchStream:
         """A WATCH of this slice from ``resource_version``, with bookmarks."""
         return self.client.watch(
-            self.resource, namespace=self.namespace, label_selector=self.label_selector,
-            field_selector=self.field_selector, resource_version=resource_version,
-            timeout_seconds=timeout_seconds, allow_watch_bookmarks=True,
+            self.resource,
+            namespace=self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=True,
             metadata_only=self.metadata_only,
-        )  # fmt: skip
+        )
 
     def __getattr__(self, name: str) -> object:
         # Without watch-list enabled the reflector must not see a `watch_list` method.
@@ -125,8 +134,13 @@ class RestListerWatcher:
     def _watch_list(self, *, timeout_seconds: int) -> WatchStream:
         """A streaming watch-list of this slice (initial state, end bookmark, then live)."""
         return self.client.watch(
-            self.resource, namespace=self.namespace, label_selector=self.label_selector,
-            field_selector=self.field_selector, resource_version="",
-            timeout_seconds=timeout_seconds, allow_watch_bookmarks=True,
-            metadata_only=self.metadata_only, send_initial_events=True,
-        )  # fmt: skip
+            self.resource,
+            namespace=self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            resource_version="",
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=True,
+            metadata_only=self.metadata_only,
+            send_initial_events=True,
+        )

@@ -50,27 +50,35 @@ class _Collectors:
         self.latency = Histogram(
             "workqueue_queue_duration_seconds",
             "How long in seconds an item stays in workqueue before being requested",
-            lbl, buckets=_BUCKETS, registry=registry,
-        )  # fmt: skip
+            lbl,
+            buckets=_BUCKETS,
+            registry=registry,
+        )
         self.work = Histogram(
             "workqueue_work_duration_seconds",
             "How long in seconds processing an item from workqueue takes",
-            lbl, buckets=_BUCKETS, registry=registry,
-        )  # fmt: skip
-        self.retries = Counter(
-            "workqueue_retries", "Total number of retries handled by workqueue", lbl,
+            lbl,
+            buckets=_BUCKETS,
             registry=registry,
-        )  # fmt: skip
+        )
+        self.retries = Counter(
+            "workqueue_retries",
+            "Total number of retries handled by workqueue",
+            lbl,
+            registry=registry,
+        )
         self.unfinished = Gauge(
             "workqueue_unfinished_work_seconds",
             "Seconds of work in progress that has not been observed by work_duration",
-            lbl, registry=registry,
-        )  # fmt: skip
+            lbl,
+            registry=registry,
+        )
         self.longest = Gauge(
             "workqueue_longest_running_processor_seconds",
             "Seconds the longest running processor has been running",
-            lbl, registry=registry,
-        )  # fmt: skip
+            lbl,
+            registry=registry,
+        )
 
 
 _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, _Collectors] = (

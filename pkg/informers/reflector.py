@@ -173,8 +173,10 @@ class Reflector:
                 delay = self._next_backoff(unreachable=isinstance(exc, ConnectionFailedError))
                 log.warning(
                     "list/watch failed resource=%s retry_in=%.2fs error=%s",
-                    self._lw.resource.plural, delay, exc,
-                )  # fmt: skip
+                    self._lw.resource.plural,
+                    delay,
+                    exc,
+                )
                 self._sleep(delay)
 
     def _next_backoff(self, *, unreachable: bool = False) -> float:
@@ -270,8 +272,11 @@ class Reflector:
             raise
         except ApiError as exc:
             if 400 <= exc.status < 500:
-                log.info("watch-list refused resource=%s status=%d; using LIST+WATCH",
-                         self._lw.resource.plural, exc.status)  # fmt: skip
+                log.info(
+                    "watch-list refused resource=%s status=%d; using LIST+WATCH",
+                    self._lw.resource.plural,
+                    exc.status,
+                )
                 self._watch_list_refused = True
                 return False
             raise

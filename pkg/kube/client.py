@@ -72,20 +72,29 @@ class KubeClient(Protocol):
     """The API verbs the project uses, over raw JSON objects."""
 
     def get(
-        self, resource: Resource, name: str, *, namespace: str | None = None,
+        self,
+        resource: Resource,
+        name: str,
+        *,
+        namespace: str | None = None,
         subresource: str | None = None,
-    ) -> JSON:  # fmt: skip
+    ) -> JSON:
         """The object ``name`` (or its ``subresource``). Raises `NotFoundError` if absent, other
         `ApiError` subclasses on failure.
         """
         ...
 
     def list(
-        self, resource: Resource, *, namespace: str | None = None,
-        label_selector: str | None = None, field_selector: str | None = None,
-        limit: int | None = None, continue_token: str | None = None,
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
         resource_version: str | None = None,
-    ) -> JSON:  # fmt: skip
+    ) -> JSON:
         """One LIST page as the API returns it (``items``, ``metadata.continue``,
         ``metadata.resourceVersion``). Pass ``continue_token`` to get the next page.
         """
@@ -102,30 +111,49 @@ class KubeClient(Protocol):
         ...
 
     def patch(
-        self, resource: Resource, name: str, body: PatchBody, *,
-        namespace: str | None = None, patch_type: PatchType = "merge",
-        subresource: str | None = None, field_manager: str | None = None, force: bool = False,
-    ) -> JSON:  # fmt: skip
+        self,
+        resource: Resource,
+        name: str,
+        body: PatchBody,
+        *,
+        namespace: str | None = None,
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+        field_manager: str | None = None,
+        force: bool = False,
+    ) -> JSON:
         """Patch ``name`` with ``body`` (``patch_type``: merge, json, strategic or apply; apply
         needs ``field_manager``, ``force`` takes fields over). Returns the patched object.
         """
         ...
 
     def delete(
-        self, resource: Resource, name: str, *, namespace: str | None = None,
-        uid: str | None = None, resource_version: str | None = None,
-        propagation_policy: str | None = None, grace_period_seconds: int | None = None,
-    ) -> JSON | None:  # fmt: skip
+        self,
+        resource: Resource,
+        name: str,
+        *,
+        namespace: str | None = None,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        propagation_policy: str | None = None,
+        grace_period_seconds: int | None = None,
+    ) -> JSON | None:
         """Delete ``name`` with optional preconditions (``uid``, ``resource_version``); returns
         the server's answer. `NotFoundError` if already gone.
         """
         ...
 
     def watch(
-        self, resource: Resource, *, namespace: str | None = None,
-        label_selector: str | None = None, field_selector: str | None = None,
-        resource_version: str, timeout_seconds: int, allow_watch_bookmarks: bool = True,
-    ) -> WatchStream:  # fmt: skip
+        self,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str,
+        timeout_seconds: int,
+        allow_watch_bookmarks: bool = True,
+    ) -> WatchStream:
         """A WATCH from ``resource_version`` that ends after ``timeout_seconds`` at the latest.
         The stream may be stopped from another thread; a ``410 Gone`` surfaces as an ERROR event.
         """
@@ -246,10 +274,16 @@ class RestClient:
         except urllib3.exceptions.HTTPError as exc:
             raise ConnectionFailedError(f"{method} {path}: {exc}") from exc
         if log.isEnabledFor(_ROUND_TRIPS):
-            log.log(_ROUND_TRIPS, "Response", extra={
-                "verb": method, "url": url, "status": f"{resp.status} {resp.reason or ''}".strip(),
-                "milliseconds": int((time.monotonic() - started) * 1000),
-            })  # fmt: skip
+            log.log(
+                _ROUND_TRIPS,
+                "Response",
+                extra={
+                    "verb": method,
+                    "url": url,
+                    "status": f"{resp.status} {resp.reason or ''}".strip(),
+                    "milliseconds": int((time.monotonic() - started) * 1000),
+                },
+            )
         return resp
 
     @staticmethod
@@ -425,9 +459,12 @@ class RestClient:
 
         def opener() -> urllib3.BaseHTTPResponse:
             resp = self._send(
-                "GET", path, query=query, read_timeout=timeout_seconds + _WATCH_READ_SLACK,
+                "GET",
+                path,
+                query=query,
+                read_timeout=timeout_seconds + _WATCH_READ_SLACK,
                 accept=accept,
-            )  # fmt: skip
+            )
             self._raise_for_status(resp)
             return resp
 

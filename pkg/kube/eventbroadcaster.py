@@ -178,8 +178,11 @@ class EventCorrelator:
         """Record that ``correlation`` now lives in Event ``namespace/name``."""
         body = correlation.body
         self._written[correlation.key] = (
-            namespace, name, int(body.get("count", 1)), str(body.get("firstTimestamp", "")),
-        )  # fmt: skip
+            namespace,
+            name,
+            int(body.get("count", 1)),
+            str(body.get("firstTimestamp", "")),
+        )
 
     def forget(self, correlation: Correlation) -> None:
         """The Event behind ``correlation`` is gone (expired); the next one is created."""

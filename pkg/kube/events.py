@@ -76,9 +76,11 @@ class EventRecorder:
                     self._sleep(delay)
         except Exception:
             log.warning(
-                "event not recorded reason=%s object=%s", reason, obj.get("metadata", {}),
+                "event not recorded reason=%s object=%s",
+                reason,
+                obj.get("metadata", {}),
                 exc_info=True,
-            )  # fmt: skip
+            )
 
     def _record(self, obj: JSON, type_: str, reason: str, message: str) -> None:
         meta = obj.get("metadata", {})

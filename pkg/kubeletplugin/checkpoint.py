@@ -129,8 +129,12 @@ class CheckpointStore:
             )
             log.error(
                 "checkpoint %s is corrupt (%s): moved to %s, recovered %d entries, lost %d",
-                self._path, problem, moved, report.recovered, report.lost,
-            )  # fmt: skip
+                self._path,
+                problem,
+                moved,
+                report.recovered,
+                report.lost,
+            )
         dropped: tuple[ClaimEntry, ...] = ()
         if boot_id and self._boot_id and boot_id != self._boot_id:
             dropped = tuple(entries.values())

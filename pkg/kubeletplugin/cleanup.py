@@ -126,15 +126,21 @@ class CheckpointCleanup:
             log.error("%s: unable to get checkpoint: %s", _PREFIX, err)
             return
         started = [e for e in entries.values() if e.state == ClaimState.PREPARE_STARTED]
-        log.log(V(4), "%s: claims in PrepareStarted state: %d (of %d)",
-                _PREFIX, len(started), len(entries))  # fmt: skip
+        log.log(
+            V(4),
+            "%s: claims in PrepareStarted state: %d (of %d)",
+            _PREFIX,
+            len(started),
+            len(entries),
+        )
         for entry in started:
             self._collect(entry)
         try:
             expired = self._claims.expire_aborted(ttl=self._aborted_ttl)
         except Exception as err:
-            log.warning("%s: unable to delete expired PrepareAborted claim entries: %s",
-                        _PREFIX, err)  # fmt: skip
+            log.warning(
+                "%s: unable to delete expired PrepareAborted claim entries: %s", _PREFIX, err
+            )
             return
         if expired > 0:
             log.log(V(4), "%s: deleted expired PrepareAborted claim entries: %d", _PREFIX, expired)
@@ -142,8 +148,12 @@ class CheckpointCleanup:
     def _collect(self, entry: ClaimEntry) -> None:
         """Unprepare ``entry`` if its claim is gone from the API server or was replaced."""
         if not entry.name:
-            log.log(V(4), "%s: skip checkpointed claim '%s': RC name not in checkpoint",
-                    _PREFIX, entry.uid)  # fmt: skip
+            log.log(
+                V(4),
+                "%s: skip checkpointed claim '%s': RC name not in checkpoint",
+                _PREFIX,
+                entry.uid,
+            )
             return
         ref = ClaimRef(namespace=entry.namespace, uid=entry.uid, name=entry.name)
         text = str(ref)  # <ns>/<name>:<uid>
@@ -151,24 +161,38 @@ class CheckpointCleanup:
         try:
             claim = self._client.get(RESOURCE_CLAIMS, entry.name, namespace=entry.namespace)
         except NotFoundError:
-            log.log(V(4), "%s: partially prepared claim '%s' is stale: not found in API server",
-                    _PREFIX, text)  # fmt: skip
+            log.log(
+                V(4),
+                "%s: partially prepared claim '%s' is stale: not found in API server",
+                _PREFIX,
+                text,
+            )
         except ApiError as err:
-            log.info("%s: skip for checkpointed claim %s: getClaimByName failed (retry later): %s",
-                     _PREFIX, entry.uid, err)  # fmt: skip
+            log.info(
+                "%s: skip for checkpointed claim %s: getClaimByName failed (retry later): %s",
+                _PREFIX,
+                entry.uid,
+                err,
+            )
             return
         else:
             api_uid = str((claim.get("metadata") or {}).get("uid", ""))
             if api_uid == entry.uid:
                 log.log(V(4), "%s: partially prepared claim not stale: %s", _PREFIX, text)
                 return
-            log.log(V(4), "%s: partially prepared claim '%s/%s' is stale: UID changed "
-                    "(checkpoint: %s, API server: %s)",
-                    _PREFIX, entry.namespace, entry.name, entry.uid, api_uid)  # fmt: skip
+            log.log(
+                V(4),
+                "%s: partially prepared claim '%s/%s' is stale: UID changed "
+                "(checkpoint: %s, API server: %s)",
+                _PREFIX,
+                entry.namespace,
+                entry.name,
+                entry.uid,
+                api_uid,
+            )
         try:
             self._claims.unprepare(ref, deadline=deadline)
         except Exception as err:  # ClaimError, or a filesystem/API failure while undoing
-            log.warning("%s: error during unprepare for %s (retried later): %s",
-                        _PREFIX, text, err)  # fmt: skip
+            log.warning("%s: error during unprepare for %s (retried later): %s", _PREFIX, text, err)
             return
         log.info("%s: unprepared stale claim: %s", _PREFIX, text)

@@ -102,8 +102,9 @@ class NodeCliqueLabel:
         if not self._clock.wait(done, timeout):
             log.error(
                 "error removing %s node label: no answer from the API server within %.0fs",
-                GPU_CLIQUE_NODE_LABEL, timeout,
-            )  # fmt: skip
+                GPU_CLIQUE_NODE_LABEL,
+                timeout,
+            )
         elif failure:
             log.error("error removing %s node label: %s", GPU_CLIQUE_NODE_LABEL, failure[0])
 
@@ -204,8 +205,10 @@ class CliqueRefresher:
             if changed:
                 log.info(
                     'GPU clique ID changed from "%s" to "%s", updating %s node label',
-                    old, detected, GPU_CLIQUE_NODE_LABEL,
-                )  # fmt: skip
+                    old,
+                    detected,
+                    GPU_CLIQUE_NODE_LABEL,
+                )
                 try:
                     self._on_change(detected)
                 except Exception:

@@ -126,8 +126,10 @@ class LocalRecordReader:
             self._warned[key] = now
         log.warning(
             "ignoring the IMEX daemon's readiness record %s: %s; the daemon counts as not Ready "
-            "until its membership entry says so", path, err,
-        )  # fmt: skip
+            "until its membership entry says so",
+            path,
+            err,
+        )
 
 
 @dataclass(frozen=True)
@@ -382,8 +384,9 @@ class DomainTracker:
                     ) from err
                 delay = self._transient_backoff[outages]
                 outages += 1
-                log.warning("%s on node %s failed: %s; retrying in %.1fs", what, self._node, err,
-                            delay)  # fmt: skip
+                log.warning(
+                    "%s on node %s failed: %s; retrying in %.1fs", what, self._node, err, delay
+                )
                 self._clock.sleep(delay)
 
     def _node_object(self, cached: bool) -> tuple[JSON, bool]:

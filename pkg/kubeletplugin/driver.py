@@ -181,19 +181,27 @@ class KubeletPlugin:
             else None
         )
         self.clique = CliqueRefresher(
-            initial=devices.clique_id, discovery=discovery, clock=self.clock, label=label,
-            interval=config.clique_refresh_interval, on_change=self._clique_changed,
+            initial=devices.clique_id,
+            discovery=discovery,
+            clock=self.clock,
+            label=label,
+            interval=config.clique_refresh_interval,
+            on_change=self._clique_changed,
             label_removal_timeout=config.clique_label_removal_timeout,
-        )  # fmt: skip
+        )
         self._clique_started = False
         self.domains = DomainTracker(
-            client=client, informers=self.informers, node_name=config.node_name,
-            driver_namespace=config.namespace, clique_id=self.clique.clique_id, clock=self.clock,
+            client=client,
+            informers=self.informers,
+            node_name=config.node_name,
+            driver_namespace=config.namespace,
+            clique_id=self.clique.clique_id,
+            clock=self.clock,
             domain_grace=config.domain_grace,
             local_ready=LocalRecordReader(
                 lambda uid: domain_dir(config.plugin_dir, uid), clock=self.clock
             ),
-        )  # fmt: skip
+        )
         self.device_health = DeviceHealthMonitor(
             readiness=self.domains.daemon_readiness, clock=self.clock
         )
@@ -201,9 +209,12 @@ class KubeletPlugin:
         self.checkpoint_problem = ""
         self._client = client
         self.fanout = ClaimFanOut(
-            driver=self, client=client, monotonic=self._monotonic, tracer=self._tracer,
+            driver=self,
+            client=client,
+            monotonic=self._monotonic,
+            tracer=self._tracer,
             observer=self.metrics,
-        )  # fmt: skip
+        )
         self._stop = threading.Event()
         self.state: DeviceState | None = None
         self.cleanup: CheckpointCleanup | None = None
@@ -211,20 +222,25 @@ class KubeletPlugin:
             driver_name=DRIVER_NAME, endpoint=str(config.dra_socket)
         )
         self.servers = PluginServers(
-            handler=self.fanout, registration=self.registration, dra_socket=config.dra_socket,
-            registration_socket=config.registration_socket, device_health=self.device_health,
-        )  # fmt: skip
+            handler=self.fanout,
+            registration=self.registration,
+            dra_socket=config.dra_socket,
+            registration_socket=config.registration_socket,
+            device_health=self.device_health,
+        )
         self.health: HealthServer | None = None
         self.http: ObservabilityServer | None = None
         self._devices_lock = threading.Lock()
         self._clique_published = devices.clique_id
         self._channel_domain = ""  # the domain the slice's channel-0 is tainted for
         self.slices = SlicePublisher(
-            client=client, informers=self.informers, driver_name=DRIVER_NAME,
+            client=client,
+            informers=self.informers,
+            driver_name=DRIVER_NAME,
             node_name=config.node_name,
             devices=slice_devices(devices.clique_id, daemon=not config.imex.host_managed),
             retry_delay=config.retry_delay,
-        )  # fmt: skip
+        )
 
     def _node_setup(self) -> NodeSetup:
         cfg = self.config
@@ -279,9 +295,11 @@ class KubeletPlugin:
                 "driver root %s (mounted at %s) has no %s in %s: IMEX daemons on this node "
                 "cannot start (their pods report DriverRootIncomplete); install the IMEX "
                 "package in the driver root and restart this plugin",
-                cfg.driver_root, cfg.container_driver_root,
-                " or ".join(self.driver_files.missing_imex), ", ".join(BINARY_DIRS),
-            )  # fmt: skip
+                cfg.driver_root,
+                cfg.container_driver_root,
+                " or ".join(self.driver_files.missing_imex),
+                ", ".join(BINARY_DIRS),
+            )
         uvm_major = procdevices.optional_char_device_major(
             procdevices.NVIDIA_UVM_DEVICE, path=cfg.proc_devices
         )
@@ -296,11 +314,17 @@ class KubeletPlugin:
             )
             self.metrics.checkpoint_corruptions.labels(DRIVER_NAME).inc()
         self.state = DeviceState(
-            store=self.store, cdi=self.cdi, domains=self.domains,
-            lock=NodeLock(cfg.plugin_dir / "pu.lock"), setup=setup, monotonic=self._monotonic,
-            on_checkpoint_change=self._on_checkpoint_change, tracer=self._tracer,
-            now=self.clock.now, host_imex=self._host_imex(setup),
-        )  # fmt: skip
+            store=self.store,
+            cdi=self.cdi,
+            domains=self.domains,
+            lock=NodeLock(cfg.plugin_dir / "pu.lock"),
+            setup=setup,
+            monotonic=self._monotonic,
+            on_checkpoint_change=self._on_checkpoint_change,
+            tracer=self._tracer,
+            now=self.clock.now,
+            host_imex=self._host_imex(setup),
+        )
         self._on_checkpoint_change(list(self.store.entries().values()))
         try:
             self.clique.start()
@@ -315,10 +339,11 @@ class KubeletPlugin:
         self.servers.start()
         if cfg.healthcheck_port >= 0:
             servicer = HealthServicer(
-                registration_socket=cfg.registration_socket, dra_socket=cfg.dra_socket,
+                registration_socket=cfg.registration_socket,
+                dra_socket=cfg.dra_socket,
                 registration=self.registration,
                 checks={"checkpoint": lambda: not self.checkpoint_problem},
-            )  # fmt: skip
+            )
             self.health = HealthServer(servicer=servicer, port=cfg.healthcheck_port)
             self.health.start()
         if cfg.metrics_port >= 0:
@@ -334,8 +359,9 @@ class KubeletPlugin:
             return None
         ctl = HostImexCtl(
             dev_root=select_dev_root(cfg.container_driver_root),
-            socket_path=cfg.imex_host_socket_path, runner=self._command_runner,
-        )  # fmt: skip
+            socket_path=cfg.imex_host_socket_path,
+            runner=self._command_runner,
+        )
         return HostManagedChannels(
             ctl=ctl, clique_id=setup.clique_id, channel_nodes=setup.channel_nodes
         )
@@ -349,14 +375,20 @@ class KubeletPlugin:
         readiness.add("informers", lambda: self.informers.wait_for_cache_sync(0.0))
 
         def informers_document() -> dict[str, object]:
-            return {"component": "compute-domain-kubelet-plugin", "node": cfg.node_name,
-                    "informers": factory_snapshot(self.informers)}  # fmt: skip
+            return {
+                "component": "compute-domain-kubelet-plugin",
+                "node": cfg.node_name,
+                "informers": factory_snapshot(self.informers),
+            }
 
         debug = {"/debug/informers": informers_document} if cfg.debug_endpoints else {}
         return ObservabilityServer(
-            f"{cfg.metrics_host}:{cfg.metrics_port}", registry=self.metrics.registry,
-            liveness=liveness, readiness=readiness, debug=debug,
-        )  # fmt: skip
+            f"{cfg.metrics_host}:{cfg.metrics_port}",
+            registry=self.metrics.registry,
+            liveness=liveness,
+            readiness=readiness,
+            debug=debug,
+        )
 
     def stop(self) -> None:
         """Stop every part in reverse order; health streams end first. Call once."""
@@ -389,9 +421,10 @@ class KubeletPlugin:
             if channel is not None:
                 self._channel_domain = channel
             devices = slice_devices(
-                self._clique_published, daemon=not self.config.imex.host_managed,
+                self._clique_published,
+                daemon=not self.config.imex.host_managed,
                 channel_domain=self._channel_domain,
-            )  # fmt: skip
+            )
             self.slices.set_devices(devices)
 
     def _on_checkpoint_change(self, entries: list[ClaimEntry]) -> None:

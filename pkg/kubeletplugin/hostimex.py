@@ -114,8 +114,11 @@ class HostImexCtl:
             candidate = f"{directory.rstrip('/')}/{CTL_NAME}"
             resolved = self._root.resolve(candidate)
             if resolved is None:
-                log.log(V(4), "Skipping candidate %s: not found or not a regular file",
-                        _quote(str(self.dev_root / candidate.lstrip("/"))))  # fmt: skip
+                log.log(
+                    V(4),
+                    "Skipping candidate %s: not found or not a regular file",
+                    _quote(str(self.dev_root / candidate.lstrip("/"))),
+                )
                 continue
             if os.access(self.dev_root / resolved.lstrip("/"), os.X_OK):
                 return candidate

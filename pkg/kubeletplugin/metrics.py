@@ -30,34 +30,48 @@ class PluginMetrics:
         self.registry = registry
         self._node = node_name
         self.requests_total = Counter(
-            "nvidia_dra_requests_total", "DRA requests received.", ["driver", "operation"],
+            "nvidia_dra_requests_total",
+            "DRA requests received.",
+            ["driver", "operation"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.request_duration = Histogram(
-            "nvidia_dra_request_duration_seconds", "DRA request duration.",
-            ["driver", "operation"], buckets=BUCKETS, registry=registry,
-        )  # fmt: skip
-        self.requests_inflight = Gauge(
-            "nvidia_dra_requests_inflight", "DRA requests in flight.", ["driver", "operation"],
+            "nvidia_dra_request_duration_seconds",
+            "DRA request duration.",
+            ["driver", "operation"],
+            buckets=BUCKETS,
             registry=registry,
-        )  # fmt: skip
+        )
+        self.requests_inflight = Gauge(
+            "nvidia_dra_requests_inflight",
+            "DRA requests in flight.",
+            ["driver", "operation"],
+            registry=registry,
+        )
         self.prepared_devices = Gauge(
-            "nvidia_dra_prepared_devices", "Devices prepared on this node.",
-            ["node", "driver", "device_type"], registry=registry,
-        )  # fmt: skip
+            "nvidia_dra_prepared_devices",
+            "Devices prepared on this node.",
+            ["node", "driver", "device_type"],
+            registry=registry,
+        )
         self.prepare_errors = Counter(
-            "nvidia_dra_node_prepare_errors_total", "Failed claim prepares.",
-            ["driver", "error_type"], registry=registry,
-        )  # fmt: skip
+            "nvidia_dra_node_prepare_errors_total",
+            "Failed claim prepares.",
+            ["driver", "error_type"],
+            registry=registry,
+        )
         self.unprepare_errors = Counter(
-            "nvidia_dra_node_unprepare_errors_total", "Failed claim unprepares.",
-            ["driver", "error_type"], registry=registry,
-        )  # fmt: skip
+            "nvidia_dra_node_unprepare_errors_total",
+            "Failed claim unprepares.",
+            ["driver", "error_type"],
+            registry=registry,
+        )
         self.checkpoint_corruptions = Counter(
             "nvidia_dra_checkpoint_corruptions_total",
             "Checkpoint files found corrupt or foreign at start (moved aside, see logs).",
-            ["driver"], registry=registry,
-        )  # fmt: skip
+            ["driver"],
+            registry=registry,
+        )
         for op in OPERATIONS:
             self.requests_total.labels(DRIVER_NAME, op)
             self.request_duration.labels(DRIVER_NAME, op)

@@ -334,14 +334,16 @@ class DeviceState:
             entries = self._store.entries()
             done = _recorded_outcome(plan, entries.get(ref.uid))
             if done is not None:
-                log.log(V(4), "Skip prepare: claim already in PrepareCompleted state: %s",
-                        ref)  # fmt: skip
+                log.log(V(4), "Skip prepare: claim already in PrepareCompleted state: %s", ref)
                 return _prepared(ref, done)
             self._assert_not_held(ref, plan.groups, plan.wanted, entries.values())
             started = ClaimEntry(
-                uid=ref.uid, state=ClaimState.PREPARE_STARTED, status=plan.status,
-                namespace=ref.namespace, name=ref.name,
-            )  # fmt: skip
+                uid=ref.uid,
+                state=ClaimState.PREPARE_STARTED,
+                status=plan.status,
+                namespace=ref.namespace,
+                name=ref.name,
+            )
             self._put(started)
         return None
 
@@ -412,16 +414,18 @@ class DeviceState:
         if domain is None:
             raise PermanentError(f"ComputeDomain with UID {config.domain_id} not found")
         with self._span(
-            parent_context(traceparent_of(domain)), f"prepare {group.kind} claim",
+            parent_context(traceparent_of(domain)),
+            f"prepare {group.kind} claim",
             {"claim.uid": ref.uid, "claim.namespace": ref.namespace, "claim.name": ref.name},
-        ) as span:  # fmt: skip
+        ) as span:
             parent = trace.set_span_in_context(span)
             if isinstance(config, ChannelConfig) and self._host_imex is not None:
                 device = str(group.result.get("device", ""))
                 return self._host_imex.prepare_channel(ref, config, domain, device=device)
             if isinstance(config, ChannelConfig):
-                return self._prepare_channel(ref, config, domain, deadline=deadline,
-                                             trace_parent=parent)  # fmt: skip
+                return self._prepare_channel(
+                    ref, config, domain, deadline=deadline, trace_parent=parent
+                )
             assert isinstance(config, DaemonConfig)
             return self._prepare_daemon(config, domain)
 
@@ -600,10 +604,13 @@ class DeviceState:
             self._cdi.delete_claim_spec(ref.uid)
             return
         aborted = ClaimEntry(
-            uid=ref.uid, state=ClaimState.PREPARE_ABORTED, status=entry.status,
-            namespace=ref.namespace or entry.namespace, name=ref.name or entry.name,
+            uid=ref.uid,
+            state=ClaimState.PREPARE_ABORTED,
+            status=entry.status,
+            namespace=ref.namespace or entry.namespace,
+            name=ref.name or entry.name,
             aborted_at=go_time(self._now()),
-        )  # fmt: skip
+        )
         self._put(aborted)
         log.log(V(6), "Marked claim PrepareAborted in checkpoint: %s", text)
         self._cdi.delete_claim_spec(ref.uid)

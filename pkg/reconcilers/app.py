@@ -62,9 +62,12 @@ BUILD_INFO_METRIC = "nvidia_dra_compute_domain_controller_build_info"
 def _default_client(options: Options) -> KubeClient:
     api = load_api_client(options.kubeconfig)
     return RestClient(
-        api, qps=options.kube_api_qps, burst=options.kube_api_burst, user_agent=COMPONENT,
+        api,
+        qps=options.kube_api_qps,
+        burst=options.kube_api_burst,
+        user_agent=COMPONENT,
         per_group_limit=True,
-    )  # fmt: skip
+    )
 
 
 def _default_events_client(options: Options) -> KubeClient:
@@ -96,8 +99,12 @@ def run(
     """
     build_info = build_info or load_build_info()
     log.info("%s", build_info.startup_message(COMPONENT))
-    dump = startup_config(revision=build_info.revision, gates=options.gates.all_values(),
-                          flags=dict(options.flag_values), type_name="*main.Flags")  # fmt: skip
+    dump = startup_config(
+        revision=build_info.revision,
+        gates=options.gates.all_values(),
+        flags=dict(options.flag_values),
+        type_name="*main.Flags",
+    )
     log.info("%s", dump)
     clock = clock or RealClock()
     if registry is None:
@@ -131,17 +138,22 @@ def run(
     def informers_document() -> JSON:
         manager = state["manager"]
         return {
-            "component": COMPONENT, "leading": manager is not None,
+            "component": COMPONENT,
+            "leading": manager is not None,
             "informers": manager.informer_snapshot() if manager is not None else [],
-        }  # fmt: skip
+        }
 
     debug = {"/debug/informers": informers_document} if options.debug_endpoints else {}
     server = None
     if options.http_endpoint:
         server = ObservabilityServer(
-            options.http_endpoint, registry=registry, metrics_path=options.metrics_path,
-            liveness=liveness, readiness=readiness, debug=debug,
-        )  # fmt: skip
+            options.http_endpoint,
+            registry=registry,
+            metrics_path=options.metrics_path,
+            liveness=liveness,
+            readiness=readiness,
+            debug=debug,
+        )
         server.start()
     if ready is not None:
         ready(server.port if server else 0)
@@ -155,17 +167,27 @@ def run(
         manager: ControllerManager | HostManagedManager
         if options.controller.imex.host_managed:
             manager = HostManagedManager(
-                client=client, config=options.controller, registry=term_registry,
-                tracer=tracing.tracer, clock=clock, informer_clock=RealClock(), events=recorder,
+                client=client,
+                config=options.controller,
+                registry=term_registry,
+                tracer=tracing.tracer,
+                clock=clock,
+                informer_clock=RealClock(),
+                events=recorder,
                 cd_workers=domain_workers(options.kube_api_qps),
-            )  # fmt: skip
+            )
         else:
             manager = ControllerManager(
-                client=client, config=options.controller, registry=term_registry,
-                tracer=tracing.tracer, clock=clock, informer_clock=RealClock(), events=recorder,
+                client=client,
+                config=options.controller,
+                registry=term_registry,
+                tracer=tracing.tracer,
+                clock=clock,
+                informer_clock=RealClock(),
+                events=recorder,
                 formation=FormationTracer(tracing, clock=clock),
                 cd_workers=domain_workers(options.kube_api_qps),
-            )  # fmt: skip
+            )
         state["manager"] = manager
         leading.set()
 
@@ -187,22 +209,27 @@ def run(
 
     log.info(
         "starting namespace=%s image=%s leader_election=%s gates=%s imexMode=%s imexIsolation=%s",
-        options.controller.namespace, options.controller.image_name, options.leader_election,
-        options.controller.feature_gates, options.controller.imex.mode,
+        options.controller.namespace,
+        options.controller.image_name,
+        options.leader_election,
+        options.controller.feature_gates,
+        options.controller.imex.mode,
         options.controller.imex.isolation,
-    )  # fmt: skip
+    )
     try:
         if options.leader_election:
             elector = LeaderElector(
                 client,
                 LeaderElectionConfig(
-                    namespace=options.lease_namespace, name=options.lease_name,
+                    namespace=options.lease_namespace,
+                    name=options.lease_name,
                     identity=f"{options.pod_name}-{uuid.uuid4()}",
                     lease_duration=options.lease_duration,
-                    renew_deadline=options.renew_deadline, retry_period=options.retry_period,
+                    renew_deadline=options.renew_deadline,
+                    retry_period=options.retry_period,
                 ),
                 clock=clock,
-            )  # fmt: skip
+            )
             elector.run_terms(stop, on_started_leading=start_term, on_stopped_leading=stop_term)
             return 1 if failed.is_set() else 0
         start_term()

@@ -97,13 +97,19 @@ class OrphanCleaner:
                 try:
                     self._deleter.delete(resource, obj)
                 except ApiError as exc:
-                    log.warning("orphan delete failed object=%s error=%s",
-                                obj["metadata"].get("name"), exc)  # fmt: skip
+                    log.warning(
+                        "orphan delete failed object=%s error=%s", obj["metadata"].get("name"), exc
+                    )
                     continue
                 done += 1
-                log.info("deleted orphan %s uid=%s", resource.kind, _owner(obj),
-                         extra={"key": f"{obj['metadata'].get('namespace')}/"
-                                       f"{obj['metadata'].get('name')}"})  # fmt: skip
+                log.info(
+                    "deleted orphan %s uid=%s",
+                    resource.kind,
+                    _owner(obj),
+                    extra={
+                        "key": f"{obj['metadata'].get('namespace')}/{obj['metadata'].get('name')}"
+                    },
+                )
         for node in nodes:
             uid = _owner(node)
             if uid in live:
@@ -111,8 +117,11 @@ class OrphanCleaner:
             try:
                 if remove_domain_label(self._client, node, uid=uid):
                     done += 1
-                    log.info("removed orphan node label uid=%s", uid,
-                             extra={"key": node["metadata"]["name"]})  # fmt: skip
+                    log.info(
+                        "removed orphan node label uid=%s",
+                        uid,
+                        extra={"key": node["metadata"]["name"]},
+                    )
             except (ConflictError, NotFoundError):
                 continue  # changed under us; the next sweep looks again
         return done

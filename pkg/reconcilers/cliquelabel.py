@@ -76,16 +76,20 @@ class CliqueLabelReconciler:
             ids |= slice_clique_ids(slice_)
         if len(ids) > 1:
             self._events.event(
-                node, WARNING, "CliqueIDConflict",
+                node,
+                WARNING,
+                "CliqueIDConflict",
                 f"ResourceSlices of node {key} publish several clique IDs: {sorted(ids)}",
-            )  # fmt: skip
+            )
             return Result()
         desired = next(iter(ids), "")
         if desired and (len(desired) > 63 or not _LABEL_VALUE.match(desired)):
             self._events.event(
-                node, WARNING, "InvalidCliqueID",
+                node,
+                WARNING,
+                "InvalidCliqueID",
                 f'clique ID "{desired}" is not a valid label value; not labelling node {key}',
-            )  # fmt: skip
+            )
             return Result()
         meta = node["metadata"]
         current = (meta.get("labels") or {}).get(c.GPU_CLIQUE_NODE_LABEL)
@@ -98,10 +102,12 @@ class CliqueLabelReconciler:
             return Result()
         if current is not None and not ours:
             self._events.event(
-                node, WARNING, "CliqueLabelConflict",
+                node,
+                WARNING,
+                "CliqueLabelConflict",
                 f'node label {c.GPU_CLIQUE_NODE_LABEL}="{current}" was set by someone else; '
                 f'the NVLink clique published by the driver is "{desired}"; not overwriting',
-            )  # fmt: skip
+            )
             return Result()
         self._write(node, label=desired)
         return Result()
@@ -109,8 +115,14 @@ class CliqueLabelReconciler:
     def _write(self, node: JSON, *, label: str | None) -> None:
         meta = node["metadata"]
         patch_node_metadata(
-            self._client, node, labels={c.GPU_CLIQUE_NODE_LABEL: label},
+            self._client,
+            node,
+            labels={c.GPU_CLIQUE_NODE_LABEL: label},
             annotations={MANAGED_ANNOTATION: None if label is None else "true"},
-        )  # fmt: skip
-        log.info("clique label %s value=%s", "removed" if label is None else "set", label,
-                 extra={"key": meta["name"]})  # fmt: skip
+        )
+        log.info(
+            "clique label %s value=%s",
+            "removed" if label is None else "set",
+            label,
+            extra={"key": meta["name"]},
+        )

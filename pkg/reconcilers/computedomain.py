@@ -137,8 +137,12 @@ class ComputeDomainReconciler:
             with self._lock:
                 self._behind.pop(key, None)
             return Result()
-        log.log(V(2), "Processing added or updated ComputeDomain: %s/%s", key,
-                obj["metadata"].get("uid", ""))  # fmt: skip
+        log.log(
+            V(2),
+            "Processing added or updated ComputeDomain: %s/%s",
+            key,
+            obj["metadata"].get("uid", ""),
+        )
         if self._cache_behind(key, obj):
             # The cache does not hold our last finalizer write yet (another event came first);
             # that write's own watch event brings the next pass. Acting now would PUT a stale
@@ -228,9 +232,12 @@ class ComputeDomainReconciler:
         """The dependents the cache does not hold yet (what :meth:`Dependents.ensure` creates)."""
         ns, name = self._config.namespace, c.daemon_object_name(cd.uid)
         wanted = [
-            ("ResourceClaimTemplate/" + cd.resource_claim_template_name, self._caches.rcts,
-             f"{cd.namespace}/{cd.resource_claim_template_name}"),
-        ]  # fmt: skip
+            (
+                "ResourceClaimTemplate/" + cd.resource_claim_template_name,
+                self._caches.rcts,
+                f"{cd.namespace}/{cd.resource_claim_template_name}",
+            ),
+        ]
         if daemons:
             wanted += [
                 ("ResourceClaimTemplate/" + name, self._caches.rcts, f"{ns}/{name}"),
@@ -249,10 +256,12 @@ class ComputeDomainReconciler:
         return aggregate(
             cliques=[] if by_daemons else self._caches.cliques.by_index(BY_DOMAIN, uid),
             entries=status_nodes(obj.get("status")) if by_daemons else None,
-            pods=pods, nodes=nodes, now=self._clock.now(),
+            pods=pods,
+            nodes=nodes,
+            now=self._clock.now(),
             node_loss_grace=self._config.node_loss_grace_period,
             max_nodes=self._config.max_nodes_per_imex_domain,
-        )  # fmt: skip
+        )
 
     def _capacity_events(self, obj: JSON, found: Aggregate) -> None:
         for shortfall in found.shortfalls:
@@ -261,9 +270,11 @@ class ComputeDomainReconciler:
             for pod in shortfall.pods:
                 node = pod.get("spec", {}).get("nodeName")
                 self._once.event(
-                    pod, WARNING, "CapacityExceeded",
+                    pod,
+                    WARNING,
+                    "CapacityExceeded",
                     f"IMEX daemon on {node} cannot join: {message}",
-                )  # fmt: skip
+                )
 
     # -- finalizer ------------------------------------------------------------------------------
 
@@ -353,15 +364,26 @@ class ComputeDomainReconciler:
                     as_written(members, status_nodes(obj.get("status"))) if by_daemons else None
                 )
                 bad = found.bad_entries if found is not None else ()
-                new = render_status(cd, members=members, previous=previous, problem=problem,
-                                    now=now, listed=listed, bad_entries=bad)  # fmt: skip
+                new = render_status(
+                    cd,
+                    members=members,
+                    previous=previous,
+                    problem=problem,
+                    now=now,
+                    listed=listed,
+                    bad_entries=bad,
+                )
             if new == previous:
                 # Keeps the per-status gauge right after a restart, when nothing is written.
                 self._metrics.observe_status(
-                    uid, namespace=str(obj["metadata"].get("namespace", "")),
-                    status=new["status"], previous=new["status"], created=None,
-                    now=self._clock.now(), nodes=int(new.get("nodeCount") or 0),
-                )  # fmt: skip
+                    uid,
+                    namespace=str(obj["metadata"].get("namespace", "")),
+                    status=new["status"],
+                    previous=new["status"],
+                    created=None,
+                    now=self._clock.now(),
+                    nodes=int(new.get("nodeCount") or 0),
+                )
                 return None
             wait = self._hold_back(uid, previous, new) if cd is not None else None
             if wait is not None:
@@ -415,9 +437,13 @@ class ComputeDomainReconciler:
         meta = obj["metadata"]
         cond = next(x for x in new["conditions"] if x["type"] == CONDITION_READY)
         log.info(
-            "status written status=%s ready=%d/%d reason=%s", new["status"], new["readyNodes"],
-            new["nodeCount"], cond["reason"], extra={"key": f"{meta['namespace']}/{meta['name']}"},
-        )  # fmt: skip
+            "status written status=%s ready=%d/%d reason=%s",
+            new["status"],
+            new["readyNodes"],
+            new["nodeCount"],
+            cond["reason"],
+            extra={"key": f"{meta['namespace']}/{meta['name']}"},
+        )
         lost = found.lost if found is not None else {}
         grace = self._config.node_loss_grace_period
         for ev in status_events(previous, new, members=members, lost=lost, node_loss_grace=grace):
@@ -434,8 +460,9 @@ class ComputeDomainReconciler:
             nodes=int(new.get("nodeCount") or 0),
         )
         if first_ready:
-            self._formation.finish(obj, ready_at=self._clock.now(),
-                                   attributes=_status_attributes(new))  # fmt: skip
+            self._formation.finish(
+                obj, ready_at=self._clock.now(), attributes=_status_attributes(new)
+            )
 
 
 def _headline(status: JSON) -> tuple[object, ...]:
@@ -462,9 +489,13 @@ def _invalid_status(obj: JSON, problem: Problem | None, *, previous: JSON | None
     message = problem.message if problem else "invalid spec"
     conditions = set_condition(
         list((previous or {}).get("conditions") or []),
-        type_=CONDITION_READY, status=False, reason=reason, message=message,
-        observed_generation=int(obj["metadata"].get("generation", 0)), now=now,
-    )  # fmt: skip
+        type_=CONDITION_READY,
+        status=False,
+        reason=reason,
+        message=message,
+        observed_generation=int(obj["metadata"].get("generation", 0)),
+        now=now,
+    )
     return {
         "status": c.STATUS_NOT_READY,
         "readyNodes": 0,

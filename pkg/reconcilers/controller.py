@@ -345,6 +345,7 @@ class Controller:
         alive = [t for t in self._threads if t.is_alive()]
         self._threads = alive
         if alive or not drained:
-            log.warning("controller %s: %d worker(s) still busy after %.1fs", self.name,
-                        len(alive), timeout)  # fmt: skip
+            log.warning(
+                "controller %s: %d worker(s) still busy after %.1fs", self.name, len(alive), timeout
+            )
         return drained and not alive

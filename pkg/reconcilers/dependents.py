@@ -276,9 +276,12 @@ class Dependents:
             return not meta.get("finalizers")
         try:
             left = self._client.delete(
-                resource, meta["name"], namespace=meta.get("namespace"), uid=meta.get("uid"),
+                resource,
+                meta["name"],
+                namespace=meta.get("namespace"),
+                uid=meta.get("uid"),
                 propagation_policy="Background",
-            )  # fmt: skip
+            )
         except NotFoundError:
             return True
         except ApiError as exc:

@@ -90,10 +90,12 @@ class FormationTracer:
             return
         current = trace.get_current_span().get_span_context()
         span = self._tracing.tracer.start_span(
-            name, context=parent, start_time=epoch_ns(self._clock.now()),
+            name,
+            context=parent,
+            start_time=epoch_ns(self._clock.now()),
             attributes={**_domain_attributes(obj), **(attributes or {})},
             links=[Link(current)] if current.is_valid else None,
-        )  # fmt: skip
+        )
         try:
             yield span
         except Exception as exc:
@@ -114,7 +116,10 @@ class FormationTracer:
         if ids is None or created is None:
             return False
         self._tracing.emit_preannounced(
-            ROOT_SPAN_NAME, ids, start=created, end=ready_at,
+            ROOT_SPAN_NAME,
+            ids,
+            start=created,
+            end=ready_at,
             attributes={**_domain_attributes(obj), **(attributes or {})},
-        )  # fmt: skip
+        )
         return True

@@ -96,9 +96,15 @@ def host_managed_caches(*, compute_domains: ObjectCache, rcts: ObjectCache) -> C
     :class:`OrphanCleaner` find no daemon objects and touch no node)."""
     empty = _Unwatched()
     return Caches(
-        compute_domains=compute_domains, daemonsets=empty, pods=empty, cliques=empty,
-        rcts=rcts, nodes=empty, claims=empty, slices=empty,
-    )  # fmt: skip
+        compute_domains=compute_domains,
+        daemonsets=empty,
+        pods=empty,
+        cliques=empty,
+        rcts=rcts,
+        nodes=empty,
+        claims=empty,
+        slices=empty,
+    )
 
 
 class HostManagedDomainReconciler:
@@ -171,11 +177,14 @@ class HostManagedDomainReconciler:
             meta = obj["metadata"]
             previous = dict(obj.get("status") or {})
             conditions = set_condition(
-                list(previous.get("conditions") or []), type_=CONDITION_READY, status=True,
-                reason=REASON_HOST_MANAGED, message=_READY_MESSAGE,
+                list(previous.get("conditions") or []),
+                type_=CONDITION_READY,
+                status=True,
+                reason=REASON_HOST_MANAGED,
+                message=_READY_MESSAGE,
                 observed_generation=int(meta.get("generation", 0)),
                 now=format_time(self._clock.now()),
-            )  # fmt: skip
+            )
             new = {**previous, "status": c.STATUS_READY, "conditions": conditions}
             if new != previous:
                 body = copy.deepcopy(obj)
@@ -189,14 +198,20 @@ class HostManagedDomainReconciler:
                         res.COMPUTE_DOMAINS, meta["name"], namespace=meta["namespace"]
                     )
                     continue
-                log.info("status written status=%s (host-managed IMEX)", c.STATUS_READY,
-                         extra={"key": f"{meta['namespace']}/{meta['name']}"})  # fmt: skip
+                log.info(
+                    "status written status=%s (host-managed IMEX)",
+                    c.STATUS_READY,
+                    extra={"key": f"{meta['namespace']}/{meta['name']}"},
+                )
             self._metrics.observe_status(
-                str(meta.get("uid")), namespace=str(meta.get("namespace", "")),
-                status=c.STATUS_READY, previous=previous.get("status"),
+                str(meta.get("uid")),
+                namespace=str(meta.get("namespace", "")),
+                status=c.STATUS_READY,
+                previous=previous.get("status"),
                 created=parse_timestamp(str(meta.get("creationTimestamp", ""))),
-                now=self._clock.now(), nodes=0,
-            )  # fmt: skip
+                now=self._clock.now(),
+                nodes=0,
+            )
             return
 
     def _finalize(self, obj: JSON) -> Result:
@@ -207,8 +222,11 @@ class HostManagedDomainReconciler:
         uid = str(meta.get("uid"))
         pending = self._dependents.teardown(uid)
         if pending:
-            log.info("deleting; waiting for %s", ", ".join(pending),
-                     extra={"key": f"{meta.get('namespace')}/{meta['name']}"})  # fmt: skip
+            log.info(
+                "deleting; waiting for %s",
+                ", ".join(pending),
+                extra={"key": f"{meta.get('namespace')}/{meta['name']}"},
+            )
             return Result(requeue_after=self._config.deletion_recheck)
         body = copy.deepcopy(obj)
         body["metadata"]["finalizers"] = [f for f in finalizers if f != c.FINALIZER]
@@ -249,9 +267,12 @@ class HostManagedManager:
         cd_workers: int = 8,
     ) -> None:
         self._factory = SharedInformerFactory(
-            client, clock=informer_clock, resync_period=0.0, transform=slim_object,
+            client,
+            clock=informer_clock,
+            resync_period=0.0,
+            transform=slim_object,
             watch_list=True,
-        )  # fmt: skip
+        )
         domains = self._factory.informer_for(res.COMPUTE_DOMAINS)
         rcts = self._factory.informer_for(
             res.RESOURCE_CLAIM_TEMPLATES, label_selector=c.COMPUTE_DOMAIN_LABEL
@@ -261,17 +282,26 @@ class HostManagedManager:
         self._informers = (domains, rcts)
         self.caches = host_managed_caches(compute_domains=domains.indexer, rcts=rcts.indexer)
         self.domains = HostManagedDomainReconciler(
-            client=client, caches=self.caches, config=config, events=events,
-            metrics=DomainMetrics(registry), clock=clock,
-        )  # fmt: skip
+            client=client,
+            caches=self.caches,
+            config=config,
+            events=events,
+            metrics=DomainMetrics(registry),
+            clock=clock,
+        )
         queue: RateLimitingQueue[str] = RateLimitingQueue(
             name="computedomain", clock=informer_clock, registry=registry
         )
         self.controller = Controller(
-            name="computedomain", reconciler=self.domains, queue=queue,
-            metrics=ReconcileMetrics(registry), tracer=tracer, workers=cd_workers,
-            clock=informer_clock, batch_period=config.domain_batch_period,
-        )  # fmt: skip
+            name="computedomain",
+            reconciler=self.domains,
+            queue=queue,
+            metrics=ReconcileMetrics(registry),
+            tracer=tracer,
+            workers=cd_workers,
+            clock=informer_clock,
+            batch_period=config.domain_batch_period,
+        )
         self.cleaner = OrphanCleaner(
             client=client, caches=self.caches, config=config, events=events, clock=clock
         )
@@ -327,9 +357,10 @@ class HostManagedManager:
         Returns False if the caches did not sync in time or :meth:`stop` was called meanwhile.
         """
         return self._run.start(
-            [self.controller], sync_timeout=sync_timeout,
+            [self.controller],
+            sync_timeout=sync_timeout,
             on_synced=lambda: log.info("caches synced; starting workers (host-managed IMEX)"),
-        )  # fmt: skip
+        )
 
     def stop(self) -> None:
         """Stop the workers, the sweep and the informers (idempotent)."""

@@ -122,9 +122,12 @@ class ControllerManager:
         formation: FormationTracer | None = None,
     ) -> None:
         self._factory = SharedInformerFactory(
-            client, clock=informer_clock, resync_period=RESYNC_PERIOD, transform=slim_object,
+            client,
+            clock=informer_clock,
+            resync_period=RESYNC_PERIOD,
+            transform=slim_object,
             watch_list=True,
-        )  # fmt: skip
+        )
         label = c.COMPUTE_DOMAIN_LABEL
         f = self._factory
         informers: dict[str, SharedInformer] = {
@@ -174,14 +177,25 @@ class ControllerManager:
                 name=name, clock=informer_clock, registry=registry
             )
             return Controller(
-                name=name, reconciler=reconciler, queue=queue, metrics=reconcile_metrics,
-                tracer=tracer, workers=workers, clock=informer_clock, batch_period=batch_period,
-            )  # fmt: skip
+                name=name,
+                reconciler=reconciler,
+                queue=queue,
+                metrics=reconcile_metrics,
+                tracer=tracer,
+                workers=workers,
+                clock=informer_clock,
+                batch_period=batch_period,
+            )
 
         self.domains = ComputeDomainReconciler(
-            client=client, caches=self.caches, config=config, events=events,
-            metrics=DomainMetrics(registry), clock=clock, formation=formation,
-        )  # fmt: skip
+            client=client,
+            caches=self.caches,
+            config=config,
+            events=events,
+            metrics=DomainMetrics(registry),
+            clock=clock,
+            formation=formation,
+        )
         self.claims = ResourceClaimReconciler(
             client=client, caches=self.caches, events=once, clock=clock
         )
@@ -261,9 +275,13 @@ class ControllerManager:
         return keys
 
     def _watch(
-        self, informer: SharedInformer, controller: Controller, mapper: Mapper,
-        *, relevant: Callable[[JSON, JSON], bool] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        informer: SharedInformer,
+        controller: Controller,
+        mapper: Mapper,
+        *,
+        relevant: Callable[[JSON, JSON], bool] | None = None,
+    ) -> None:
         """Enqueue the keys ``mapper`` gives for added, deleted and updated objects; with
         ``relevant``, only updates for which ``relevant(old, new)`` holds."""
         enqueue = controller.handler(mapper)
@@ -307,10 +325,11 @@ class ControllerManager:
         # A domain's claims re-check its nodes when it appears, goes or starts being deleted;
         # its status writes (dozens while it forms) change nothing the claim reconciler reads.
         self._watch(
-            inf["compute_domains"], claim_ctl,
+            inf["compute_domains"],
+            claim_ctl,
             lambda o: self.claims.nodes_of_domain(str(o["metadata"].get("uid"))),
             relevant=lambda old, new: _deleting(old) != _deleting(new),
-        )  # fmt: skip
+        )
         for informer in (*scoped["daemonsets"], *scoped["pods"], *scoped["cliques"], inf["rcts"]):
             self._watch(informer, cd_ctl, self._domain_keys)
         self._watch(inf["nodes"], cd_ctl, self._domain_keys_of_node, relevant=node_changed)
@@ -319,27 +338,35 @@ class ControllerManager:
         # That set changes only when a node appears, goes or starts being deleted.
         self._watch(inf["slices"], cd_ctl, lambda _o: self._waiting_domain_keys())
         self._watch(
-            inf["nodes"], cd_ctl, lambda _o: self._waiting_domain_keys(),
+            inf["nodes"],
+            cd_ctl,
+            lambda _o: self._waiting_domain_keys(),
             relevant=lambda old, new: _deleting(old) != _deleting(new),
-        )  # fmt: skip
+        )
         if len(self.controllers) > 3:
             self._wire_cliques(*self.controllers[3:5], node_changed=node_changed)
         self._watch(inf["claims"], claim_ctl, lambda o: [n] if (n := allocated_node(o)) else [])
         # The first allocated channel claim of a domain makes it create its daemon objects.
         self._watch(inf["claims"], cd_ctl, self._domain_keys_of_claim)
-        self._watch(inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])],
-                    relevant=node_changed)  # fmt: skip
-        self._watch(inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])],
-                    relevant=node_changed)  # fmt: skip
         self._watch(
-            inf["slices"], clique_ctl,
+            inf["nodes"], claim_ctl, lambda o: [str(o["metadata"]["name"])], relevant=node_changed
+        )
+        self._watch(
+            inf["nodes"], clique_ctl, lambda o: [str(o["metadata"]["name"])], relevant=node_changed
+        )
+        self._watch(
+            inf["slices"],
+            clique_ctl,
             lambda o: [str(n)] if (n := (o.get("spec") or {}).get("nodeName")) else [],
-        )  # fmt: skip
+        )
 
     def _wire_cliques(
-        self, prune_ctl: Controller, join_ctl: Controller,
-        *, node_changed: Callable[[JSON, JSON], bool],
-    ) -> None:  # fmt: skip
+        self,
+        prune_ctl: Controller,
+        join_ctl: Controller,
+        *,
+        node_changed: Callable[[JSON, JSON], bool],
+    ) -> None:
         """The clique reconcilers' handlers (gate ``ComputeDomainCliques`` on)."""
         inf, scoped = self._informers, self._scoped
         self._watch(inf["nodes"], prune_ctl, self.prune.keys_for_node, relevant=node_changed)
@@ -353,8 +380,11 @@ class ControllerManager:
             self._watch(pods, prune_ctl, self.prune.keys_for_pod)
             self._watch(pods, join_ctl, self.joins.keys_for_pod)
         self._watch(inf["slices"], join_ctl, self.joins.keys_for_slice)
-        self._watch(inf["node_health"], join_ctl,
-                    lambda o: self.joins.keys_for_node(str(o["metadata"]["name"])))  # fmt: skip
+        self._watch(
+            inf["node_health"],
+            join_ctl,
+            lambda o: self.joins.keys_for_node(str(o["metadata"]["name"])),
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 

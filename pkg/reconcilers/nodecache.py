@@ -41,8 +41,7 @@ def as_node_metadata(obj: JSON) -> JSON:
     meta = out.get("metadata")
     if isinstance(meta, dict) and meta.get("annotations"):
         meta = dict(meta)
-        ours = {k: v for k, v in meta["annotations"].items()
-                if k.startswith(OWN_ANNOTATION_PREFIX)}  # fmt: skip
+        ours = {k: v for k, v in meta["annotations"].items() if k.startswith(OWN_ANNOTATION_PREFIX)}
         if ours:
             meta["annotations"] = ours
         else:
@@ -64,9 +63,12 @@ def same_node_metadata(old: JSON, new: JSON) -> bool:
 
 
 def patch_node_metadata(
-    client: KubeClient, node: JSON, *, labels: dict[str, str | None],
+    client: KubeClient,
+    node: JSON,
+    *,
+    labels: dict[str, str | None],
     annotations: dict[str, str | None] | None = None,
-) -> JSON:  # fmt: skip
+) -> JSON:
     """Set (value) or remove (None) labels/annotations of ``node`` with a merge patch that
     carries the cached resourceVersion (a 409 means "look again")."""
     meta = node["metadata"]

@@ -70,9 +70,14 @@ class ResourceClaimReconciler:
     """Reconciles the domain label of one node from the claims allocated on it."""
 
     def __init__(
-        self, *, client: KubeClient, caches: Caches, events: OnceEvents,
-        clock: Clock | None = None, victim_interval: float = VICTIM_WARNING_INTERVAL,
-    ) -> None:  # fmt: skip
+        self,
+        *,
+        client: KubeClient,
+        caches: Caches,
+        events: OnceEvents,
+        clock: Clock | None = None,
+        victim_interval: float = VICTIM_WARNING_INTERVAL,
+    ) -> None:
         self._client = client
         self._caches = caches
         self._events = events
@@ -123,21 +128,33 @@ class ResourceClaimReconciler:
             domains = self._caches.compute_domains.by_index(BY_UID, uid)
             if not domains:
                 self._events.event(
-                    claim, WARNING, "ComputeDomainNotFound",
+                    claim,
+                    WARNING,
+                    "ComputeDomainNotFound",
                     f"claim {_ref(claim)} references ComputeDomain UID {uid}, which does not exist",
-                )  # fmt: skip
+                )
                 continue
             cd = domains[0]
             cd_ns = cd["metadata"].get("namespace")
             if cd_ns != claim.get("metadata", {}).get("namespace"):
-                self._events.event(claim, WARNING, "ComputeDomainNamespaceMismatch", (
-                    f"claim {_ref(claim)} references a ComputeDomain in another namespace; "
-                    "a channel claim must be in its ComputeDomain's namespace"
-                ))  # fmt: skip
-                self._victim_events.event(cd, WARNING, "ComputeDomainNamespaceMismatch", (
-                    "a channel claim in another namespace references this ComputeDomain and "
-                    "is ignored; a channel claim must be in its ComputeDomain's namespace"
-                ))  # fmt: skip
+                self._events.event(
+                    claim,
+                    WARNING,
+                    "ComputeDomainNamespaceMismatch",
+                    (
+                        f"claim {_ref(claim)} references a ComputeDomain in another namespace; "
+                        "a channel claim must be in its ComputeDomain's namespace"
+                    ),
+                )
+                self._victim_events.event(
+                    cd,
+                    WARNING,
+                    "ComputeDomainNamespaceMismatch",
+                    (
+                        "a channel claim in another namespace references this ComputeDomain and "
+                        "is ignored; a channel claim must be in its ComputeDomain's namespace"
+                    ),
+                )
                 continue
             if cd["metadata"].get("deletionTimestamp"):
                 continue
@@ -164,16 +181,19 @@ class ResourceClaimReconciler:
                 self._applied.pop(node_name, None)
             if seen is not None and current == seen:
                 remove_domain_label(self._client, node, uid=seen)
-                log.info("node label removed (no live claim left) uid=%s", seen,
-                         extra={"key": node_name})  # fmt: skip
+                log.info(
+                    "node label removed (no live claim left) uid=%s", seen, extra={"key": node_name}
+                )
             return Result()
         if len(wanted) > 1:
             names = ", ".join(sorted(_ref(cd) for cd, _ in wanted.values()))
             for cd, _claims in wanted.values():
                 self._events.event(
-                    cd, WARNING, "NodeConflict",
+                    cd,
+                    WARNING,
+                    "NodeConflict",
                     f"node {node_name} has channel claims of several ComputeDomains: {names}",
-                )  # fmt: skip
+                )
             return Result()
         uid, (cd, claims) = next(iter(wanted.items()))
         claim_uids = {str(cl["metadata"].get("uid")) for cl in claims}
@@ -188,8 +208,11 @@ class ResourceClaimReconciler:
             # Either the plugin unprepared these claims and released the node (their pods are
             # terminating and deallocation follows; re-labelling would restart the daemon), or
             # they were allocated before this term and the plugin's Prepare labels the node.
-            log.debug("node released by the plugin or claims adopted; not labelling uid=%s",
-                      uid, extra={"key": node_name})  # fmt: skip
+            log.debug(
+                "node released by the plugin or claims adopted; not labelling uid=%s",
+                uid,
+                extra={"key": node_name},
+            )
             return Result()
         if current and current != seen and self._caches.compute_domains.by_index(BY_UID, current):
             msg = (
@@ -202,8 +225,13 @@ class ResourceClaimReconciler:
             return Result()
         patch_node_metadata(self._client, node, labels={c.COMPUTE_DOMAIN_LABEL: uid})
         self._remember(node_name, uid, claim_uids)
-        log.info("node labelled for domain uid=%s domain=%s replaced=%s", uid, _ref(cd),
-                 current or "-", extra={"key": node_name})  # fmt: skip
+        log.info(
+            "node labelled for domain uid=%s domain=%s replaced=%s",
+            uid,
+            _ref(cd),
+            current or "-",
+            extra={"key": node_name},
+        )
         return Result()
 
     def _forget_adopted(self, node_name: str) -> None:

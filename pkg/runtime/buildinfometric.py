@@ -27,11 +27,16 @@ def register_build_info(registry: CollectorRegistry, *, name: str, info: BuildIn
     if not name.endswith("_build_info"):
         raise ValueError(f"build-info metric name must end in _build_info: {name}")
     gauge = Gauge(
-        name, "A metric with a constant 1 labelled with the version, git revision, build date "
-        "and Python version of the running build.", BUILD_INFO_LABELS, registry=registry,
-    )  # fmt: skip
+        name,
+        "A metric with a constant 1 labelled with the version, git revision, build date "
+        "and Python version of the running build.",
+        BUILD_INFO_LABELS,
+        registry=registry,
+    )
     gauge.labels(
-        version=info.version, revision=info.revision, build_date=info.build_date,
+        version=info.version,
+        revision=info.revision,
+        build_date=info.build_date,
         python_version=platform.python_version(),
-    ).set(1)  # fmt: skip
+    ).set(1)
     return gauge

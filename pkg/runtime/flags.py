@@ -256,14 +256,29 @@ class FlagTable:
         """The binary's rows, then the three logging rows every binary shares."""
         return (
             *self.flags,
-            Flag("v", self.verbosity_env, parse_int, self.verbosity_default,
-                 "log verbosity: a line logged at level N is written when -v >= N (klog)",
-                 aliases=self.verbosity_aliases),
-            Flag("logging-format", "LOGGING_FORMAT", parse_logging_format, "text",
-                 f"log format: {' or '.join(LOG_FORMATS)} (klog text or component-base JSON)"),
-            Flag("vmodule", "VMODULE", parse_vmodule_flag, "",
-                 "per-file log verbosity, pattern=N,... (klog)"),
-        )  # fmt: skip
+            Flag(
+                "v",
+                self.verbosity_env,
+                parse_int,
+                self.verbosity_default,
+                "log verbosity: a line logged at level N is written when -v >= N (klog)",
+                aliases=self.verbosity_aliases,
+            ),
+            Flag(
+                "logging-format",
+                "LOGGING_FORMAT",
+                parse_logging_format,
+                "text",
+                f"log format: {' or '.join(LOG_FORMATS)} (klog text or component-base JSON)",
+            ),
+            Flag(
+                "vmodule",
+                "VMODULE",
+                parse_vmodule_flag,
+                "",
+                "per-file log verbosity, pattern=N,... (klog)",
+            ),
+        )
 
     def flag(self, dest: str) -> Flag:
         """The row whose value is stored under ``dest``; ``KeyError`` if none."""
@@ -280,24 +295,33 @@ class FlagTable:
         """The ``argparse`` parser: every row as a text option (values are converted by
         :meth:`parse`, so command line and env share one parser and one message), ``--version``,
         and the positional command if the table has commands."""
-        p = argparse.ArgumentParser(prog=self.prog, description=self.description,
-                                    allow_abbrev=False)  # fmt: skip
+        p = argparse.ArgumentParser(
+            prog=self.prog, description=self.description, allow_abbrev=False
+        )
         add_version_flag(p, "--version", "-version", load=load)
         for f in self.all_flags:
             if not f.cli:
                 continue
             names = ("-v", "--v", *f.aliases) if f.name == "v" else f.option_strings
             env = f" (env {', '.join(f.env_names)})" if f.env_names else ""
-            p.add_argument(*names, dest=f.dest, default=None, metavar="BOOL" if f.is_bool
-                           else None, help=f"{f.help}{env}")  # fmt: skip
+            p.add_argument(
+                *names,
+                dest=f.dest,
+                default=None,
+                metavar="BOOL" if f.is_bool else None,
+                help=f"{f.help}{env}",
+            )
         if self.commands:
             p.add_argument("command", choices=self.commands)
         return p
 
     def parse(
-        self, argv: Sequence[str], env: Mapping[str, str], *,
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
         load: Callable[[], BuildInfo] = load_build_info,
-    ) -> FlagValues:  # fmt: skip
+    ) -> FlagValues:
         """Parse ``argv`` (without the program name) with ``env`` as fallback.
 
         Raises :class:`FlagError` for a value no parser accepts; argparse's own errors (unknown
@@ -306,9 +330,12 @@ class FlagTable:
         return self._parse(self.parser(load=load), argv, env)
 
     def parse_or_exit(
-        self, argv: Sequence[str], env: Mapping[str, str], *,
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
         load: Callable[[], BuildInfo] = load_build_info,
-    ) -> FlagValues:  # fmt: skip
+    ) -> FlagValues:
         """:meth:`parse`, a :class:`FlagError` printed with the usage as ``SystemExit(2)``."""
         parser = self.parser(load=load)
         try:

@@ -58,9 +58,13 @@ class LeaseClient(Protocol):
     """The part of :class:`pkg.kube.client.KubeClient` leader election needs."""
 
     def get(
-        self, resource: Resource, name: str, *, namespace: str | None = None,
+        self,
+        resource: Resource,
+        name: str,
+        *,
+        namespace: str | None = None,
         subresource: str | None = None,
-    ) -> JSON: ...  # fmt: skip
+    ) -> JSON: ...
 
     def create(self, resource: Resource, obj: JSON, *, namespace: str | None = None) -> JSON: ...
 
@@ -268,21 +272,29 @@ class LeaderElector:
         try:
             return self.try_acquire_or_renew()
         except Exception:
-            log.exception("lease attempt failed unexpectedly lease=%s/%s",
-                          self._config.namespace, self._config.name)  # fmt: skip
+            log.exception(
+                "lease attempt failed unexpectedly lease=%s/%s",
+                self._config.namespace,
+                self._config.name,
+            )
             return False
 
     def acquire(self, stop: threading.Event) -> bool:
         """Block until we lead (True) or ``stop`` is set (False)."""
         cfg = self._config
-        log.info("waiting for leadership lease=%s/%s identity=%s", cfg.namespace, cfg.name,
-                 cfg.identity)  # fmt: skip
+        log.info(
+            "waiting for leadership lease=%s/%s identity=%s", cfg.namespace, cfg.name, cfg.identity
+        )
         while not stop.is_set():
             if self._attempt():
                 with self._lock:
                     self._leading = True
-                log.info("acquired leadership lease=%s/%s identity=%s", cfg.namespace,
-                         cfg.name, cfg.identity)  # fmt: skip
+                log.info(
+                    "acquired leadership lease=%s/%s identity=%s",
+                    cfg.namespace,
+                    cfg.name,
+                    cfg.identity,
+                )
                 return True
             if self._clock.wait(stop, self._jittered(cfg.retry_period)):
                 break
@@ -303,8 +315,13 @@ class LeaderElector:
             ):
                 with self._lock:
                     self._leading = False
-                log.error("leadership lost lease=%s/%s identity=%s holder=%s", cfg.namespace,
-                          cfg.name, cfg.identity, self.observed_holder())  # fmt: skip
+                log.error(
+                    "leadership lost lease=%s/%s identity=%s holder=%s",
+                    cfg.namespace,
+                    cfg.name,
+                    cfg.identity,
+                    self.observed_holder(),
+                )
                 return False
 
     def run(
@@ -351,6 +368,10 @@ class LeaderElector:
                 return lost
             lost += 1
             cfg = self._config
-            log.warning("stepped down; campaigning again lease=%s/%s identity=%s",
-                        cfg.namespace, cfg.name, cfg.identity)  # fmt: skip
+            log.warning(
+                "stepped down; campaigning again lease=%s/%s identity=%s",
+                cfg.namespace,
+                cfg.name,
+                cfg.identity,
+            )
         return lost

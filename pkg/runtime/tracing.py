@@ -199,9 +199,11 @@ class Tracing:
             return
         with self._preset.using(ids):
             span = self.tracer.start_span(
-                name, context=Context(), start_time=epoch_ns(start),
+                name,
+                context=Context(),
+                start_time=epoch_ns(start),
                 attributes=dict(attributes or {}),
-            )  # fmt: skip
+            )
         span.end(end_time=epoch_ns(max(end, start)))
 
     def shutdown(self) -> None:

@@ -21,17 +21,24 @@ __all__ = ["add_version_flag"]
 
 class _VersionAction(argparse.Action):
     def __init__(
-        self, option_strings: Sequence[str], dest: str, *, load: Callable[[], BuildInfo],
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        *,
+        load: Callable[[], BuildInfo],
         **kwargs: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         kwargs.update(nargs=0, default=argparse.SUPPRESS)
         super().__init__(option_strings, dest, **kwargs)
         self._load = load
 
     def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-        values: object, option_string: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         sys.stdout.write(self._load().version_line(parser.prog) + "\n")
         sys.stdout.flush()
         parser.exit(0)
@@ -45,6 +52,8 @@ def add_version_flag(
     """Add ``--version`` (or the given spellings) to ``parser``; ``load`` is called only when
     the flag is given. The line names ``parser.prog``, so set ``prog`` to the binary's name."""
     parser.add_argument(
-        *(option_strings or ("--version",)), action=_VersionAction, load=load,
+        *(option_strings or ("--version",)),
+        action=_VersionAction,
+        load=load,
         help="print the version, git revision and build date, then exit",
-    )  # fmt: skip
+    )

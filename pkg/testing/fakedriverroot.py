@@ -60,8 +60,11 @@ DEFAULT_DRIVER_VERSION: Final = "570.170.01"
 DEFAULT_LIB_DIR: Final = "usr/lib/x86_64-linux-gnu"  # x86_64's; see `lib_dir_for`
 # ``uname -m`` spellings (and Go/Debian's names, as some tools report them) of each arch.
 _MACHINES: Final[dict[str, Arch]] = {
-    "x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64",
-}  # fmt: skip
+    "x86_64": "x86_64",
+    "amd64": "x86_64",
+    "aarch64": "aarch64",
+    "arm64": "aarch64",
+}
 DEFAULT_PYTHON: Final = "/usr/bin/env python3"
 FABRIC_IMEX_MGMT_MINOR: Final = 512
 HOST_IMEX_CONFIG: Final = "etc/nvidia-imex/config.cfg"
@@ -233,16 +236,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python", default=DEFAULT_PYTHON, help="interpreter of the IMEX zipapps")
     p.add_argument("--driver-version", default=DEFAULT_DRIVER_VERSION)
     p.add_argument(
-        "--arch", choices=ARCHES, default=None,
+        "--arch",
+        choices=ARCHES,
+        default=None,
         help=f"the node's architecture (default: this host's, {host_arch()})",
-    )  # fmt: skip
+    )
     p.add_argument("--lib-dir", default=None, help="default: usr/lib/<arch>-linux-gnu")
     p.add_argument("--omit", action="append", default=[], help="file to leave out (repeatable)")
     args = p.parse_args(argv)
     made = FakeDriverRoot.create(
-        args.root, driver_version=args.driver_version, python=args.python,
-        lib_dir=args.lib_dir, omit=args.omit, arch=args.arch,
-    )  # fmt: skip
+        args.root,
+        driver_version=args.driver_version,
+        python=args.python,
+        lib_dir=args.lib_dir,
+        omit=args.omit,
+        arch=args.arch,
+    )
     sys.stdout.write(f"{made.root}\n")
     return 0
 

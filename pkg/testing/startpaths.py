@@ -77,9 +77,13 @@ def measure(code: str, *, python: str = sys.executable, timeout: float = 120.0) 
     """
     script = f"CODE = {code!r}\n{_MEASURE}"
     done = subprocess.run(
-        [python, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        [python, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         check=False,
-    )  # fmt: skip
+    )
     if done.returncode != 0:
         raise RuntimeError(f"start path failed to import:\n{done.stderr}")
     data = json.loads(done.stdout.strip().splitlines()[-1])

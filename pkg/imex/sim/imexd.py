@@ -313,10 +313,13 @@ class Node:
             ]
             members = [p for p in probes if p["state"] != "empty"]
             connections = {
-                str(p["index"]): {"host": p.get("address") or "N/A",
-                                  "status": self._connection_state(p), "changed": False}
+                str(p["index"]): {
+                    "host": p.get("address") or "N/A",
+                    "status": self._connection_state(p),
+                    "changed": False,
+                }
                 for p in members
-            }  # fmt: skip
+            }
         rows: dict[str, Any] = {}
         for p in members:
             own = p["state"] == "self"

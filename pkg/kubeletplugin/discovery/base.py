@@ -92,15 +92,20 @@ def clique_id_from_fabric(
         if not strict and not healthy:
             log.info(
                 "no-clique fallback: NVLink fabric not attached (GPU %d/%s, state %s, status %d)",
-                gpu.index, gpu.uuid, _STATE_NAMES.get(fabric.state, fabric.state), fabric.status,
-            )  # fmt: skip
+                gpu.index,
+                gpu.uuid,
+                _STATE_NAMES.get(fabric.state, fabric.state),
+                fabric.status,
+            )
             continue
         if fabric.state != FABRIC_STATE_COMPLETED and single_node_nvlink:
             log.info(
                 "no-clique fallback: ignoring incomplete NVLink registration (device=%d/%s, "
                 "state=%d) on single-node NVLink system",
-                gpu.index, gpu.uuid, fabric.state,
-            )  # fmt: skip
+                gpu.index,
+                gpu.uuid,
+                fabric.state,
+            )
             continue
         if fabric.state != FABRIC_STATE_COMPLETED:
             state = _STATE_NAMES.get(fabric.state, str(fabric.state))
@@ -117,8 +122,11 @@ def clique_id_from_fabric(
             continue
         log.info(
             "identified fabric clique UUID/ID (device %d/%s): %s/%d",
-            gpu.index, gpu.uuid, fabric.cluster_uuid, fabric.clique_id,
-        )  # fmt: skip
+            gpu.index,
+            gpu.uuid,
+            fabric.cluster_uuid,
+            fabric.clique_id,
+        )
         cluster_uuids.add(fabric.cluster_uuid)
         clique_ids.add(fabric.clique_id)
     if not cluster_uuids:

@@ -133,10 +133,12 @@ class FakeDiscovery:
         config = load_fake_config(value)
         is_file = bool(value.strip()) and not value.lstrip().startswith("{")
         return cls(
-            config=config, node_name=node_name, strict_fabric=strict_fabric,
+            config=config,
+            node_name=node_name,
+            strict_fabric=strict_fabric,
             single_node_nvlink=single_node_nvlink,
             config_file=Path(value) if is_file else None,
-        )  # fmt: skip
+        )
 
     def discover(self) -> NodeDevices:
         """The configured GPUs (the file's current content, if there is one) and their clique;

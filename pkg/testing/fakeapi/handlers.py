@@ -37,20 +37,36 @@ _PATCH_TYPES = {
 # (`ReturnDeletedObject`); every other kind, custom resources included, answers a Status.
 # A DELETE that only marked the object (finalizers left) answers the object for every kind.
 _RETURN_DELETED_OBJECT = {
-    ("", "pods"), ("", "namespaces"), ("", "services"), ("", "serviceaccounts"),
-    ("", "persistentvolumes"), ("", "persistentvolumeclaims"), ("", "podtemplates"),
-    ("", "resourcequotas"), ("resource.k8s.io", "resourceclaims"),
-    ("resource.k8s.io", "resourceclaimtemplates"), ("resource.k8s.io", "resourceslices"),
+    ("", "pods"),
+    ("", "namespaces"),
+    ("", "services"),
+    ("", "serviceaccounts"),
+    ("", "persistentvolumes"),
+    ("", "persistentvolumeclaims"),
+    ("", "podtemplates"),
+    ("", "resourcequotas"),
+    ("resource.k8s.io", "resourceclaims"),
+    ("resource.k8s.io", "resourceclaimtemplates"),
+    ("resource.k8s.io", "resourceslices"),
     ("resource.k8s.io", "deviceclasses"),
-}  # fmt: skip
+}
 
 
 def _deleted_status(resource: Resource, obj: JSON) -> JSON:
     meta = obj["metadata"]
-    details = {"name": meta["name"], "group": resource.group, "kind": resource.plural,
-               "uid": meta.get("uid")}  # fmt: skip
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-            "details": details}  # fmt: skip
+    details = {
+        "name": meta["name"],
+        "group": resource.group,
+        "kind": resource.plural,
+        "uid": meta.get("uid"),
+    }
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": details,
+    }
 
 
 def _require_name(name: str | None) -> str:
@@ -101,16 +117,25 @@ def handle_write(
         )
     if verb == "PATCH":
         return _patch(
-            store, resource=resource, namespace=namespace, name=_require_name(name),
-            subresource=subresource, body=body, query=query, content_type=content_type,
-        )  # fmt: skip
+            store,
+            resource=resource,
+            namespace=namespace,
+            name=_require_name(name),
+            subresource=subresource,
+            body=body,
+            query=query,
+            content_type=content_type,
+        )
     if verb == "DELETE":
         opts = body if isinstance(body, dict) else {}
         pre = opts.get("preconditions") or {}
         out = store.delete(
-            resource, namespace, _require_name(name),
-            uid=pre.get("uid"), resource_version=pre.get("resourceVersion"),
-        )  # fmt: skip
+            resource,
+            namespace,
+            _require_name(name),
+            uid=pre.get("uid"),
+            resource_version=pre.get("resourceVersion"),
+        )
         if out["metadata"].get("finalizers") or (resource.group, resource.plural) in (
             _RETURN_DELETED_OBJECT
         ):
@@ -160,8 +185,9 @@ def _patch(
         if not isinstance(patched, dict):
             raise BadRequestError(400, "BadRequest", "patch result is not an object")
         # Only a resourceVersion the patch itself carries is a precondition.
-        patch_rv = (body.get("metadata") or {}).get("resourceVersion") if isinstance(
-            body, dict) else None  # fmt: skip
+        patch_rv = (
+            (body.get("metadata") or {}).get("resourceVersion") if isinstance(body, dict) else None
+        )
         meta = patched.setdefault("metadata", {})
         meta["resourceVersion"] = patch_rv or current["metadata"]["resourceVersion"]
         return 200, store.replace(resource, namespace, name, patched, subresource=subresource)

@@ -42,9 +42,14 @@ __all__ = ["FakeApiServer", "LoggedRequest"]
 
 
 _STATUS_RESOURCES = (
-    res.PODS, res.NODES, res.NAMESPACES, res.DAEMONSETS, res.RESOURCE_CLAIMS,
-    res.CUSTOM_RESOURCE_DEFINITIONS, res.COMPUTE_DOMAINS,
-)  # fmt: skip
+    res.PODS,
+    res.NODES,
+    res.NAMESPACES,
+    res.DAEMONSETS,
+    res.RESOURCE_CLAIMS,
+    res.CUSTOM_RESOURCE_DEFINITIONS,
+    res.COMPUTE_DOMAINS,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +174,14 @@ class FakeApiServer:
         return self.store.all_objects(resource)
 
     def inject_error(
-        self, method: str, resource: Resource, status: int, *, count: int = 1,
+        self,
+        method: str,
+        resource: Resource,
+        status: int,
+        *,
+        count: int = 1,
         name: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Fail the next `count` matching requests with `status` (0 = drop the connection)."""
         with self._lock:
             self._injections.append(_Injection(method.upper(), resource, status, count, name))
@@ -322,9 +332,16 @@ class FakeApiServer:
         if verb == "LIST":
             return 200, self._list(route, query)
         return handle_write(
-            self.store, verb, resource=r, namespace=ns, name=name,
-            subresource=route.subresource, body=body, query=query, content_type=ctype,
-        )  # fmt: skip
+            self.store,
+            verb,
+            resource=r,
+            namespace=ns,
+            name=name,
+            subresource=route.subresource,
+            body=body,
+            query=query,
+            content_type=ctype,
+        )
 
     def _list(self, route: _Route, query: dict[str, str]) -> JSON:
         r = route.resource
@@ -371,9 +388,14 @@ class FakeApiServer:
         }
 
     def _watch(
-        self, h: Handler, route: _Route, query: dict[str, str], generation: int, *,
+        self,
+        h: Handler,
+        route: _Route,
+        query: dict[str, str],
+        generation: int,
+        *,
         metadata_only: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         send_initial = query.get("sendInitialEvents") == "true"
         if send_initial:
             # kube-apiserver's validation of a streaming watch-list request.
@@ -403,11 +425,14 @@ class FakeApiServer:
         )
         h.start_chunks()
         serve_watch(
-            h, req, self.store,
-            opened_at=generation, generation=lambda: self._generation,
+            h,
+            req,
+            self.store,
+            opened_at=generation,
+            generation=lambda: self._generation,
             stopping=lambda: self._stopping,
             bookmark_interval=self.bookmark_interval,
-        )  # fmt: skip
+        )
 
 
 def _wants_metadata(accept: str | None, verb: str) -> bool:
@@ -422,9 +447,13 @@ def _wants_metadata(accept: str | None, verb: str) -> bool:
     expected = "PartialObjectMetadataList" if verb == "LIST" else "PartialObjectMetadata"
     if wanted != expected:
         raise error_from_status(
-            406, {"reason": "NotAcceptable", "message": f"you requested {wanted}, but the "
-                  f"requested object is {'a list' if verb == 'LIST' else 'an object'}"},
-        )  # fmt: skip
+            406,
+            {
+                "reason": "NotAcceptable",
+                "message": f"you requested {wanted}, but the "
+                f"requested object is {'a list' if verb == 'LIST' else 'an object'}",
+            },
+        )
     return True
 
 

@@ -118,9 +118,11 @@ class ObjectStore:
             obj = self._objects[resource].get((namespace or "", name))
             if obj is None:
                 raise NotFoundError(
-                    404, "NotFound", f'{resource.plural} "{name}" not found',
+                    404,
+                    "NotFound",
+                    f'{resource.plural} "{name}" not found',
                     {"details": {"name": name, "kind": resource.plural}},
-                )  # fmt: skip
+                )
             return obj
 
     def select(
@@ -243,11 +245,12 @@ class ObjectStore:
             want_rv = meta_in.get("resourceVersion")
             if check_rv and want_rv and want_rv != old["metadata"]["resourceVersion"]:
                 raise ConflictError(
-                    409, "Conflict",
+                    409,
+                    "Conflict",
                     f'Operation cannot be fulfilled on {resource.plural} "{name}": the object '
                     "has been modified; please apply your changes to the latest version and "
                     "try again",
-                )  # fmt: skip
+                )
             if subresource == "status":
                 new = copy.deepcopy(old)
                 if "status" in obj:
