@@ -16,6 +16,7 @@ proves them equal to config/default's.
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import subprocess
 import sys
@@ -46,6 +47,8 @@ Obj = dict[str, Any]
 Select = Callable[[Obj], bool]
 
 RBAC_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+# The only labels besides the chart's own: ClusterRole aggregation into view/edit/admin.
+AGGREGATION_LABEL_PREFIX = "rbac.authorization.k8s.io/aggregate-to-"
 
 
 def _named(kinds: set[str], name: str) -> Select:
@@ -86,6 +89,14 @@ FILES: dict[str, tuple[str, Select]] = {
         "# rendered with resources.computeDomains.imex.mode=hostManaged (no daemons then).\n",
         _named(RBAC_KINDS, "compute-domain-daemon"),
     ),
+    "rbac-user-roles.yaml": (
+        "# ComputeDomains in the default view/edit/admin ClusterRoles\n"
+        "# (config/rbac/user-roles.yaml says why).\n",
+        lambda o: (
+            o["kind"] == "ClusterRole"
+            and o["metadata"]["name"] in ("compute-domain-view", "compute-domain-edit")
+        ),
+    ),
     "deviceclass-compute-domain-daemon.yaml": (
         "# Requested by each ComputeDomain's daemon ResourceClaimTemplate (config/deviceclasses);\n"
         "# not rendered with resources.computeDomains.imex.mode=hostManaged.\n",
@@ -125,16 +136,21 @@ def kustomize_default(config: pathlib.Path) -> list[Obj]:
 def template_of(obj: Obj) -> str:
     """One object as chart template text: helpers in place of the namespace and the labels."""
     meta = dict(obj["metadata"])
-    labels = meta.pop("labels", {})
-    if labels != {"app.kubernetes.io/part-of": "compute-domain-driver"}:
-        raise SystemExit(f"{obj['kind']}/{meta['name']}: unexpected labels {labels}")
+    labels = dict(meta.pop("labels", {}))
+    if labels.pop("app.kubernetes.io/part-of", None) != "compute-domain-driver" or any(
+        not key.startswith(AGGREGATION_LABEL_PREFIX) for key in labels
+    ):
+        raise SystemExit(f"{obj['kind']}/{meta['name']}: unexpected labels {obj['metadata']}")
     ordered: Obj = {"name": meta.pop("name")}
     if "namespace" in meta:
         ordered["namespace"] = meta.pop("namespace")
     ordered["labels"] = "@LABELS@"
     ordered.update(meta)
     text = yaml.safe_dump({**obj, "metadata": ordered}, sort_keys=False, width=10_000)
-    labels_text = LABELS_HELPER + (SA_ANNOTATIONS if obj["kind"] == "ServiceAccount" else "")
+    extra = "".join(f"    {key}: {json.dumps(value)}\n" for key, value in sorted(labels.items()))
+    labels_text = (
+        LABELS_HELPER + extra + (SA_ANNOTATIONS if obj["kind"] == "ServiceAccount" else "")
+    )
     text = text.replace("  labels: '@LABELS@'\n", labels_text)
     if "@LABELS@" in text:
         raise SystemExit("labels placeholder not replaced")

@@ -8,9 +8,10 @@ gRPC, writes CDI specs and a checkpoint into the node's directories). Setup, per
 * namespace ``victim-*``: a ComputeDomain created by the admin with one workload pod on
   ``VICTIM_NODE``, Running with its channel, the domain Ready;
 * namespace ``mallory-*``: the ServiceAccount ``mallory``, bound by a RoleBinding to the
-  built-in ClusterRole ``edit``. ``edit`` covers ResourceClaims, ResourceClaimTemplates and
-  pods but no ComputeDomains (the driver ships no ``aggregate-to-edit`` role), so the Role
-  ``computedomains-edit`` grants exactly the missing kinds (checked with SubjectAccessReviews).
+  built-in ClusterRole ``edit``, which covers ResourceClaims, ResourceClaimTemplates and pods
+  and, through the driver's ``compute-domain-edit`` (aggregated, config/rbac/user-roles.yaml),
+  ComputeDomains (checked with SubjectAccessReviews; a kind it lacked would get a Role of its
+  own, and the first test would fail).
 
 Every attack is a request the admin credentials send impersonating
 ``system:serviceaccount:<mallory-ns>:mallory`` with the groups ``system:serviceaccounts``,
@@ -416,10 +417,10 @@ def _prepare_failure(t: Tenant, pod: str, *fragments: str) -> str:
 def test_tenant_may_create_what_a_workload_needs_and_nothing_more(
     admin: KubeClient, scene: Scene
 ) -> None:
-    """The setup: ``edit`` covers claims, templates and pods; only ComputeDomains needed the
-    extra Role. Nothing outside her namespace is hers."""
+    """The setup: ``edit`` alone covers claims, templates, pods and ComputeDomains (the last
+    through the driver's aggregated role). Nothing outside her namespace is hers."""
     t = scene.mallory
-    assert set(scene.granted) <= {"computedomains"}, scene.granted  # today: exactly that
+    assert scene.granted == (), f"edit lacks {scene.granted}"
     for group, resource in TENANT_KINDS:
         assert _allowed(admin, t, "create", group, resource), resource
     assert not _allowed(admin, t, "update", "resource.nvidia.com", "computedomains/status")
@@ -477,7 +478,9 @@ def test_tenant_cannot_claim_the_daemon_device(admin: KubeClient, scene: Scene) 
         done = t.request("POST", f"/apis/resource.k8s.io/{version}/namespaces/{ns}"
                          "/resourceclaims", doc)  # fmt: skip
         assert _refused(done, 403, DAEMON_RULE), (version, done)
-    assert not admin.list(RESOURCE_CLAIMS, namespace=ns)["items"]
+    for res in (RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES):
+        names = [o["metadata"]["name"] for o in admin.list(res, namespace=ns)["items"]]
+        assert not [n for n in names if n.startswith(("path-", "uid-ok"))], names
     assert not admin.list(RESOURCE_CLAIM_TEMPLATES, namespace=ns)["items"]
 
 
@@ -672,6 +675,10 @@ def test_channel_claim_on_another_tenants_domain_is_refused_on_the_node(
 def test_path_domain_id_is_refused_and_creates_nothing(
     admin: KubeClient, fleet: NodeFleet, scene: Scene
 ) -> None:
+    """A ``domainID`` that is a path is refused when the claim or template is created (policy
+    ``compute-domain-opaque-configs``, 422 naming the field); the plugin's own refusal at
+    Prepare (``field "domainID": ... is not a ComputeDomain UID``) stays behind it for claims
+    that exist anyway (unit tests: test_opaque.py, test_components.py). Nothing reaches a node."""
     t, ns = scene.mallory, scene.ns
     node = fleet[SPARE_NODE]
     plugin_dir = node.plugin_checkpoint().parent
@@ -682,35 +689,26 @@ def test_path_domain_id_is_refused_and_creates_nothing(
 
     host_before = host_listing()
     before = _node_state(admin, node)
-    assert before.label is None, before
     victim_before = _victim_snapshot(admin, scene)
-    uids = {}
-    for i, domain_id in enumerate(("/var/run/cdi", "../x")):
-        name = f"path-{i}"
-        claim = t.created(RESOURCE_CLAIMS, _claim(name, ns, _channel_devices(domain_id)))
-        uids[domain_id] = claim["metadata"]["uid"]
-        t.created(PODS, _pod(name, ns, name, SPARE_NODE))
-    for i in range(len(uids)):
-        msg = _prepare_failure(t, f"path-{i}", 'field "domainID"', "is not a ComputeDomain UID")
-        assert "permanent error" in msg and f"{ns}/path-{i}" in msg, msg
-        assert pod_phase(admin, ns, f"path-{i}") == "Pending"
-    for uid in uids.values():
-        assert not _traces_of(fleet, uid), _traces_of(fleet, uid)
-    after = _node_state(admin, node)
-    assert after == before, (before, after)
+    rule = "devices.config[].opaque.parameters.domainID must be the UID of a ComputeDomain"
+    for i, domain_id in enumerate(("/var/run/cdi", "../x", scene.victim.cd_uid.upper())):
+        devices = _channel_devices(domain_id)
+        claim, template = _claim(f"path-{i}", ns, devices), _template(f"path-{i}", ns, devices)
+        for res, doc in ((RESOURCE_CLAIMS, claim), (RESOURCE_CLAIM_TEMPLATES, template)):
+            done = t.create(res, doc)
+            assert _refused(done, 422, rule, domain_id), (domain_id, done)
+    # Her own, well-formed config still passes (dry run): the policy refuses only the form.
+    ok = t.create(RESOURCE_CLAIMS, _claim("uid-ok", ns, _channel_devices(scene.victim.cd_uid)),
+                  dry_run=True)  # fmt: skip
+    assert ok[0] == 201, ok
+    for res in (RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES):
+        names = [o["metadata"]["name"] for o in admin.list(res, namespace=ns)["items"]]
+        assert not [n for n in names if n.startswith(("path-", "uid-ok"))], names
+    assert _node_state(admin, node) == before
     assert host_listing() == host_before
     assert not (plugin_dir / "x").exists() and not (plugin_dir.parent / "x").exists()
     assert not (node.dirs.root / "x").exists()
     assert _victim_snapshot(admin, scene) == victim_before
-    for i in range(len(uids)):
-        status, text = t.request("DELETE", PODS.path(namespace=ns, name=f"path-{i}"))
-        assert status == 200, text
-    wait_for("her pods gone", lambda: all(pod_phase(admin, ns, f"path-{i}") == "<gone>"
-                                          for i in range(len(uids))), timeout=60)  # fmt: skip
-    assert _node_state(admin, node) == before
-    assert host_listing() == host_before
-    for uid in uids.values():
-        assert not _traces_of(fleet, uid, pod_gone=True), _traces_of(fleet, uid, pod_gone=True)
 
 
 # -- 5. her own domain ----------------------------------------------------------------------

@@ -9,10 +9,10 @@ two pods on one NVLink clique) runs on the session cluster with the controller r
   daemon waits for ``numNodes`` registrations before it starts IMEX with a ``nodes.cfg`` of
   peer IPs (no hosts-file names).
 
-Both with ``config/components/cliques-off``'s daemon RBAC applied, as an operator would. Each
-must form the domain (Ready, one entry per node), run both pods with IMEX channel 0, and tear
-down clean (the ``ns`` fixture's leak check). The controller is restarted with the default
-gates afterwards.
+Both with ``config/components/cliques-off``'s daemon RBAC and admission policy applied, as an
+operator would. Each must form the domain (Ready, one entry per node), run both pods with IMEX
+channel 0, and tear down clean (the ``ns`` fixture's leak check). The controller is restarted
+with the default gates afterwards.
 """
 
 from __future__ import annotations
@@ -39,7 +39,11 @@ pytestmark = pytest.mark.e2e
 JOBS = Resource("batch", "v1", "jobs", "Job", namespaced=True)
 CLIQUES_OFF = "ComputeDomainCliques=false"
 IP_MODE = "ComputeDomainCliques=false,IMEXDaemonsWithDNSNames=false"
-RBAC = REPO / "config" / "components" / "cliques-off" / "daemon-status-rbac.yaml"
+# The component's daemon RBAC and the admission policy that pins those writes.
+COMPONENT_FILES = tuple(
+    REPO / "config" / "components" / "cliques-off" / name
+    for name in ("daemon-status-rbac.yaml", "daemon-status-policy.yaml")
+)
 
 
 def _restart_controller(cluster: Cluster, driver: Driver, gates: str | None) -> None:
@@ -53,8 +57,9 @@ def _restart_controller(cluster: Cluster, driver: Driver, gates: str | None) -> 
 
 @pytest.fixture(scope="module")
 def daemon_status_rbac(cluster: Cluster, driver: Driver) -> Iterator[None]:
-    """The component's ClusterRole and binding, for the driver namespace's daemons."""
-    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    """The component's ClusterRole and binding, for the driver namespace's daemons, and its
+    admission policy (each daemon writes only its own domain's and node's entry)."""
+    docs = [d for path in COMPONENT_FILES for d in yaml.safe_load_all(path.read_text()) if d]
     for doc in docs:
         for subject in doc.get("subjects") or []:
             subject["namespace"] = driver.namespace

@@ -10,6 +10,7 @@ pod's and node's claims, and every write a real daemon makes) is
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 
@@ -172,3 +173,39 @@ def test_host_managed_mode_and_the_chart_leave_it_out_with_the_daemons() -> None
         '{{- if not (include "cdd.hostManagedIMEX" .) }}\n---\napiVersion: '
         "admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\nmetadata:"
     )
+
+
+def test_cliques_off_pins_daemon_status_writes_like_clique_writes() -> None:
+    """With ComputeDomainCliques=false the daemons update computedomains/status cluster-wide
+    (the component's ClusterRole); the component's policy holds them to their own domain (the
+    UID in the pod name is the domain's metadata.uid) and their own node's status.nodes entry,
+    failing closed without the token's claims, and follows any driver namespace."""
+    objs = render("components/cliques-off")
+    policy = find(objs, "ValidatingAdmissionPolicy", "compute-domain-daemon-status")["spec"]
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", "compute-domain-daemon-status")
+    assert binding["spec"] == {
+        "policyName": "compute-domain-daemon-status",
+        "validationActions": ["Deny"],
+    }
+    assert policy["failurePolicy"] == "Fail"
+    [rule] = policy["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["computedomains/status"] and rule["operations"] == ["UPDATE"]
+    [cond] = policy["matchConditions"]
+    pattern = re.search(r"matches\('([^']+)'\)", cond["expression"])
+    assert pattern is not None
+    for user, matched in (
+        ("system:serviceaccount:nvidia-dra-driver:compute-domain-daemon", True),
+        ("system:serviceaccount:other-ns:compute-domain-daemon", True),
+        ("system:serviceaccount:nvidia-dra-driver:compute-domain-controller", False),
+        ("system:serviceaccount:x:compute-domain-daemon-2", False),
+    ):
+        assert (re.search(pattern.group(1).replace("$", r"\Z"), user) is not None) == matched
+    first, second = (v["expression"] for v in policy["validations"][:2])
+    assert first == 'variables.userPodName != ""' and second == 'variables.userNodeName != ""'
+    expressions = " ".join(v["expression"] for v in policy["validations"])
+    assert "object.metadata.uid == variables.podDomain" in expressions
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert f"'{c.daemon_object_name('')}'" == variables["daemonPrefix"]
+    assert "e.?name.orValue('')" in variables["newOthers"]  # status.nodes key: name
+    rbac = find(objs, "ClusterRole", "compute-domain-daemon-status")
+    assert {r["resources"][0] for r in rbac["rules"]} == {"computedomains", "computedomains/status"}

@@ -26,6 +26,7 @@ import yaml
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
+from pkg.api.opaque import is_uid
 from pkg.kube.resources import COMPUTE_DOMAINS, RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS
 from pkg.kubeletplugin.driver import PluginConfig
 from pkg.reconcilers.cliquelabel import MANAGED_ANNOTATION
@@ -163,7 +164,37 @@ EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
             "get", "list", "watch", "create", "update", "patch",
         },
     },
+    # Aggregated into the default view / edit / admin ClusterRoles (config/rbac/user-roles.yaml).
+    ("ClusterRole", "compute-domain-view"): {
+        ("resource.nvidia.com", "computedomains", ()): {"get", "list", "watch"},
+        ("resource.nvidia.com", "computedomains/status", ()): {"get", "list", "watch"},
+    },
+    ("ClusterRole", "compute-domain-edit"): {
+        ("resource.nvidia.com", "computedomains", ()): {"create", "update", "patch", "delete"},
+    },
 }  # fmt: skip
+
+USER_ROLE_AGGREGATION = {
+    "compute-domain-view": {"view", "edit", "admin"},
+    "compute-domain-edit": {"edit", "admin"},
+}
+
+
+def test_user_roles_aggregate_into_the_default_roles() -> None:
+    """Holders of view/edit/admin in a namespace get its ComputeDomains like its pods; the
+    aggregated roles never reach the driver's own kinds or a domain's status writes."""
+    roles = {o["metadata"]["name"]: o for o in render("default") if o["kind"] == "ClusterRole"}
+    for name, targets in USER_ROLE_AGGREGATION.items():
+        labels = roles[name]["metadata"]["labels"]
+        got = {k.rsplit("aggregate-to-", 1)[1] for k, v in labels.items()
+               if "aggregate-to-" in k and v == "true"}  # fmt: skip
+        assert got == targets, name
+        for rule in roles[name]["rules"]:
+            assert rule["apiGroups"] == ["resource.nvidia.com"]
+            assert not {"computedomaincliques"} & set(rule["resources"])
+            if "computedomains/status" in rule["resources"]:
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}
+
 
 CHANNEL_CEL = (
     "device.driver == 'compute-domain.nvidia.com' && "
@@ -301,7 +332,9 @@ def test_admission_policies_match_the_real_service_accounts(rel: str) -> None:
     }
     assert (
         set(policies)
-        == set(expected_user) | {DAEMON_DEVICE_POLICY} | set(CONTROLLER_POLICIES)
+        == set(expected_user)
+        | {DAEMON_DEVICE_POLICY, OPAQUE_CONFIG_POLICY}
+        | set(CONTROLLER_POLICIES)
         == set(bindings)
     )
     for name, sa in expected_user.items():
@@ -317,6 +350,25 @@ def test_admission_policies_match_the_real_service_accounts(rel: str) -> None:
 
 
 DAEMON_DEVICE_POLICY = "compute-domain-daemon-device-claims"
+OPAQUE_CONFIG_POLICY = "compute-domain-opaque-configs"
+
+
+def test_opaque_config_policy_checks_the_uid_form_of_every_namespace() -> None:
+    """The domainID rule is the plugin's (`pkg.api.opaque.is_uid`) and binds everywhere."""
+    objs = render("default")
+    policy = find(objs, "ValidatingAdmissionPolicy", OPAQUE_CONFIG_POLICY)["spec"]
+    binding = find(objs, "ValidatingAdmissionPolicyBinding", OPAQUE_CONFIG_POLICY)["spec"]
+    assert binding == {"policyName": OPAQUE_CONFIG_POLICY, "validationActions": ["Deny"]}
+    assert policy["failurePolicy"] == "Fail"
+    [variable] = [v for v in policy["variables"] if v["name"] == "badDomainIDs"]
+    pattern = re.search(r"matches\('([^']+)'\)", variable["expression"])
+    assert pattern is not None
+    uid = "0b6e5c8e-4a0d-4c9e-9a51-3f1c2d7e8a90"
+    re2 = pattern.group(1).replace("$", r"\Z")  # RE2's $ is the end of the text, no newline
+    for value in (uid, uid.upper(), "/var/run/cdi", "../x", uid + "\n", "", "x" * 36):
+        assert (re.search(re2, value) is not None) == is_uid(value), value
+
+
 CONTROLLER_POLICIES = (
     "compute-domain-controller-daemonsets",
     "compute-domain-controller-nodes",
