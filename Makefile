@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test venv check unit e2e chaos badinput demo bench control-plane images clean flake-check
+.PHONY: test venv check unit e2e chaos badinput demo bench bench-upstream control-plane images clean flake-check
 
 ## test: set up the venv, lint, type-check, check import layers, run unit and e2e tests
 test: venv
@@ -68,6 +68,14 @@ bench: venv control-plane
 	$(PY) hack/bench/workqueue_throughput.py
 	$(PY) hack/bench/prepare_latency.py --claims 500
 	$(PY) hack/bench/time_to_ready.py
+	$(PY) hack/bench/import_time.py
+
+# Side by side with NVIDIA's Go controller (docs/benchmarks.md): needs a checkout of upstream's
+# driver, which CI cannot fetch: make bench-upstream UPSTREAM=/path/to/dra-driver-nvidia-gpu
+bench-upstream: venv control-plane
+	@test -n "$(UPSTREAM)" || { echo "usage: make bench-upstream UPSTREAM=<upstream checkout>"; exit 2; }
+	$(PY) hack/bench/controller_vs_upstream.py $(UPSTREAM) --nodes 1000 --cds 200 --namespaces 10 \
+	  --runs 1 --qps 100:200,default --idle 60
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
