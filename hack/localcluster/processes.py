@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pkg.testing.eventually import eventually
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -188,21 +190,25 @@ def wait_until(
     timeout: float,
     interval: float = 0.2,
 ) -> None:
-    """Poll ``probe`` until True; fail fast (with the log tail) if one of ``procs`` dies."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """Poll ``probe`` until True (:func:`pkg.testing.eventually.eventually`); fail fast (with
+    the log tail) if one of ``procs`` dies, and with every process's log tail on timeout."""
+
+    def ready() -> bool:
         if probe():
-            return
+            return True
         for p in procs:
             if not p.alive():
                 raise ClusterError(
                     f"{p.name} exited while waiting for {what}; last log lines:\n"
                     + tail(p.log_file, 40)
                 )
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {p.name} ---\n{tail(p.log_file, 20)}" for p in procs)
-            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
-        time.sleep(interval)
+        return False
+
+    try:
+        eventually(ready, timeout, what=what, every=interval)
+    except AssertionError:
+        logs = "\n".join(f"--- {p.name} ---\n{tail(p.log_file, 20)}" for p in procs)
+        raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}") from None
 
 
 def teardown_on_sigterm() -> None:
