@@ -5,8 +5,8 @@ Debian's ``qemu-user-static`` ships one ``/usr/lib/binfmt.d/qemu-<arch>.conf`` p
 with flags ``OPF``: ``F`` opens the interpreter when the handler is registered, so it also works
 inside containers and chroots that do not have it.  :func:`foreign_arch` mounts ``binfmt_misc``
 if needed and registers the handler if it is missing, and on exit undoes exactly what it did:
-a handler or mount that was there before stays.  :func:`state` is what the host leftovers check
-compares before and after.
+a handler or mount that was there before stays.  :func:`state` and :func:`mounted` are what
+the host leftovers check compares before and after.
 """
 
 from __future__ import annotations
@@ -47,8 +47,21 @@ def state() -> list[str]:
     return sorted(p.name for p in BINFMT_MISC.iterdir() if p.name.startswith("qemu-"))
 
 
-def _mounted() -> bool:
+def mounted() -> bool:
+    """Whether ``binfmt_misc`` is mounted at :data:`BINFMT_MISC` (in this mount namespace)."""
     return (BINFMT_MISC / "register").exists()
+
+
+def unmount(log: Callable[[str], None] = lambda _m: None) -> None:
+    """Unmount ``binfmt_misc``; when busy (a foreign binary still exiting), detach it lazily:
+    the kernel drops it when the last user goes, so the host is left as it was found."""
+    done = subprocess.run(["umount", str(BINFMT_MISC)], check=False, capture_output=True,
+                          text=True)  # fmt: skip
+    if done.returncode != 0:
+        lazy = subprocess.run(["umount", "-l", str(BINFMT_MISC)], check=False,
+                              capture_output=True, text=True)  # fmt: skip
+        log(f"umount {BINFMT_MISC}: {done.stderr.strip()}; lazy umount rc={lazy.returncode}")
+    log(f"unmounted {BINFMT_MISC}")
 
 
 @contextlib.contextmanager
@@ -66,7 +79,7 @@ def foreign_arch(arch: str, log: Callable[[str], None] = lambda _m: None) -> Ite
     mounted_here = False
     registered_here = False
     try:
-        if not _mounted():
+        if not mounted():
             subprocess.run(
                 ["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT_MISC)],
                 check=True,
@@ -94,17 +107,9 @@ def foreign_arch(arch: str, log: Callable[[str], None] = lambda _m: None) -> Ite
         _undo(name, registered_here, mounted_here, log)
 
 
-def _undo(name: str, registered: bool, mounted: bool, log: Callable[[str], None]) -> None:
+def _undo(name: str, registered: bool, mounted_here: bool, log: Callable[[str], None]) -> None:
     if registered and (BINFMT_MISC / name).exists():
         (BINFMT_MISC / name).write_text("-1")
         log(f"unregistered binfmt handler {name}")
-    if mounted:
-        done = subprocess.run(["umount", str(BINFMT_MISC)], check=False, capture_output=True,
-                              text=True)  # fmt: skip
-        if done.returncode != 0:
-            # Busy (a foreign binary of the block still exiting): detach it now, the kernel
-            # drops it when the last user goes, so the host is left as it was found.
-            lazy = subprocess.run(["umount", "-l", str(BINFMT_MISC)], check=False,
-                                  capture_output=True, text=True)  # fmt: skip
-            log(f"umount {BINFMT_MISC}: {done.stderr.strip()}; lazy umount rc={lazy.returncode}")
-        log(f"unmounted {BINFMT_MISC}")
+    if mounted_here:
+        unmount(log)

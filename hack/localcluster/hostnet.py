@@ -20,10 +20,12 @@ Owns what a real node (kubelet + containerd, ``realnode``) needs from the host a
   values are recorded in a state file *before* the first kubelet starts and restored by
   :func:`sweep`;
 * for a node of a foreign architecture (the lane's arm64 node), the qemu-user binfmt handler
-  (host-global, ``hostsys.binfmt``): :func:`foreign_arch` registers it for a block and notes
-  it in the state file while registered, so :func:`sweep` unregisters it after an interrupted
-  run; the handlers present before the run are recorded with the tunables, and
-  :func:`leftovers` reports any handler added since.
+  (host-global, ``hostsys.binfmt``): :func:`foreign_arch` registers it for a block (mounting
+  ``binfmt_misc`` first where it is not mounted) and notes the handler and the mount in the
+  state file while they are there, so :func:`sweep` unregisters and unmounts them after an
+  interrupted run; the handlers present before the run, and whether ``binfmt_misc`` was
+  mounted, are recorded with the tunables, and :func:`leftovers` reports any handler added
+  since and a mount that was not there.
 
 Everything created carries the ``cde2e`` prefix, so :func:`sweep` finds leftovers of an
 interrupted run even without its state, and :func:`leftovers` lists what is still on the host
@@ -152,7 +154,8 @@ def ensure_bridge() -> None:
 
 
 def record_host_state() -> None:
-    """Record the host's ``KERNEL_TUNABLES`` and qemu binfmt handlers before any node runs.
+    """Record the host's ``KERNEL_TUNABLES``, qemu binfmt handlers and whether ``binfmt_misc``
+    is mounted, before any node runs.
 
     Keeps an existing record: after an interrupted run the values on the host may already be
     the kubelet's, and the record holds the originals."""
@@ -165,6 +168,8 @@ def record_host_state() -> None:
         }
     if "binfmt" not in state:
         state["binfmt"] = binfmt.state()
+    if "binfmt_misc_mounted" not in state:
+        state["binfmt_misc_mounted"] = binfmt.mounted()
     _write_state(state)
 
 
@@ -177,6 +182,12 @@ def recorded_binfmt() -> list[str] | None:
     """The qemu binfmt handlers registered before the run (None: nothing recorded)."""
     handlers = _read_state().get("binfmt")
     return list(handlers) if isinstance(handlers, list) else None
+
+
+def recorded_binfmt_mounted() -> bool | None:
+    """Whether ``binfmt_misc`` was mounted before the run (None: nothing recorded)."""
+    was = _read_state().get("binfmt_misc_mounted")
+    return was if isinstance(was, bool) else None
 
 
 def _read_state() -> dict[str, Any]:
@@ -206,26 +217,45 @@ def _note_binfmt(name: str, *, registered: bool) -> None:
     _write_state(state)
 
 
+def _note_binfmt_mount(*, mounted: bool) -> None:
+    state = _read_state()
+    if mounted:
+        state["binfmt_misc_mounted_here"] = True
+    else:
+        state.pop("binfmt_misc_mounted_here", None)
+    _write_state(state)
+
+
 @contextlib.contextmanager
 def foreign_arch(arch: str, log: Callable[[str], None] = lambda _m: None) -> Iterator[None]:
     """:func:`hostsys.binfmt.foreign_arch` for the real-node tier: within the block binaries
-    of ``arch`` (OCI name) run here; a handler the block registers is noted in the state file
-    until the block has unregistered it, so :func:`sweep` removes it after an interrupted run.
+    of ``arch`` (OCI name) run here; a handler the block registers, and the ``binfmt_misc``
+    mount it makes, are noted in the state file until the block has undone them, so
+    :func:`sweep` removes them after an interrupted run.
 
     The handler is host-global: a handler that was already registered (by another process) is
     used and left alone. Raises :class:`hostsys.binfmt.BinfmtError` when it cannot be
     registered."""
     name = binfmt.handler_name(arch)
     before = name in binfmt.state()
-    with binfmt.foreign_arch(arch, log):
-        ours = not before and name in binfmt.state()
-        if ours:
-            _note_binfmt(name, registered=True)
-        try:
-            yield
-        finally:
+    was_mounted = binfmt.mounted()
+    mounted_here = False
+    try:
+        with binfmt.foreign_arch(arch, log):
+            mounted_here = not was_mounted and binfmt.mounted()
+            if mounted_here:
+                _note_binfmt_mount(mounted=True)
+            ours = not before and name in binfmt.state()
             if ours:
-                _note_binfmt(name, registered=False)
+                _note_binfmt(name, registered=True)
+            try:
+                yield
+            finally:
+                if ours:
+                    _note_binfmt(name, registered=False)
+    finally:
+        if mounted_here and not binfmt.mounted():
+            _note_binfmt_mount(mounted=False)
 
 
 # ---------------------------------------------------------------------------------- namespaces
@@ -469,7 +499,8 @@ def sweep() -> list[str]:
     Claims the host first (:func:`claim_host`; raises :class:`ClusterError` while another
     process runs real nodes). Kills node processes (by namespace), removes cgroup roots, links
     and the bridge, restores the recorded kernel tunables, unregisters the binfmt handlers
-    :func:`foreign_arch` noted and drops the state file. Returns what it removed."""
+    :func:`foreign_arch` noted and unmounts ``binfmt_misc`` if it noted mounting it, and drops
+    the state file. Returns what it removed."""
     claim_host()
     done: list[str] = []
     for pid in _holders():
@@ -496,6 +527,9 @@ def sweep() -> list[str]:
         if handler.exists():
             handler.write_text("-1")
             done.append(f"binfmt handler {name}")
+    if state.get("binfmt_misc_mounted_here") and binfmt.mounted():
+        binfmt.unmount()
+        done.append(f"mount {binfmt.BINFMT_MISC}")
     with contextlib.suppress(FileNotFoundError):
         state_file().unlink()
     return done
@@ -506,14 +540,16 @@ def leftovers(
     *,
     tunables: dict[str, str] | None = None,
     binfmt_handlers: Sequence[str] | None = None,
+    binfmt_mounted: bool | None = None,
 ) -> list[str]:
     """What this tier still has on the host; ``[]`` means the host is as it was.
 
     ``work_root``: also report host mounts under it (there should never be any: node mounts
-    live in the nodes' own mount namespaces). ``tunables`` and ``binfmt_handlers``: the
-    recorded kernel tunables and qemu binfmt handlers to compare with (default: the state
-    file's; :func:`sweep` removes that file). A handler registered now and not then is a
-    leftover; one that another process has removed since is not."""
+    live in the nodes' own mount namespaces). ``tunables``, ``binfmt_handlers`` and
+    ``binfmt_mounted``: the recorded kernel tunables, qemu binfmt handlers and ``binfmt_misc``
+    mount to compare with (default: the state file's; :func:`sweep` removes that file). A
+    handler registered now and not then is a leftover, and so is ``binfmt_misc`` mounted now
+    and not then; what another process has removed since is not."""
     out = [f"process {p} (namespace holder)" for p in _holders()]
     out += [f"cgroup /{n}" for n in _prefixed_cgroup_roots()]
     out += [f"link {n}" for n in _prefixed_links()]
@@ -525,6 +561,9 @@ def leftovers(
     handlers = binfmt_handlers if binfmt_handlers is not None else recorded_binfmt()
     if handlers is not None:
         out += [f"binfmt handler {h}" for h in binfmt.state() if h not in handlers]
+    was_mounted = binfmt_mounted if binfmt_mounted is not None else recorded_binfmt_mounted()
+    if was_mounted is False and binfmt.mounted():
+        out.append(f"mount {binfmt.BINFMT_MISC}")
     if work_root is not None:
         root = str(work_root.resolve())
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -574,6 +613,7 @@ __all__ = [
     "pod_cidr",
     "record_host_state",
     "recorded_binfmt",
+    "recorded_binfmt_mounted",
     "recorded_tunables",
     "remove_cgroup_root",
     "run",

@@ -609,6 +609,7 @@ class RealNodes:
         """Stop every node and sweep the host; returns what is left on it (``[]`` = clean)."""
         recorded = hostnet.recorded_tunables()
         handlers = hostnet.recorded_binfmt()
+        binfmt_mounted = hostnet.recorded_binfmt_mounted()
         errors: list[str] = []
         for node in reversed(self.nodes):
             try:
@@ -616,4 +617,6 @@ class RealNodes:
             except ClusterError as e:  # keep going: the sweep below retries
                 errors.append(str(e))
         hostnet.sweep()
-        return errors + hostnet.leftovers(self.workdir, tunables=recorded, binfmt_handlers=handlers)
+        return errors + hostnet.leftovers(
+            self.workdir, tunables=recorded, binfmt_handlers=handlers, binfmt_mounted=binfmt_mounted
+        )

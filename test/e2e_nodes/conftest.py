@@ -56,6 +56,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.e2e)
+    # A module that runs a lane of its own in a child pytest (test_sigterm_lane) goes first:
+    # this process claims the host lock on its first sweep and keeps it, and its session nodes
+    # run until the session ends; the child could take neither the lock nor the host.
+    items.sort(key=lambda item: item.get_closest_marker("own_lane") is None)
 
 
 @pytest.fixture(scope="session")

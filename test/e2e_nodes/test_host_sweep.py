@@ -1,10 +1,11 @@
 """An interrupted real-node run leaves host state behind; the next run's sweep removes all of it:
 namespaces, cgroups, links, a kernel tunable the kubelet changed and the qemu binfmt handler an
-arm64 node needs (unless another process had registered it already: then it is not ours).
+arm64 node needs (unless another process had registered it already: then it is not ours), with
+the ``binfmt_misc`` mount made for it (unless it was mounted before).
 
-Runs before the lane's nodes exist (pytest runs this module first: ``test_host_sweep`` sorts
-before the modules that use the ``nodes`` fixture) because :func:`hostnet.sweep` removes every
-real node on the machine.
+Runs before the lane's nodes exist (``test_host_sweep`` sorts before the modules that use the
+``nodes`` fixture; only ``own_lane`` modules, which ``conftest.py`` moves first, run earlier)
+because :func:`hostnet.sweep` removes every real node on the machine.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def test_interrupted_run_is_swept(tmp_path: Path) -> None:
     changed = "1" if original != "1" else "0"
     handler = binfmt.handler_name("arm64")
     ours = handler not in binfmt.state()  # else another process uses it: not this run's
+    mounted_before = binfmt.mounted()
     child = textwrap.dedent(
         f"""
         import sys, time
@@ -69,6 +71,9 @@ def test_interrupted_run_is_swept(tmp_path: Path) -> None:
         if ours:
             assert state["binfmt_registered"] == [handler], state
             assert f"binfmt handler {handler}" in hostnet.leftovers()
+        if not mounted_before:
+            assert state["binfmt_misc_mounted_here"] is True, state
+            assert f"mount {binfmt.BINFMT_MISC}" in hostnet.leftovers()
         assert hostnet.leftovers(), "nothing left behind: the test proves nothing"
     finally:
         if proc.poll() is None:
@@ -80,4 +85,7 @@ def test_interrupted_run_is_swept(tmp_path: Path) -> None:
     if ours:
         assert f"binfmt handler {handler}" in removed, removed
         assert handler not in binfmt.state()
+    if not mounted_before:
+        assert f"mount {binfmt.BINFMT_MISC}" in removed, removed
+    assert binfmt.mounted() == mounted_before
     assert not hostnet.state_file().exists()
