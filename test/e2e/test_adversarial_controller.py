@@ -30,14 +30,11 @@ import contextlib
 import copy
 import json
 import secrets
-import ssl
-import urllib.error
-import urllib.request
 import uuid
 from typing import Any
 
 import pytest
-from e2e_support import REPO, Driver, compute_domain, render_config, wait_for
+from e2e_support import REPO, Driver, compute_domain, impersonated_request, render_config, wait_for
 from kubeletsim import NodeFleet
 from localcluster import Cluster
 
@@ -67,25 +64,17 @@ Obj = dict[str, Any]
 def _as_controller(
     cluster: Cluster, method: str, path: str, body: Obj, content_type: str = "application/json"
 ) -> tuple[int, str]:
-    """A dry-run request as the controller's ServiceAccount (admin impersonating it)."""
-    request = urllib.request.Request(
-        f"{cluster.server}{path}?dryRun=All", data=json.dumps(body).encode(), method=method,
-        headers={
-            "Authorization": f"Bearer {cluster.token('admin')}",
-            "Content-Type": content_type,
-            "Impersonate-User": cluster.service_account_identity(CONTROLLER).user,
-        },
-    )  # fmt: skip
-    context = ssl.create_default_context(cafile=str(cluster.ca_file))
+    """A dry-run request as the controller's ServiceAccount (admin impersonating it); on an
+    error the Status message (JSON escapes such as \\u003c undone) instead of the body."""
+    user = cluster.service_account_identity(CONTROLLER).user
+    status, text = impersonated_request(cluster, method, f"{path}?dryRun=All", body, user=user,
+                                        content_type=content_type)  # fmt: skip
+    if status < 300:
+        return status, text
     try:
-        with urllib.request.urlopen(request, context=context, timeout=30) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as err:
-        text = err.read().decode()
-        try:  # the Status message, JSON escapes (\u003c ...) undone
-            return int(err.code), str(json.loads(text)["message"])
-        except (ValueError, KeyError):
-            return int(err.code), text
+        return status, str(json.loads(text)["message"])
+    except (ValueError, KeyError):
+        return status, text
 
 
 def _create(cluster: Cluster, resource: Any, obj: Obj) -> tuple[int, str]:

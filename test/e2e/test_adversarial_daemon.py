@@ -27,18 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import http.client
 import json
 import secrets
-import ssl
-import urllib.parse
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from e2e_support import Driver, wait_for
+from e2e_support import Driver, impersonated_request, wait_for
 from localcluster import Cluster
 
 from pkg.api import constants as c
@@ -84,34 +81,18 @@ class Api:
 
     def __init__(self, cluster: Cluster) -> None:
         self._cluster = cluster
-        self._context = ssl.create_default_context(cafile=str(cluster.ca_file))
 
     def request(
         self, method: str, path: str, body: Any = None, *, sa: str | None = None,
         claims: dict[str, str] | None = None, content_type: str = "application/json",
     ) -> tuple[int, str]:  # fmt: skip
         """``sa``: impersonate that ServiceAccount (user and groups) with ``claims`` as its
-        user extra; http.client, because each group is its own Impersonate-Group header."""
-        headers = [("Authorization", f"Bearer {self._cluster.token('admin')}"),
-                   ("Content-Type", content_type)]  # fmt: skip
-        if sa is not None:
-            ident = self._cluster.service_account_identity(sa)
-            headers.append(("Impersonate-User", ident.user))
-            headers += [("Impersonate-Group", g) for g in ident.groups]
-            headers += [(f"Impersonate-Extra-{urllib.parse.quote(k, safe='')}", v)
-                        for k, v in (claims or {}).items()]  # fmt: skip
-        data = b"" if body is None else json.dumps(body).encode()
-        url = urllib.parse.urlsplit(self._cluster.server)
-        conn = http.client.HTTPSConnection(url.netloc, context=self._context, timeout=30)
-        try:
-            conn.putrequest(method, path)
-            for key, value in [*headers, ("Content-Length", str(len(data)))]:
-                conn.putheader(key, value)
-            conn.endheaders(data)
-            resp = conn.getresponse()
-            return int(resp.status), resp.read().decode()
-        finally:
-            conn.close()
+        user extra."""
+        ident = self._cluster.service_account_identity(sa) if sa is not None else None
+        return impersonated_request(
+            self._cluster, method, path, body, user=ident.user if ident else None,
+            groups=ident.groups if ident else (), extra=claims, content_type=content_type,
+        )  # fmt: skip
 
 
 def _path(ns: str, name: str | None = None) -> str:

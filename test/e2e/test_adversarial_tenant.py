@@ -54,10 +54,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import http.client
 import json
 import secrets
-import ssl
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,6 +67,7 @@ from e2e_support import (
     Driver,
     channels_seen,
     compute_domain,
+    impersonated_request,
     leak_report,
     pod_phase,
     pod_ready,
@@ -138,26 +137,12 @@ class Tenant:
         self.groups = ("system:serviceaccounts", f"system:serviceaccounts:{namespace}",
                        "system:authenticated")  # fmt: skip
         self._cluster = cluster
-        self._context = ssl.create_default_context(cafile=str(cluster.ca_file))
 
     def request(
         self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
     ) -> tuple[int, str]:
-        headers = [("Authorization", f"Bearer {self._cluster.token('admin')}"),
-                   ("Content-Type", content_type), ("Impersonate-User", self.user),
-                   *(("Impersonate-Group", g) for g in self.groups)]  # fmt: skip
-        data = b"" if body is None else json.dumps(body).encode()
-        url = urllib.parse.urlsplit(self._cluster.server)
-        conn = http.client.HTTPSConnection(url.netloc, context=self._context, timeout=30)
-        try:
-            conn.putrequest(method, path)
-            for key, value in [*headers, ("Content-Length", str(len(data)))]:
-                conn.putheader(key, value)
-            conn.endheaders(data)
-            resp = conn.getresponse()
-            return int(resp.status), resp.read().decode()
-        finally:
-            conn.close()
+        return impersonated_request(self._cluster, method, path, body, user=self.user,
+                                    groups=self.groups, content_type=content_type)  # fmt: skip
 
     def create(self, res: Resource, doc: dict[str, Any], *, dry_run: bool = False,
                namespace: str | None = None) -> tuple[int, str]:  # fmt: skip

@@ -21,17 +21,13 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
-import ssl
 import subprocess
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from e2e_support import KUBECTL, REPO, Driver, render_config, wait_for
+from e2e_support import KUBECTL, REPO, Driver, impersonated_request, render_config, wait_for
 from kubeletsim import NodeFleet
 from localcluster import Cluster
 
@@ -395,22 +391,10 @@ def _patch_as(
 ) -> tuple[int, str]:
     """A dry-run merge PATCH as ``sa`` with ``extra`` claims (kubectl patch would GET first,
     which the daemon may not).  Groups are not impersonated: RBAC binds the user."""
-    headers = {
-        "Authorization": f"Bearer {cluster.token('admin')}",
-        "Content-Type": "application/merge-patch+json",
-        "Impersonate-User": cluster.service_account_identity(sa).user,
-        **{f"Impersonate-Extra-{urllib.parse.quote(k, safe='')}": v for k, v in extra.items()},
-    }
-    request = urllib.request.Request(
-        f"{cluster.server}{path}?dryRun=All", data=json.dumps(body).encode(), method="PATCH",
-        headers=headers,
-    )  # fmt: skip
-    context = ssl.create_default_context(cafile=str(cluster.ca_file))
-    try:
-        with urllib.request.urlopen(request, context=context, timeout=30) as resp:
-            return int(resp.status), resp.read().decode()
-    except urllib.error.HTTPError as err:
-        return int(err.code), err.read().decode()
+    user = cluster.service_account_identity(sa).user
+    merge = "application/merge-patch+json"
+    return impersonated_request(cluster, "PATCH", f"{path}?dryRun=All", body, user=user,
+                                extra=extra, content_type=merge)  # fmt: skip
 
 
 def test_daemon_may_label_only_its_own_pod(
