@@ -217,6 +217,27 @@ def run(c: Cluster) -> None:
     assert forbidden(lambda: sa.list(PODS))  # authenticated, but no RBAC yet
     step("node (token and late client-cert) and service-account identities authenticate")
 
+    old = {n: c.procs[n].pid for n in ("kube-scheduler", "kube-controller-manager")}
+    c.restart_apiserver(1.0)
+    c.restart_controllers()
+    assert c.apiserver_restarts == 1
+    assert all(c.procs[n].pid != pid and c.procs[n].alive() for n, pid in old.items()), old
+    api.create(
+        PODS,
+        {
+            "metadata": {"name": "after-restart"},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "nodeSelector": {"smoke/daemon": "yes"},
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        },
+        namespace=NS,
+    )
+    bound = lambda: api.get(PODS, "after-restart", namespace=NS)["spec"].get("nodeName")  # noqa: E731
+    assert wait_for("pod bound after restarts", bound) == "node-2"
+    step("apiserver restarted, then scheduler and controller-manager: a new pod is bound")
+
 
 def smoke(bins: Path, workdir: Path) -> list[int]:
     """Start a cluster in ``workdir``, `run` the checks, stop it; returns the PIDs of its
@@ -234,6 +255,7 @@ def smoke(bins: Path, workdir: Path) -> list[int]:
         if not ok:
             print(c.dump_logs(30), file=sys.stderr)
         t = time.monotonic()
+        pids += [p.pid for p in c.procs.values() if p.pid not in pids]  # restarted ones
         c.stop()
         stray = [pid for pid in pids if pid_alive(pid)]
         print(f"cluster stopped in {time.monotonic() - t:.1f}s; stray processes: {stray or 'none'}")

@@ -77,6 +77,23 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_controllers_after_apiserver_restarts(
+    request: pytest.FixtureRequest,
+) -> Iterator[None]:
+    """A test that restarted the shared kube-apiserver leaves kube-scheduler and
+    kube-controller-manager restarted too (`Cluster.restart_controllers`): otherwise their
+    reflectors' backoff from that test's outages delays the next test by up to a minute."""
+    if "cluster" not in request.fixturenames:
+        yield
+        return
+    c: Cluster = request.getfixturevalue("cluster")
+    before = c.apiserver_restarts
+    yield
+    if c.apiserver_restarts != before:
+        c.restart_controllers()
+
+
 @pytest.fixture(scope="session")
 def admin(cluster: Cluster) -> KubeClient:
     return RestClient(load_api_client(str(cluster.kubeconfig("admin"))), user_agent="e2e")
