@@ -3,12 +3,16 @@
 
 Generates N realistic Pods (~3 KB of JSON each), records a paginated LIST (N pods) and a WATCH
 stream (N MODIFIED events), serves the recorded bytes from a replay HTTP server in its own
-process, then ingests the same stream twice, each in a fresh child process:
-  raw   - our Reflector + SharedInformer cache (raw dicts), the production path;
-  typed - the official client's typed path: ApiClient.deserialize into V1PodList per page and
-          V1Pod per watch event (what kubernetes.watch.Watch does with deserialize=True).
-Prints objects/s, peak RSS and the ratio; then measures cache memory per object (tracemalloc)
-against the object's JSON size. Usage: .venv/bin/python hack/bench/informer_ingest.py [-n N]
+process, then ingests the same stream in a fresh child process per contender:
+  raw         - our Reflector + SharedInformer cache of raw dicts;
+  raw+compact - the same with the `compact` transform (interned strings, no managedFields);
+  serialized  - the same cache holding JSON bytes (`pkg.informers.serialized`), what the
+                controller uses for the kinds it caches in full;
+  typed       - the official client's typed path: ApiClient.deserialize into V1PodList per page
+                and V1Pod per watch event (what kubernetes.watch.Watch does with deserialize=True).
+Prints objects/s, peak RSS and the ratio; then, per cache, memory per object (tracemalloc)
+against the object's JSON size and the lister's CPU per read (get, by_index, list), serialized
+against raw. Usage: .venv/bin/python hack/bench/informer_ingest.py [-n N]
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import random
 import resource
 import sys
 import time
@@ -36,7 +41,8 @@ from pkg.base.types import JSON
 from pkg.informers.compact import compact as compact_fn
 from pkg.informers.informer import SharedInformer
 from pkg.informers.listwatch import ResourceListerWatcher
-from pkg.informers.store import Indexer
+from pkg.informers.serialized import SerializedCodec
+from pkg.informers.store import BY_NODE_NAME, Indexer, index_by_node_name
 from pkg.kube.client import RestClient
 from pkg.kube.resources import PODS
 
@@ -161,13 +167,14 @@ def serve(pages: list[bytes], events: list[bytes], port_q: Any) -> None:
     httpd.serve_forever()
 
 
-def run_raw(url: str, final_rv: int, out: Any, *, compact: bool = False) -> None:
+def run_raw(url: str, final_rv: int, out: Any, *, mode: str = "raw") -> None:
 
     cfg = k8s.Configuration()
     cfg.host = url
     inf = SharedInformer(ResourceListerWatcher(RestClient(k8s.ApiClient(cfg)), PODS),
                          clock=RealClock(), page_size=PAGE,
-                         transform=compact_fn if compact else None)  # fmt: skip
+                         transform=compact_fn if mode == "raw+compact" else None,
+                         codec=SerializedCodec() if mode == "serialized" else None)  # fmt: skip
     t0 = time.perf_counter()
     inf.start()
     while inf.last_sync_resource_version != str(final_rv):
@@ -177,7 +184,7 @@ def run_raw(url: str, final_rv: int, out: Any, *, compact: bool = False) -> None
     inf.stop()
     out.put(
         (
-            "raw+compact" if compact else "raw",
+            mode,
             dt,
             n,
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -213,23 +220,47 @@ def run_typed(url: str, final_rv: int, out: Any) -> None:
 
 
 def run_raw_compact(url: str, final_rv: int, out: Any) -> None:
-    run_raw(url, final_rv, out, compact=True)
+    run_raw(url, final_rv, out, mode="raw+compact")
 
 
-def measure_memory(events: list[bytes], compact: bool, out: Any) -> None:
-    """tracemalloc'd size of the cache after ingesting the watch stream (the steady state)."""
+def run_serialized(url: str, final_rv: int, out: Any) -> None:
+    run_raw(url, final_rv, out, mode="serialized")
 
-    idx = Indexer()
+
+def measure_memory(events: list[bytes], mode: str, out: Any) -> None:
+    """tracemalloc'd size of the cache after ingesting the watch stream (the steady state),
+    then the lister's CPU per read (outside tracemalloc): a get of every key in random order
+    (for the serialized cache mostly LRU misses), a get of one hot key, a by_index of one
+    node's pods, and a full list()."""
+
+    idx = Indexer({BY_NODE_NAME: index_by_node_name},
+                  codec=SerializedCodec() if mode == "serialized" else None)  # fmt: skip
     json_bytes = 0
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     for line in events:
         obj = json.loads(line)["object"]
-        idx.add(compact_fn(obj) if compact else obj)
+        idx.add(compact_fn(obj) if mode == "raw+compact" else obj)
         json_bytes += len(json.dumps(obj, separators=(",", ":")))
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
-    out.put(("mem", used / len(idx), json_bytes / len(idx), len(idx)))
+    keys = idx.list_keys()
+    random.Random(1).shuffle(keys)
+    node = index_by_node_name(idx.get_by_key(keys[0]) or {})[0]
+
+    def per_call(fn: Any, calls: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(calls):
+            fn(i)
+        return (time.perf_counter() - t0) / calls * 1e6
+
+    reads = {
+        "get (each key once)": per_call(lambda i: idx.get_by_key(keys[i]), len(keys)),
+        "get (one hot key)": per_call(lambda _i: idx.get_by_key(keys[0]), len(keys)),
+        "by_index (one node)": per_call(lambda _i: idx.by_index(BY_NODE_NAME, node), 200),
+        "list (all)": per_call(lambda _i: idx.list(), 3),
+    }
+    out.put(("mem", used / len(idx), json_bytes / len(idx), len(idx), reads))
 
 
 def child(target: Any, *args: Any) -> tuple[Any, ...]:
@@ -256,19 +287,23 @@ def main() -> None:
     url = f"http://127.0.0.1:{port_q.get(timeout=30)}"
     total = 2 * args.n
     results = {}
-    for target in (run_raw, run_raw_compact, run_typed):
+    for target in (run_raw, run_raw_compact, run_serialized, run_typed):
         kind, dt, n, rss_kb = child(target, url, final_rv)
         results[kind] = dt
         print(f"{kind:>11}: {total} objects in {dt:6.2f}s = {total / dt:8.0f} obj/s, "
               f"cached {n}, peak RSS {rss_kb / 1024:.0f} MiB")  # fmt: skip
-    for kind in ("raw", "raw+compact"):
+    for kind in ("raw", "raw+compact", "serialized"):
         print(f"ratio {kind}/typed throughput: {results['typed'] / results[kind]:.1f}x")
-    for compact in (False, True):
-        _, per_obj, json_per_obj, n = child(measure_memory, events, compact)
+    reads: dict[str, dict[str, float]] = {}
+    for mode in ("raw", "raw+compact", "serialized"):
+        _, per_obj, json_per_obj, n, reads[mode] = child(measure_memory, events, mode)
         print(
-            f"cache memory{' (compact)' if compact else ''}: {per_obj:.0f} B/object vs "
+            f"cache memory ({mode}): {per_obj:.0f} B/object vs "
             f"{json_per_obj:.0f} B JSON = {per_obj / json_per_obj:.2f}x ({n} objects)"
         )
+    for op in reads["raw"]:
+        raw, ser = reads["raw"][op], reads["serialized"][op]
+        print(f"lister {op}: raw {raw:.2f} us, serialized {ser:.2f} us = {ser / raw:.1f}x")
     server.terminate()
     server.join()
 

@@ -1,8 +1,9 @@
 """Shared informers and work queues with client-go semantics over raw JSON dicts.
 
 Public surface: `SharedInformerFactory`, `SharedInformer`, `Lister`, `Indexer` (+ stock index
-functions and `DeletedFinalStateUnknown`), `Reflector`, `ListerWatcher`, the work queues and
-rate limiters (`pkg.informers.workqueue`), all timed on an injected `pkg.base.Clock`.
+functions, `DeletedFinalStateUnknown`, and the `ObjectCodec` deciding how it holds objects, e.g.
+`SerializedCodec`), `Reflector`, `ListerWatcher`, the work queues and rate limiters
+(`pkg.informers.workqueue`), all timed on an injected `pkg.base.Clock`.
 """
 
 from pkg.informers.factory import SharedInformerFactory
@@ -11,6 +12,7 @@ from pkg.informers.listener import HandlerRegistration
 from pkg.informers.lister import Lister
 from pkg.informers.listwatch import ListerWatcher, ResourceListerWatcher
 from pkg.informers.reflector import BackoffPolicy, Reflector
+from pkg.informers.serialized import SerializedCodec
 from pkg.informers.store import (
     BY_NODE_NAME,
     BY_OWNER_UID,
@@ -18,6 +20,7 @@ from pkg.informers.store import (
     DeletedFinalStateUnknown,
     Indexer,
     IndexFunc,
+    ObjectCodec,
     by_label,
     index_by_node_name,
     index_by_owner_uid,
@@ -50,10 +53,12 @@ __all__ = [
     "Lister",
     "ListerWatcher",
     "MaxOfRateLimiter",
+    "ObjectCodec",
     "RateLimiter",
     "RateLimitingQueue",
     "Reflector",
     "ResourceListerWatcher",
+    "SerializedCodec",
     "SharedInformer",
     "SharedInformerFactory",
     "WorkQueue",

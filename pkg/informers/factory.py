@@ -17,6 +17,7 @@ from pkg.informers.informer import SharedInformer
 from pkg.informers.lister import Lister
 from pkg.informers.listwatch import ListerWatcher, ResourceListerWatcher, RestListerWatcher
 from pkg.informers.reflector import DEFAULT_BACKOFF, BackoffPolicy
+from pkg.informers.serialized import SerializedCodec
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.resources import Resource
 
@@ -67,10 +68,13 @@ class SharedInformerFactory:
         *,
         transform: Callable[[JSON], JSON] | None = None,
         metadata_only: bool = False,
+        serialized: bool = False,
     ) -> SharedInformer:
         """The shared informer of this slice; ``transform`` (for this informer, overriding
-        the factory's) applies only when this call creates it; ``metadata_only`` (needs a
-        `RestClient`) caches PartialObjectMetadata objects, a separate informer."""
+        the factory's) and ``serialized`` (cache objects as JSON bytes,
+        `serialized.SerializedCodec`: about 1x their JSON size instead of ~6x, reads decode)
+        apply only when this call creates it; ``metadata_only`` (needs a `RestClient`) caches
+        PartialObjectMetadata objects, a separate informer."""
         key: InformerKey = (
             resource,
             namespace,
@@ -104,6 +108,7 @@ class SharedInformerFactory:
                     min_watch_timeout=self._min_watch_timeout,
                     backoff=self._backoff,
                     transform=transform or self._transform,
+                    codec=SerializedCodec() if serialized else None,
                 )
                 self._informers[key] = inf
             return inf

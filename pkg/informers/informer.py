@@ -25,7 +25,7 @@ from pkg.base.types import JSON
 from pkg.informers.listener import HandlerRegistration, Notification, OnAdd, OnDelete, OnUpdate
 from pkg.informers.listwatch import ListerWatcher
 from pkg.informers.reflector import DEFAULT_BACKOFF, BackoffPolicy, Reflector
-from pkg.informers.store import DeletedFinalStateUnknown, Indexer, IndexFunc
+from pkg.informers.store import DeletedFinalStateUnknown, Indexer, IndexFunc, ObjectCodec
 
 __all__ = ["SharedInformer"]
 
@@ -54,13 +54,16 @@ class SharedInformer:
         backoff: BackoffPolicy = DEFAULT_BACKOFF,
         rng: random.Random | None = None,
         transform: Callable[[JSON], JSON] | None = None,
+        codec: ObjectCodec | None = None,
     ) -> None:
+        """``transform`` applies to every object before it is cached; ``codec`` is how the
+        cache holds objects (`Indexer`; e.g. `serialized.SerializedCodec` for large caches)."""
         self.resource = lw.resource
         # Applied to every object before it is cached (e.g. `compact.compact` to save memory).
         self._transform = transform
         self._clock = clock
         self._resync_period = resync_period
-        self.indexer = Indexer(indexers)
+        self.indexer = Indexer(indexers, codec=codec)
         self._lock = threading.RLock()
         self._handlers: list[HandlerRegistration] = []
         self._synced = threading.Event()

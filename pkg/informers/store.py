@@ -6,6 +6,11 @@ consistent snapshot; index entries are always exactly those computed from the st
 objects are shared with handlers and listers - callers must deep-copy before mutating.
 Also defines `DeletedFinalStateUnknown`, the tombstone delete handlers receive when an object
 vanished while the watch was down, and stock index functions.
+
+How an object is held is the `codec`'s (`pkg.informers.serialized`): by default the dict itself;
+a serialized codec keeps each object as compact JSON bytes and decodes on read, so a cache of
+many objects costs about their JSON size instead of ~6x. Index values are always computed from
+the decoded object, at write time.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from pkg.base.types import JSON
 
@@ -23,6 +29,7 @@ __all__ = [
     "DeletedFinalStateUnknown",
     "IndexFunc",
     "Indexer",
+    "ObjectCodec",
     "by_label",
     "index_by_node_name",
     "index_by_owner_uid",
@@ -87,6 +94,33 @@ def by_label(label: str) -> IndexFunc:
     return index
 
 
+class ObjectCodec(Protocol):
+    """How an `Indexer` holds its objects (called under the indexer's lock).
+
+    ``encode`` turns an object being stored under ``key`` into what is kept; ``decode`` gives
+    the object back for a read (equal to what was stored; the same dict on repeated reads is
+    allowed but not promised); ``forget`` is told that ``key`` left the cache.
+    """
+
+    def encode(self, key: str, obj: JSON) -> Any: ...
+    def decode(self, key: str, stored: Any) -> JSON: ...
+    def forget(self, key: str) -> None: ...
+
+
+class _AsIs:
+    """The default codec: the dict itself (reads return the very object stored)."""
+
+    def encode(self, key: str, obj: JSON) -> Any:
+        return obj
+
+    def decode(self, key: str, stored: Any) -> JSON:
+        out: JSON = stored
+        return out
+
+    def forget(self, key: str) -> None:
+        return None
+
+
 class Indexer:
     """The cache: `add`/`update`/`delete`/`replace` plus snapshot reads and index lookups."""
 
@@ -95,9 +129,11 @@ class Indexer:
         indexers: dict[str, IndexFunc] | None = None,
         *,
         key_func: Callable[[JSON], str] = meta_namespace_key,
+        codec: ObjectCodec | None = None,
     ) -> None:
         self._lock = threading.RLock()
-        self._items: dict[str, JSON] = {}
+        self._codec: ObjectCodec = codec or _AsIs()
+        self._items: dict[str, Any] = {}  # key -> what the codec keeps
         self._key = key_func
         self._funcs: dict[str, IndexFunc] = {}
         # index name -> indexed value -> keys
@@ -116,8 +152,8 @@ class Indexer:
                     raise ValueError(f"indexer {name!r} already exists")
                 self._funcs[name] = func
                 self._indices[name] = {}
-                for key, obj in self._items.items():
-                    self._index_one(name, func, key, obj)
+                for key, stored in self._items.items():
+                    self._index_one(name, func, key, self._codec.decode(key, stored))
 
     def _index_one(self, name: str, func: IndexFunc, key: str, obj: JSON) -> None:
         index = self._indices[name]
@@ -134,11 +170,15 @@ class Indexer:
                     if not keys:
                         del index[value]
 
+    def _get_locked(self, key: str) -> JSON | None:
+        stored = self._items.get(key)
+        return None if stored is None else self._codec.decode(key, stored)
+
     def _put_locked(self, key: str, obj: JSON) -> JSON | None:
-        old = self._items.get(key)
+        old = self._get_locked(key)
         if old is not None:
             self._unindex(key, old)
-        self._items[key] = obj
+        self._items[key] = self._codec.encode(key, obj)
         for name, func in self._funcs.items():
             self._index_one(name, func, key, obj)
         return old
@@ -160,8 +200,10 @@ class Indexer:
     def delete_key(self, key: str) -> JSON | None:
         """Remove the object stored under ``key``; returns it, if anything."""
         with self._lock:
-            old = self._items.pop(key, None)
+            old = self._get_locked(key)
             if old is not None:
+                del self._items[key]
+                self._codec.forget(key)
                 self._unindex(key, old)
             return old
 
@@ -169,7 +211,9 @@ class Indexer:
         """Swap the whole content atomically; returns the objects whose keys vanished."""
         with self._lock:
             new = {self._key(o): o for o in objs}
-            gone = {k: v for k, v in self._items.items() if k not in new}
+            gone = {k: self._codec.decode(k, v) for k, v in self._items.items() if k not in new}
+            for key in gone:
+                self._codec.forget(key)
             self._items = {}
             self._indices = {name: {} for name in self._funcs}
             for key, obj in new.items():
@@ -185,12 +229,12 @@ class Indexer:
     def get_by_key(self, key: str) -> JSON | None:
         """The stored object under ``key``, or None."""
         with self._lock:
-            return self._items.get(key)
+            return self._get_locked(key)
 
     def list(self) -> _Objects:
         """A snapshot list of every stored object (shared objects: do not mutate)."""
         with self._lock:
-            return list(self._items.values())
+            return [self._codec.decode(k, v) for k, v in self._items.items()]
 
     def list_keys(self) -> _Strings:
         """A snapshot list of every key."""
@@ -200,7 +244,7 @@ class Indexer:
     def items(self) -> _Items:
         """A snapshot list of (key, object) pairs."""
         with self._lock:
-            return list(self._items.items())
+            return [(k, self._codec.decode(k, v)) for k, v in self._items.items()]
 
     def __len__(self) -> int:
         with self._lock:
@@ -220,7 +264,18 @@ class Indexer:
         unknown index.
         """
         with self._lock:
-            return [self._items[k] for k in self.index_keys(index_name, value)]
+            return [
+                self._codec.decode(k, self._items[k]) for k in self.index_keys(index_name, value)
+            ]
+
+    def index_values(self, index_name: str) -> _Strings:
+        """Sorted values of index ``index_name`` that some object has (client-go's
+        ``ListIndexFuncValues``); reads no object. KeyError for an unknown index.
+        """
+        with self._lock:
+            if index_name not in self._indices:
+                raise KeyError(f"no indexer named {index_name!r}")
+            return sorted(self._indices[index_name])
 
     def lock(self) -> threading.RLock:
         """For callers that need several reads (or read+notify) to be one atomic step."""

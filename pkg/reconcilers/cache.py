@@ -53,6 +53,8 @@ class ObjectCache(Protocol):
 
     def by_index(self, index: str, value: str) -> builtins.list[JSON]: ...
 
+    def index_values(self, index: str) -> builtins.list[str]: ...
+
 
 def index_by_uid(obj: JSON) -> list[str]:
     uid = obj.get("metadata", {}).get("uid")
@@ -154,6 +156,10 @@ class MergedCache:
     def by_index(self, index: str, value: str) -> builtins.list[JSON]:
         """Every part's objects whose ``index`` yields ``value``."""
         return [obj for part in self._parts for obj in part.by_index(index, value)]
+
+    def index_values(self, index: str) -> builtins.list[str]:
+        """The values ``index`` yields for some object of some part, sorted."""
+        return sorted({v for part in self._parts for v in part.index_values(index)})
 
 
 @dataclass(frozen=True)

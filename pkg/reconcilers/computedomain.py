@@ -61,7 +61,7 @@ from pkg.base.verbosity import V
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS
-from pkg.reconcilers.cache import BY_DOMAIN, Caches
+from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, Caches
 from pkg.reconcilers.conditions import REASON_INVALID_SPEC
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
@@ -180,7 +180,7 @@ class ComputeDomainReconciler:
         found = self._aggregate(obj)
         unreachable = num_nodes_problem(
             cd.num_nodes,
-            candidate_nodes(self._caches.slices.list(), self._caches.nodes),
+            candidate_nodes(self._caches.slices.index_values(BY_NODE), self._caches.nodes),
             (m.entry.node_name for m in found.members),
         )
         if unreachable is not None:

@@ -89,6 +89,10 @@ class _Unwatched:
         """Always empty."""
         return []
 
+    def index_values(self, index: str) -> builtins.list[str]:
+        """Always empty."""
+        return []
+
 
 def host_managed_caches(*, compute_domains: ObjectCache, rcts: ObjectCache) -> Caches:
     """:class:`Caches` with only the two kinds host-managed mode watches; the daemon kinds,

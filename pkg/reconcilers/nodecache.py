@@ -98,3 +98,7 @@ class NodeView:
     def by_index(self, index: str, value: str) -> builtins.list[JSON]:
         """Index lookups on the metadata cache (labels only)."""
         return self._metadata.by_index(index, value)
+
+    def index_values(self, index: str) -> builtins.list[str]:
+        """Index values of the metadata cache (labels only)."""
+        return self._metadata.index_values(index)

@@ -23,22 +23,22 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pkg.api import constants as c
-from pkg.base.types import JSON
-from pkg.reconcilers.cache import ObjectCache, index_by_slice_node
+from pkg.reconcilers.cache import ObjectCache
 from pkg.reconcilers.conditions import REASON_NUM_NODES_UNREACHABLE
 from pkg.reconcilers.status import Problem
 
 __all__ = ["candidate_nodes", "num_nodes_problem"]
 
 
-def candidate_nodes(slices: Iterable[JSON], nodes: ObjectCache) -> set[str]:
-    """Nodes that publish this driver's ResourceSlices and exist (not being deleted)."""
+def candidate_nodes(slice_nodes: Iterable[str], nodes: ObjectCache) -> set[str]:
+    """Of ``slice_nodes`` (the nodes this driver's ResourceSlices name: the slice cache's
+    BY_NODE index values, `cache.index_by_slice_node`), those whose Node exists and is not
+    being deleted."""
     out: set[str] = set()
-    for slice_ in slices:
-        for name in index_by_slice_node(slice_):
-            node = nodes.get_by_key(name)
-            if node is not None and not node.get("metadata", {}).get("deletionTimestamp"):
-                out.add(name)
+    for name in slice_nodes:
+        node = nodes.get_by_key(name)
+        if node is not None and not node.get("metadata", {}).get("deletionTimestamp"):
+            out.add(name)
     return out
 
 

@@ -44,7 +44,6 @@ from pkg.reconcilers.cache import (
     BY_NODE,
     BY_UID,
     Caches,
-    allocated_node,
     channel_domain_id,
 )
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
@@ -99,9 +98,10 @@ class ResourceClaimReconciler:
         """Take every channel claim allocated in the synced cache as already applied (call once,
         after the caches synced and before the workers start); returns how many."""
         adopted: dict[str, set[str]] = {}
-        for claim in self._caches.claims.list():
-            node_name = allocated_node(claim)
-            if node_name and channel_domain_id(claim) is not None:
+        # The BY_NODE index holds exactly the allocated channel claims: only those are read
+        # (decoded, from the serialized cache), not every claim of the cluster.
+        for node_name in self._caches.claims.index_values(BY_NODE):
+            for claim in self._caches.claims.by_index(BY_NODE, node_name):
                 adopted.setdefault(node_name, set()).add(str(claim["metadata"].get("uid")))
         with self._lock:
             for node_name, uids in adopted.items():

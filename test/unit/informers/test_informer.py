@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -11,6 +12,7 @@ from pkg.base.types import JSON
 from pkg.informers.compact import compact
 from pkg.informers.factory import SharedInformerFactory
 from pkg.informers.lister import Lister
+from pkg.informers.serialized import SerializedCodec
 from pkg.informers.store import (
     BY_NODE_NAME,
     BY_OWNER_UID,
@@ -139,8 +141,20 @@ def test_has_stopped_once_no_thread_can_change_the_cache() -> None:
         assert [k for k, _ in inf.indexer.items()] == ["x"]  # the cache keeps its content
 
 
-def test_indexer_indexes_and_replace() -> None:
-    idx = Indexer({BY_NODE_NAME: index_by_node_name, "app": by_label("app"), BY_UID: index_by_uid})
+CODECS: dict[str, Callable[[], SerializedCodec | None]] = {
+    "dicts": lambda: None,
+    "serialized": SerializedCodec,
+    "serialized-no-lru": lambda: SerializedCodec(decoded=0),
+    "serialized-lru-1": lambda: SerializedCodec(decoded=1),
+}
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_indexer_indexes_and_replace(codec: str) -> None:
+    idx = Indexer(
+        {BY_NODE_NAME: index_by_node_name, "app": by_label("app"), BY_UID: index_by_uid},
+        codec=CODECS[codec](),
+    )
     a = pod("a", "n1", app="x") | {}
     a["metadata"] = a["metadata"] | {"uid": "u-a"}
     b = pod("b", "n2", app="x")
@@ -154,8 +168,10 @@ def test_indexer_indexes_and_replace() -> None:
     moved = pod("b", "n3", app="y")
     idx.update(moved)
     assert idx.index_keys(BY_NODE_NAME, "n2") == [] and idx.index_keys("app", "y") == ["ns/b"]
+    assert idx.get_by_key("ns/b") == moved and idx.index_values("app") == ["x", "y"]
     gone = idx.replace([pod("c")])
     assert sorted(gone) == ["ns/a", "ns/b"] and idx.list_keys() == ["ns/c"]
+    assert gone["ns/b"] == moved and idx.list() == [pod("c")] and idx.index_values("app") == []
     assert idx.by_index(BY_UID, "u-a") == []
     idx.delete(DeletedFinalStateUnknown("ns/c", pod("c")))
     assert len(idx) == 0

@@ -56,6 +56,9 @@ class LiveCache:
     def by_index(self, index: str, value: str) -> builtins.list[JSON]:
         return self._indexer().by_index(index, value)
 
+    def index_values(self, index: str) -> builtins.list[str]:
+        return self._indexer().index_values(index)
+
 
 def _labelled_in(namespace: str | None) -> Callable[[JSON], bool]:
     def keep(obj: JSON) -> bool:
@@ -284,3 +287,8 @@ class LaggingCache:
         if self._snapshot is None:
             return self._live.by_index(index, value)
         return [o for o in self._snapshot if value in self._indexes[index](o)]
+
+    def index_values(self, index: str) -> builtins.list[str]:
+        if self._snapshot is None:
+            return self._live.index_values(index)
+        return sorted({v for o in self._snapshot for v in self._indexes[index](o)})

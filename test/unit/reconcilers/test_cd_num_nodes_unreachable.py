@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
-from pkg.reconcilers.cache import Caches
+from pkg.reconcilers.cache import Caches, index_by_slice_node
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.conditions import REASON_NUM_NODES_UNREACHABLE
 from pkg.reconcilers.config import ControllerConfig
@@ -48,7 +48,9 @@ def test_candidates_are_existing_nodes_publishing_our_slices() -> None:
               resource_slice("b", clique_id=None), foreign, resource_slice("d", clique_id=None),
               resource_slice("gone", clique_id=None)]  # fmt: skip
     nodes = Nodes(node("a"), node("b", ready="False"), node("c"), deleting)
-    assert candidate_nodes(slices, nodes) == {"a", "b"}  # type: ignore[arg-type]
+    named = sorted({n for s in slices for n in index_by_slice_node(s)})
+    assert named == ["a", "b", "d", "gone"]
+    assert candidate_nodes(named, nodes) == {"a", "b"}  # type: ignore[arg-type]
 
 
 def test_problem_only_when_num_nodes_exceeds_candidates_and_members() -> None:

@@ -155,3 +155,27 @@ def test_a_domains_daemons_in_an_additional_namespace_are_adopted_and_torn_down(
         eventually(lambda: get_cd(server) is None)
     finally:
         mgr.stop()
+
+
+def test_kinds_cached_in_full_are_held_serialized(
+    server: FakeApiServer, client: RestClient, config: ControllerConfig,
+    registry: CollectorRegistry, events: RecordedEvents,
+) -> None:  # fmt: skip
+    """Issue 32: every kind the controller caches in full keeps JSON bytes (about 1x their
+    JSON size, `pkg.informers.serialized`); the metadata-only and slimmed Node caches keep
+    dicts. Reads still give the objects."""
+    server.seed(res.COMPUTE_DOMAINS, compute_domain())
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w-0", ns="team", uid="u", node_name="n1"))
+    mgr = start_manager(client, config, registry, events)
+    try:
+        held = {name: {type(v) for v in inf.indexer._items.values()}
+                for name, inf in mgr._informers.items()}  # fmt: skip
+        full = {n for n in held if n not in ("nodes", "node_health")}
+        assert full >= {"compute_domains", "rcts", "claims", "slices", "daemonsets[0]",
+                        "pods[0]", "cliques[0]"}, sorted(held)  # fmt: skip
+        assert held["compute_domains"] == {bytes} and held["claims"] == {bytes}, held
+        assert all(held[n] <= {bytes} for n in full), held
+        assert [o["metadata"]["name"] for o in mgr.caches.compute_domains.list()] == ["cd1"]
+        assert mgr.caches.claims.get_by_key("team/w-0") is not None
+    finally:
+        mgr.stop()
