@@ -18,6 +18,10 @@ Invariants:
   not survive a reboot (upstream behaviour). A file without a boot ID (older Go driver) keeps its
   entries and gets the current one, as upstream does. ``PrepareAborted`` tombstones are kept
   like any entry (upstream v0.4.1+ writes and reads them).
+* The file stays readable by the Go plugin of ``--checkpoint-compatibility``
+  (`checkpointformat.CheckpointCompatibility`, default v0.4.1): below v0.4.1 tombstones live
+  in memory only, below v0.4.0 the file carries no boot ID. `open` rewrites the file in that
+  shape, so an operator sets it, lets the plugin restart, and can then roll the node back.
 
 Corrupt-file policy (never a silent reset, never a crash loop): if the file cannot be parsed or a
 checksum does not verify, then (1) the file is moved aside to
@@ -43,6 +47,7 @@ from typing import Final
 
 from pkg.base.files import atomic_write
 from pkg.kubeletplugin.checkpointformat import (
+    CheckpointCompatibility,
     ClaimEntry,
     ClaimState,
     DecodedCheckpoint,
@@ -91,10 +96,16 @@ class CheckpointStore:
     """
 
     def __init__(
-        self, *, directory: Path, boot_id: str, now: Callable[[], float] = time.time
+        self,
+        *,
+        directory: Path,
+        boot_id: str,
+        now: Callable[[], float] = time.time,
+        compatibility: CheckpointCompatibility = CheckpointCompatibility.V0_4_1,
     ) -> None:
         self._path = directory / CHECKPOINT_FILE
         self._boot_id = boot_id
+        self._compatibility = compatibility
         self._entries: dict[str, ClaimEntry] = {}
         self._stamp: tuple[int, int, int] | None = None
         self._now = now
@@ -158,7 +169,15 @@ class CheckpointStore:
                 decoded = decode_checkpoint(self._path.read_bytes())
                 if decoded.problems:
                     raise ValueError("; ".join(decoded.problems))
-                self._entries = dict(decoded.entries)
+                # Tombstones the file's shape cannot hold stay ours (memory only).
+                memory_only = {
+                    uid: e
+                    for uid, e in self._entries.items()
+                    if e.state == ClaimState.PREPARE_ABORTED
+                    and not self._compatibility.keeps_aborted
+                    and uid not in decoded.entries
+                }
+                self._entries = {**decoded.entries, **memory_only}
                 self._stamp = stamp
             except ValueError as err:
                 # Only atomic writes under the node lock touch the file after open(); keep the
@@ -181,7 +200,7 @@ class CheckpointStore:
             self._write(entries)
 
     def _write(self, entries: dict[str, ClaimEntry]) -> None:
-        data = encode_checkpoint(entries, boot_id=self._boot_id)
+        data = encode_checkpoint(entries, boot_id=self._boot_id, compatibility=self._compatibility)
         self._path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self._path, data, mode=0o600)
         self._entries = dict(entries)

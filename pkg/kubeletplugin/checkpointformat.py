@@ -55,6 +55,37 @@ from pkg.kubeletplugin.gojson import (
 )
 
 
+class CheckpointCompatibility(enum.StrEnum):
+    """The oldest Go plugin a checkpoint must stay readable by (``--checkpoint-compatibility``).
+
+    The Go plugin verifies a section by re-marshalling it with its own types, so any field it
+    lacks fails the checksum and it reports ``checkpoint is corrupted`` on every Prepare and
+    Unprepare (`hack/checkpoint-compat.py` runs each version's own code on our files):
+
+    * ``v0.4.1`` (default): upstream's newest shape -- ``nodeBootID``, ``PrepareAborted``
+      tombstones with ``abortedAt``; v0.4.1 and newer read it;
+    * ``v0.4.0``: no ``PrepareAborted`` entries (v0.4.0 lacks ``abortedAt``); tombstones are
+      kept in memory only;
+    * ``v25.12.0``: that, and no ``nodeBootID`` either (v25.12.0's v2 section has no such
+      field), so entries of a previous boot are kept after a reboot until the kubelet or the
+      cleanup unprepares them, as v25.12.0 itself does.
+    """
+
+    V0_4_1 = "v0.4.1"
+    V0_4_0 = "v0.4.0"
+    V25_12_0 = "v25.12.0"
+
+    @property
+    def keeps_aborted(self) -> bool:
+        """Whether ``PrepareAborted`` tombstones may be written to the file."""
+        return self is CheckpointCompatibility.V0_4_1
+
+    @property
+    def keeps_boot_id(self) -> bool:
+        """Whether ``nodeBootID`` may be written to the file."""
+        return self is not CheckpointCompatibility.V25_12_0
+
+
 class ClaimState(enum.StrEnum):
     """``checkpointState``: Started -> Completed -> (deleted), or Started -> Aborted -> (expired).
 
@@ -446,11 +477,30 @@ def _claim_to_wire(entry: ClaimEntry) -> dict[str, Any]:
     }
 
 
-def encode_checkpoint(entries: Mapping[str, ClaimEntry], *, boot_id: str) -> bytes:
-    """The file the Go driver's ``MarshalCheckpoint`` writes for these entries."""
-    claims = {uid: _claim_to_wire(e) for uid, e in entries.items()}
+def persisted(
+    entries: Mapping[str, ClaimEntry], compatibility: CheckpointCompatibility
+) -> dict[str, ClaimEntry]:
+    """The entries a file of ``compatibility`` holds (without tombstones it cannot hold)."""
+    return {
+        uid: e
+        for uid, e in entries.items()
+        if compatibility.keeps_aborted or e.state != ClaimState.PREPARE_ABORTED
+    }
+
+
+def encode_checkpoint(
+    entries: Mapping[str, ClaimEntry],
+    *,
+    boot_id: str,
+    compatibility: CheckpointCompatibility = CheckpointCompatibility.V0_4_1,
+) -> bytes:
+    """The file the Go driver's ``MarshalCheckpoint`` writes for these entries, in the shape
+    the Go plugins down to ``compatibility`` verify (`persisted` entries; no ``nodeBootID``
+    below v0.4.0)."""
+    claims = {uid: _claim_to_wire(e) for uid, e in persisted(entries, compatibility).items()}
+    boot = boot_id if compatibility.keeps_boot_id else ""
     v2 = gojson.canonical(
-        {"checksum": 0, "preparedClaims": claims, "nodeBootID": boot_id}, _V2, where="v2"
+        {"checksum": 0, "preparedClaims": claims, "nodeBootID": boot}, _V2, where="v2"
     )
     v2["checksum"] = gojson.checksum(gojson.marshal(v2))
     completed = {

@@ -56,6 +56,7 @@ from pkg.kubeletplugin.checkpoint import (
     PreparedDevice,
     read_boot_id,
 )
+from pkg.kubeletplugin.checkpointformat import CheckpointCompatibility
 from pkg.kubeletplugin.claims import slice_devices
 from pkg.kubeletplugin.cleanup import CheckpointCleanup
 from pkg.kubeletplugin.clique import (
@@ -115,6 +116,8 @@ class PluginConfig:
     # host IMEX control socket as seen inside the driver root (IMEX_HOST_SOCKET_PATH).
     imex: ImexModeConfig = field(default_factory=ImexModeConfig)
     imex_host_socket_path: str = DEFAULT_HOST_SOCKET_PATH
+    # --checkpoint-compatibility: the oldest Go plugin the checkpoint stays readable by.
+    checkpoint_compatibility: CheckpointCompatibility = CheckpointCompatibility.V0_4_1
 
     @property
     def plugin_dir(self) -> Path:
@@ -171,6 +174,7 @@ class KubeletPlugin:
             directory=config.plugin_dir,
             boot_id=read_boot_id(config.boot_id_file),
             now=self.clock.now,
+            compatibility=config.checkpoint_compatibility,
         )
         # Failed LIST/WATCH calls back off from `retry_delay` up to 30x it (jittered).
         backoff = BackoffPolicy(initial=config.retry_delay, cap=30 * config.retry_delay)

@@ -28,6 +28,7 @@ from pkg.featuregates import (
     FeatureGates,
 )
 from pkg.imex.mode import DEFAULT_HOST_SOCKET_PATH, DRIVER_MANAGED, ISOLATION_DOMAIN, ImexModeConfig
+from pkg.kubeletplugin.checkpointformat import CheckpointCompatibility
 from pkg.kubeletplugin.discovery import DeviceDiscovery, DiscoveryError
 from pkg.kubeletplugin.discovery.fabric import is_single_node_nvlink, select_dev_root
 from pkg.kubeletplugin.discovery.fake import FakeDiscovery
@@ -77,6 +78,10 @@ PLUGIN_FLAGS: Final = FlagTable(prog=PROG, verbosity_env="LOG_VERBOSITY", flags=
          "host IMEX control socket, as seen inside the driver root"),
     Flag("alt-proc-devices-path", "ALT_PROC_DEVICES_PATH", str, "/proc/devices",
          "the host's /proc/devices as mounted in this container", cli=False),
+    Flag("checkpoint-compatibility", "CHECKPOINT_COMPATIBILITY",
+         choice(*(str(v) for v in CheckpointCompatibility)), str(CheckpointCompatibility.V0_4_1),
+         "the oldest upstream kubelet plugin this node's checkpoint must stay readable by "
+         "(set before rolling a node back to it; not an upstream flag)"),
     Flag("fake-gpu-config", "FAKE_GPU_CONFIG", str, "",
          "the fake GPUs of --device-discovery=fake (JSON)", cli=False),
 ))  # fmt: skip
@@ -106,6 +111,7 @@ class PluginOptions:
     imex_isolation: str
     imex_host_socket_path: str
     alt_proc_devices_path: str
+    checkpoint_compatibility: str
     fake_gpu_config: str
     v: int
     logging_format: str
@@ -150,6 +156,7 @@ def plugin_config(opts: PluginOptions, *, imex: ImexModeConfig) -> PluginConfig:
         gpu_clique_label=opts.gpu_clique_label_enabled,
         imex=imex,
         imex_host_socket_path=opts.imex_host_socket_path,
+        checkpoint_compatibility=CheckpointCompatibility(opts.checkpoint_compatibility),
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pkg.imex.mode import ImexModeConfig
 from pkg.kubeletplugin import gojson
 from pkg.kubeletplugin.checkpoint import (
     CheckpointStore,
@@ -21,7 +22,13 @@ from pkg.kubeletplugin.checkpoint import (
     PreparedDevice,
     canonical_status,
 )
-from pkg.kubeletplugin.checkpointformat import decode_checkpoint, encode_checkpoint
+from pkg.kubeletplugin.checkpointformat import (
+    CheckpointCompatibility,
+    decode_checkpoint,
+    encode_checkpoint,
+    persisted,
+)
+from pkg.kubeletplugin.options import parse_args, plugin_config
 
 FIXTURES = Path(__file__).parent / "testdata" / "upstream_checkpoint"
 CHANNEL_UID = "5f0c9a52-1111-4e2b-9d7e-000000000001"
@@ -227,6 +234,75 @@ def test_round_trip_of_own_entries(tmp_path: Path) -> None:
     reopened = CheckpointStore(directory=tmp_path, boot_id="b1")
     assert not reopened.open().corrupt
     assert reopened.entries() == {"a": entry}
+
+
+# -- rollback compatibility (--checkpoint-compatibility) ------------------------------------------
+
+# The fields each older Go plugin's types lack (upstream-v0.5-delta.md, checkpoint section):
+# its verification re-marshals the section without them, so one present fails the checksum.
+LACKS = {
+    CheckpointCompatibility.V0_4_1: ((), ()),
+    CheckpointCompatibility.V0_4_0: ((), ("abortedAt",)),
+    CheckpointCompatibility.V25_12_0: (("nodeBootID",), ("abortedAt",)),
+}
+
+
+def verifies_as(data: bytes, level: CheckpointCompatibility) -> bool:
+    """What that Go plugin's VerifyChecksumV2 does to ``data`` (dropping what it lacks)."""
+    v2 = gojson.loads(data)["v2"]
+    top_fields, claim_fields = LACKS[level]
+    known = {k: v for k, v in v2.items() if k not in top_fields}
+    known["preparedClaims"] = {
+        uid: {k: v for k, v in claim.items() if k not in claim_fields}
+        for uid, claim in (v2.get("preparedClaims") or {}).items()
+    }
+    if not known["preparedClaims"]:
+        del known["preparedClaims"]
+    return gojson.checksum(gojson.marshal({**known, "checksum": 0})) == int(v2["checksum"])
+
+
+@pytest.mark.parametrize("level", list(CheckpointCompatibility))
+def test_each_level_writes_what_that_go_plugin_verifies(level: CheckpointCompatibility) -> None:
+    entries = decode_checkpoint(fixture("v2-aborted.json")).entries
+    assert entries[STARTED_UID].state == ClaimState.PREPARE_ABORTED
+    data = encode_checkpoint(entries, boot_id="boot-1", compatibility=level)
+    assert verifies_as(data, level)
+    v2 = json.loads(data)["v2"]
+    assert ("nodeBootID" in v2) == level.keeps_boot_id
+    assert (STARTED_UID in v2["preparedClaims"]) == level.keeps_aborted
+    assert set(decode_checkpoint(data).entries) == set(persisted(entries, level))
+    # The default (upstream's newest shape) is what v0.4.0 and v25.12.0 refuse.
+    default = encode_checkpoint(entries, boot_id="boot-1")
+    assert verifies_as(default, level) == (level == CheckpointCompatibility.V0_4_1)
+
+
+def test_below_v0_4_1_tombstones_live_in_memory(tmp_path: Path) -> None:
+    install(tmp_path, "v2-aborted.json")
+    level = CheckpointCompatibility.V25_12_0
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-1", compatibility=level)
+    assert not store.open().corrupt
+    # open() rewrote the file in the shape v25.12.0 verifies; the tombstone stays ours.
+    assert verifies_as(store.path.read_bytes(), level)
+    assert STARTED_UID not in json.loads(store.path.read_bytes())["v2"]["preparedClaims"]
+    assert store.entries()[STARTED_UID].state == ClaimState.PREPARE_ABORTED
+    # Another instance (rolling update) writes the file: the memory-only tombstone survives.
+    other = CheckpointStore(directory=tmp_path, boot_id="boot-1", compatibility=level)
+    other.open()
+    other.remove(CHANNEL_UID)
+    assert set(store.entries()) == {DAEMON_UID, STARTED_UID}
+    store.remove(STARTED_UID)  # the cleanup expires it
+    assert set(store.entries()) == {DAEMON_UID}
+    assert verifies_as(store.path.read_bytes(), level)
+
+
+def test_plugin_flag_selects_the_level() -> None:
+    opts = parse_args(["--node-name=n"], {"CHECKPOINT_COMPATIBILITY": "v25.12.0"})
+    config = plugin_config(opts, imex=ImexModeConfig())
+    assert config.checkpoint_compatibility is CheckpointCompatibility.V25_12_0
+    default = plugin_config(parse_args(["--node-name=n"], {}), imex=ImexModeConfig())
+    assert default.checkpoint_compatibility is CheckpointCompatibility.V0_4_1
+    with pytest.raises(SystemExit):
+        parse_args(["--node-name=n", "--checkpoint-compatibility=v0.3"], {})
 
 
 # -- corrupt-file policy --------------------------------------------------------------------------
