@@ -68,7 +68,9 @@ class CheckpointCompatibility(enum.StrEnum):
       kept in memory only;
     * ``v25.12.0``: that, and no ``nodeBootID`` either (v25.12.0's v2 section has no such
       field), so entries of a previous boot are kept after a reboot until the kubelet or the
-      cleanup unprepares them, as v25.12.0 itself does.
+      cleanup unprepares them, as v25.12.0 itself does; and no device sharing: v25.12.0's
+      device type has no ``ShareID``, so the node publishes ``channel-0`` exclusive again and
+      several pods of one domain per node are not offered (`keeps_share_id`).
     """
 
     V0_4_1 = "v0.4.1"
@@ -83,6 +85,11 @@ class CheckpointCompatibility(enum.StrEnum):
     @property
     def keeps_boot_id(self) -> bool:
         """Whether ``nodeBootID`` may be written to the file."""
+        return self is not CheckpointCompatibility.V25_12_0
+
+    @property
+    def keeps_share_id(self) -> bool:
+        """Whether a device's ``ShareID`` may be written, i.e. whether claims may share one."""
         return self is not CheckpointCompatibility.V25_12_0
 
 

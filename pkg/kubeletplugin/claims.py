@@ -52,7 +52,9 @@ SOURCE_CLAIM = "FromClaim"
 PUBLISHED_DEVICES: dict[str, str] = {CHANNEL_DEVICE_NAME: "channel", DAEMON_DEVICE_NAME: "daemon"}
 
 
-def slice_devices(clique_id: str, *, daemon: bool = True, channel_domain: str = "") -> list[JSON]:
+def slice_devices(
+    clique_id: str, *, daemon: bool = True, channel_domain: str = "", shared: bool = True
+) -> list[JSON]:
     """The ResourceSlice devices of a node: ``channel-0`` and ``daemon-0`` with upstream's
     attributes ``type`` (string) and ``id`` (int) plus ``cliqueID`` (string, ``""`` on non-NVLink
     nodes) so placement can select on it. Without ``daemon`` (host-managed IMEX mode: the
@@ -64,7 +66,9 @@ def slice_devices(clique_id: str, *, daemon: bool = True, channel_domain: str = 
     the ``NoSchedule`` taint ``resource.nvidia.com/computeDomain=<that domain>`` (DRADeviceTaints),
     which only that domain's claims tolerate (the controller's workload template carries the
     toleration, `pkg.api.channelshare`): a claim of another domain goes to another node, as
-    upstream's exclusive device sends it. ``daemon-0`` stays exclusive."""
+    upstream's exclusive device sends it. ``daemon-0`` stays exclusive. Without ``shared`` (a
+    checkpoint kept readable by a Go plugin that cannot record sharing) ``channel-0`` is
+    exclusive, as upstream publishes it."""
 
     def device(name: str, kind: str) -> JSON:
         return {
@@ -77,8 +81,9 @@ def slice_devices(clique_id: str, *, daemon: bool = True, channel_domain: str = 
         }
 
     channel = device(CHANNEL_DEVICE_NAME, "channel")
-    channel["allowMultipleAllocations"] = True
-    if channel_domain:
+    if shared:
+        channel["allowMultipleAllocations"] = True
+    if shared and channel_domain:
         channel["taints"] = [channel_taint(channel_domain)]
     return [channel, device(DAEMON_DEVICE_NAME, "daemon")] if daemon else [channel]
 

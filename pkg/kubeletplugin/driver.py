@@ -242,7 +242,11 @@ class KubeletPlugin:
             informers=self.informers,
             driver_name=DRIVER_NAME,
             node_name=config.node_name,
-            devices=slice_devices(devices.clique_id, daemon=not config.imex.host_managed),
+            devices=slice_devices(
+                devices.clique_id,
+                daemon=not config.imex.host_managed,
+                shared=config.checkpoint_compatibility.keeps_share_id,
+            ),
             retry_delay=config.retry_delay,
         )
 
@@ -428,6 +432,7 @@ class KubeletPlugin:
                 self._clique_published,
                 daemon=not self.config.imex.host_managed,
                 channel_domain=self._channel_domain,
+                shared=self.config.checkpoint_compatibility.keeps_share_id,
             )
             self.slices.set_devices(devices)
 

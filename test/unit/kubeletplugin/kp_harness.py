@@ -6,6 +6,7 @@ liveness probe use) over the plugin's real Unix sockets.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import uuid
@@ -22,6 +23,7 @@ from pkg.draplugin.claims import ClaimRef
 from pkg.draplugin.client import DraClient, RegistrationClient
 from pkg.draplugin.proto.gen import kubelet_pluginregistration_v1_pb2 as reg
 from pkg.kube import resources as res
+from pkg.kubeletplugin.checkpointformat import CheckpointCompatibility
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.discovery.base import GpuInfo
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
@@ -225,8 +227,12 @@ def running_plugin(
     healthcheck_port: int = -1,
     gpus: tuple[GpuInfo, ...] = (),
     clock: Clock | None = None,
+    compatibility: CheckpointCompatibility = CheckpointCompatibility.V0_4_1,
 ) -> Iterator[tuple[KubeletPlugin, Kubelet]]:
-    config = make_config(root, healthcheck_port=healthcheck_port)
+    config = dataclasses.replace(
+        make_config(root, healthcheck_port=healthcheck_port),
+        checkpoint_compatibility=compatibility,
+    )
     devices = NodeDevices(driver_version="580.65.06", gpus=gpus, clique_id=clique)
     plugin = KubeletPlugin(config=config, client=api.client(), devices=devices, clock=clock)
     plugin.start()

@@ -31,7 +31,11 @@ from pkg.api.channelshare import channel_taint
 from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kubeletplugin.checkpoint import CHECKPOINT_FILE, ClaimEntry, ClaimState, canonical_status
-from pkg.kubeletplugin.checkpointformat import decode_checkpoint, encode_checkpoint
+from pkg.kubeletplugin.checkpointformat import (
+    CheckpointCompatibility,
+    decode_checkpoint,
+    encode_checkpoint,
+)
 from pkg.kubeletplugin.driver import KubeletPlugin
 from pkg.kubeletplugin.state import channel_domain
 from pkg.testing.clock import FakeClock
@@ -123,6 +127,25 @@ def test_claims_of_one_domain_share_the_nodes_channel(
             assert device.share_id == result["shareID"]
             assert entries[uid(claim)].targets == (("channel", cd),)
         taint_is(api, cd)
+
+
+def test_no_sharing_while_the_checkpoint_is_kept_for_v25_12(
+    api: FakeApiServer, root: Path, clock: FakeClock
+) -> None:
+    """v25.12.0's checkpoint cannot record a shared device (no ShareID): at that
+    ``--checkpoint-compatibility`` level ``channel-0`` is published exclusive, as upstream
+    does, and stays untainted while a claim holds it."""
+    cd = seed_domain(api)
+    claim = seed_claim(api, params=channel_params(cd))
+    level = CheckpointCompatibility.V25_12_0
+    with running_plugin(api, root, clock=clock, compatibility=level) as (plugin, kubelet):
+        eventually(lambda: api.objects(res.RESOURCE_SLICES), what="the slice")
+        assert "allowMultipleAllocations" not in channel_device(api)
+        assert prepare(kubelet, claim).error == ""
+        assert set(checkpoint(plugin)) == {uid(claim)}
+        assert "nodeBootID" not in json.loads(plugin.store.path.read_bytes())["v2"]
+        assert "taints" not in channel_device(api)
+        assert "allowMultipleAllocations" not in channel_device(api)
 
 
 def test_a_claim_of_another_domain_is_refused_and_kept_away(
