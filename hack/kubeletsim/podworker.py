@@ -413,8 +413,13 @@ class PodWorker:
                     PODS, meta["name"], body, namespace=meta["namespace"],
                     patch_type="strategic", subresource="status",
                 )  # fmt: skip
-            except (NotFoundError, ConflictError):
-                self.pod_removed = True  # gone, or a new pod took the name: nothing to delete
+            except (NotFoundError, ConflictError) as err:
+                # Gone, or a new pod took the name: nothing to delete -- if the API server agrees.
+                if not self._released_by_api():
+                    raise RuntimeError(
+                        f"pod {self.key}: {err}, yet the pod is still there"
+                    ) from err
+                self.pod_removed = True
                 return True
             self._final_status_posted = True
         # NotFound: already gone; Conflict: the UID precondition failed, not our pod any more.
@@ -423,8 +428,24 @@ class PodWorker:
                 PODS, meta["name"], namespace=meta["namespace"], uid=self.uid,
                 grace_period_seconds=0,
             )  # fmt: skip
+        # Like the kubelet's status manager, believe the API server, not the answer: a DELETE
+        # answered while the apiserver was being killed has left the pod in place (a chaos
+        # lifecycle saw it Terminating for good); then it is sent again after a backoff.
+        if not self._released_by_api():
+            raise RuntimeError(f"pod {self.key} still exists after its final DELETE")
         self.pod_removed = True
         return True
+
+    def _released_by_api(self) -> bool:
+        """Whether the API server no longer holds this pod for the kubelet: gone, replaced by
+        another UID, or kept only by finalizers (another controller's business)."""
+        meta = self._pod["metadata"]
+        try:
+            current = self._ctx.client.get(PODS, meta["name"], namespace=meta["namespace"])
+        except NotFoundError:
+            return True
+        cur = current.get("metadata") or {}
+        return cur.get("uid") != self.uid or bool(cur.get("finalizers"))
 
     def _terminate(self, *, grace: float) -> None:
         """Stop the pod's containers and remove their records (no API calls)."""

@@ -431,3 +431,41 @@ def test_a_pod_that_outlives_its_worker_is_finalized_again(
     assert fresh is not worker
     wait_for("new worker finished", lambda: fresh.done and fresh.pod_removed)
     assert plugin.unprepared == plugin.prepared
+
+
+def test_a_final_delete_that_left_the_pod_is_sent_again(
+    api: FakeApiServer, node: tuple[Kubelet, StubPlugin, FakeCdi]
+) -> None:
+    """A final DELETE answered while the API server still holds the pod for the kubelet (a
+    chaos lifecycle killed the apiserver at that moment and the pod stayed Terminating for
+    good): the worker believes the API server, not the answer, and deletes again after a
+    backoff. (The fake server deletes a pod without finalizers at once, so "still there" is
+    given to the worker twice; what the check reads is tested below.)"""
+    kubelet, plugin, _ = node
+    uid = _running_pod(api, kubelet)
+    worker = kubelet.workers()[uid]
+    real, still_there = worker._released_by_api, [True, True]
+
+    def released() -> bool:
+        return False if still_there and still_there.pop() else real()
+
+    worker._released_by_api = released  # type: ignore[method-assign]
+    start = len(api.requests)
+    api.client().delete(PODS, "w", namespace="ns")
+    wait_for("worker finished", lambda: worker.done and worker.pod_removed, timeout=20)
+    assert len(_final_deletes(api, start)[1:]) == 3, "sent again until the API server agreed"
+    assert worker.finalize_failures == 2
+    assert plugin.unprepared == plugin.prepared
+
+
+def test_the_pod_is_released_when_gone_replaced_or_held_by_finalizers_only(
+    api: FakeApiServer, node: tuple[Kubelet, StubPlugin, FakeCdi]
+) -> None:
+    kubelet, _, _ = node
+    uid = _running_pod(api, kubelet)
+    worker = kubelet.workers()[uid]
+    assert worker._released_by_api()  # kept only by the test's finalizer
+    api.client().patch(PODS, "w", {"metadata": {"finalizers": None}}, namespace="ns")
+    assert not worker._released_by_api()  # the same pod, nothing but the kubelet holds it
+    api.client().delete(PODS, "w", namespace="ns")
+    assert worker._released_by_api()  # gone
