@@ -17,13 +17,20 @@ OUT=${OUT:-/tmp/flake-check-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 
 hogs=()
+suite=""  # the test run in progress: SIGTERM/SIGINT reach it (pytest then tears its lane down)
 stop_hogs() {
   for pid in "${hogs[@]:-}"; do
     [[ -n "$pid" ]] && kill "$pid" 2>/dev/null || true
   done
   wait 2>/dev/null || true
 }
-trap stop_hogs EXIT INT TERM
+stop() {  # stop <exit code>: the suite first (its teardown runs), then the hogs via EXIT
+  [[ -n "$suite" ]] && kill -TERM "$suite" 2>/dev/null && wait "$suite" 2>/dev/null
+  exit "$1"
+}
+trap stop_hogs EXIT
+trap 'stop 130' INT
+trap 'stop 143' TERM
 for _ in $(seq 1 "$LOAD"); do
   ( while :; do :; done ) &
   hogs+=("$!")
@@ -34,8 +41,13 @@ failed=0
 run() {  # run <label> <log> <command...>
   local label=$1 log=$2
   shift 2
-  local t0=$SECONDS
-  if "$@" >"$log" 2>&1; then
+  local t0=$SECONDS rc=0
+  # In the background so that a signal to this script is handled at once (`wait` returns).
+  "$@" >"$log" 2>&1 &
+  suite=$!
+  wait "$suite" || rc=$?
+  suite=""
+  if [[ $rc -eq 0 ]]; then
     echo "$label: passed in $((SECONDS - t0))s ($(grep -Eo '[0-9]+ passed' "$log" | tail -1))"
     rm -f "$log"
   else
