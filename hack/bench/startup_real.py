@@ -153,8 +153,8 @@ def restart(
     """Delete the pod(s) of ``selector`` (on ``node``), wait for the replacement to run; its
     name and the start time of its main process (found by ``needle`` in the command line)."""
     old = {p["metadata"]["name"] for p in pods(kubectl, selector, node)}
-    for name in old:
-        kubectl("-n", DRIVER_NAMESPACE, "delete", "pod", name, "--wait=false")
+    for name in old:  # one may be terminating already (a replica deleted earlier)
+        kubectl("-n", DRIVER_NAMESPACE, "delete", "pod", name, "--wait=false", check=False)
 
     def new_running() -> dict[str, Any] | None:
         for p in pods(kubectl, selector, node):
