@@ -20,8 +20,10 @@ Invariants:
   like any entry (upstream v0.4.1+ writes and reads them).
 * The file stays readable by the Go plugin of ``--checkpoint-compatibility``
   (`checkpointformat.CheckpointCompatibility`, default v0.4.1): below v0.4.1 tombstones live
-  in memory only, below v0.4.0 the file carries no boot ID. `open` rewrites the file in that
-  shape, so an operator sets it, lets the plugin restart, and can then roll the node back.
+  in memory only, below v0.4.0 the file carries no boot ID and the node offers no device
+  sharing (a shared claim still prepared is named in a warning at `open`: that Go plugin would
+  refuse the file until it is unprepared). `open` rewrites the file in that shape, so an
+  operator sets it, lets the plugin restart, and can then roll the node back.
 
 Corrupt-file policy (never a silent reset, never a crash loop): if the file cannot be parsed or a
 checksum does not verify, then (1) the file is moved aside to
@@ -151,6 +153,7 @@ class CheckpointStore:
             dropped = tuple(entries.values())
             entries = {}
             log.info("checkpoint from another boot (%s): dropped %d entries", boot_id, len(dropped))
+        self._warn_unrepresentable(entries)
         self._write(entries)
         return OpenReport(
             corrupt=report.corrupt,
@@ -160,6 +163,23 @@ class CheckpointStore:
             lost=report.lost,
             dropped_other_boot=dropped,
         )
+
+    def _warn_unrepresentable(self, entries: dict[str, ClaimEntry]) -> None:
+        """Warn about prepared claims sharing a device when the configured Go plugin cannot
+        record sharing: it refuses the whole file while they exist."""
+        if self._compatibility.keeps_share_id:
+            return
+        shared = sorted(
+            e.uid for e in entries.values() for g in e.groups for d in g.devices if d.share_id
+        )
+        if shared:
+            log.warning(
+                "checkpoint compatibility %s cannot record devices shared by several claims; "
+                "claims %s hold one, and the Go plugin of that version refuses this checkpoint "
+                "until they are unprepared: drain their workloads before switching",
+                self._compatibility,
+                ", ".join(shared),
+            )
 
     def entries(self) -> dict[str, ClaimEntry]:
         """Current entries, re-read if another writer replaced the file."""

@@ -6,6 +6,7 @@ README there); every test that reads them would fail with the previous, driver-p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -293,6 +294,30 @@ def test_below_v0_4_1_tombstones_live_in_memory(tmp_path: Path) -> None:
     store.remove(STARTED_UID)  # the cleanup expires it
     assert set(store.entries()) == {DAEMON_UID}
     assert verifies_as(store.path.read_bytes(), level)
+
+
+def test_a_shared_claim_at_v25_12_is_named_in_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    entries = decode_checkpoint(fixture("v2-aborted.json")).entries
+    channel = entries[CHANNEL_UID]
+    [group] = channel.groups
+    shared = dataclasses.replace(group.devices[0], share_id="share-1")
+    entries[CHANNEL_UID] = dataclasses.replace(
+        channel, groups=(dataclasses.replace(group, devices=(shared,)),)
+    )
+    (tmp_path / "checkpoint.json").write_bytes(encode_checkpoint(entries, boot_id="boot-1"))
+    level = CheckpointCompatibility.V25_12_0
+    store = CheckpointStore(directory=tmp_path, boot_id="boot-1", compatibility=level)
+    with caplog.at_level("WARNING"):
+        store.open()
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert CHANNEL_UID in warning and "v25.12.0" in warning and "drain" in warning
+    default = CheckpointStore(directory=tmp_path, boot_id="boot-1")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        default.open()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_plugin_flag_selects_the_level() -> None:
