@@ -9,7 +9,6 @@ Knows nothing about Kubernetes.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -25,16 +24,12 @@ from pathlib import Path
 
 from pkg.testing.eventually import eventually
 
-_PR_SET_PDEATHSIG = 1
-
 
 class ClusterError(RuntimeError):
     """A component failed to start or become healthy."""
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+SETPRIV = "/usr/bin/setpriv"  # util-linux (Essential in Debian): sets PDEATHSIG, then execs
 
 
 def pid_alive(pid: int, exe: str | None = None) -> bool:
@@ -74,13 +69,17 @@ class Proc:
         with log_file.open("ab") as log:
             log.write(f"=== {time.strftime('%H:%M:%S')} starting: {' '.join(argv)}\n".encode())
             log.flush()
+            # PR_SET_PDEATHSIG through util-linux's setpriv, not a preexec_fn: Python code
+            # between fork and exec in a process with threads (gRPC's among them) can die or
+            # hang there -- a kube-apiserver "exited" at start that way under load, its log
+            # holding only gRPC's post-fork complaint. Without a preexec_fn the child is
+            # spawned by C code only (vfork), and no fork handler runs.
             popen = subprocess.Popen(
-                list(argv),
+                [SETPRIV, "--pdeathsig", "KILL", "--", *argv] if die_with_parent else list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,  # noqa: PLW1509
                 env=env,
             )
         return cls(name=name, argv=list(argv), pid=popen.pid, log_file=log_file, popen=popen)
