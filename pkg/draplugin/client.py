@@ -66,7 +66,13 @@ def _target(socket: Path | str) -> str:
 
 class _Channel:
     def __init__(self, socket: Path | str) -> None:
-        self._channel = grpc.insecure_channel(_target(socket))
+        # A connection of its own, as each of the kubelet's gRPC ClientConns has: from gRPC's
+        # global subchannel pool a new channel may reuse a connection another channel still
+        # holds (closing is asynchronous), and a call then succeeds although the socket file
+        # is gone -- a health probe of a deleted socket answered SERVING that way under load.
+        self._channel = grpc.insecure_channel(
+            _target(socket), options=[("grpc.use_local_subchannel_pool", 1)]
+        )
 
     def close(self) -> None:
         """End the channel and every call in flight on it; idempotent."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from pkg.base.clock import RealClock
@@ -220,6 +221,28 @@ def test_registration_and_liveness_through_the_kubelet_client(
         assert health.status_of("custom") == NOT_SERVING
         assert health.status_of("checkpoint") is None  # the library knows no driver's names
     assert health.status_of("liveness") == NOT_SERVING  # sockets gone
+
+
+def test_a_client_never_rides_another_clients_connection(api: FakeApiServer, sockets: Path) -> None:
+    """Each client dials the socket itself, as each kubelet ClientConn does: while another
+    client still holds a connection to the plugin, a client of a socket path that is gone
+    fails (from gRPC's global subchannel pool it would reuse that connection and succeed, and a
+    liveness probe would call a deleted socket healthy)."""
+    with serving(api, sockets, ToyDriver(), Observer()) as servers:
+        moved = servers.registration_socket.with_name("moved.sock")
+        with RegistrationClient(servers.registration_socket) as held:
+            held.get_info()
+            servers.registration_socket.rename(moved)
+            try:
+                with (
+                    RegistrationClient(servers.registration_socket) as fresh,
+                    pytest.raises(grpc.RpcError),
+                ):
+                    fresh.get_info(timeout=2)
+                with RegistrationClient(moved) as elsewhere:
+                    elsewhere.get_info()
+            finally:
+                moved.rename(servers.registration_socket)
 
 
 def test_slice_publisher_publishes_exactly_the_devices_it_is_handed(api: FakeApiServer) -> None:
