@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test venv check unit e2e chaos badinput demo bench bench-upstream control-plane images clean flake-check
+.PHONY: test venv check unit e2e chaos chaos-real badinput demo bench bench-upstream control-plane images clean flake-check
 
 ## test: set up the venv, lint, type-check, check import layers, run unit and e2e tests
 test: venv
@@ -37,6 +37,16 @@ CHAOS_LIFECYCLES ?= 200
 chaos: venv control-plane
 	CHAOS_LIFECYCLES=$(CHAOS_LIFECYCLES) CHAOS_REPORT=docs/reliability.md \
 	  $(PY) -m pytest test/e2e/test_chaos.py -q -s -p no:cacheprovider
+
+## chaos-real: soak of CHAOS_REAL_LIFECYCLES (default 50) lifecycles on real kubelets + containerd
+## with one fault each (containerd, kubelet, plugin, daemon, nvidia-imex SIGKILLs; node reboot;
+## network partition; plugin/controller rolling update); figures -> docs/reliability.md.
+## CHAOS_REAL_SEED=<n> replays a run. `make test` runs 3 (test/e2e_nodes/test_real_chaos.py).
+CHAOS_REAL_LIFECYCLES ?= 50
+chaos-real: venv control-plane
+	hack/node-deps.sh
+	CHAOS_REAL_LIFECYCLES=$(CHAOS_REAL_LIFECYCLES) CHAOS_REAL_REPORT=docs/reliability.md \
+	  $(PY) -m pytest test/e2e_nodes/test_real_chaos.py -q -s -p no:cacheprovider
 
 ## flake-check: the unit suite UNIT_RUNS (10) times and the simulated lane E2E_RUNS (3) times
 ## beside LOAD (2) busy loops; a test that fails here depends on how busy the machine is.

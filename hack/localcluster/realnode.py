@@ -12,7 +12,17 @@ inside the node's own network + mount namespace (``hostnet.NodeNamespace``):
   production hostPaths unchanged), x509 client authentication for the apiserver's
   ``logs``/``exec`` calls, relaxed eviction and image GC (images are imported, never pulled);
 * kube-proxy (iptables mode, conntrack sysctls left alone) so pods reach the API server through
-  the ``kubernetes`` Service.
+  the ``kubernetes`` Service;
+* a boot ID of its own (``BOOT_ID_FILE``, written at every start of the node): the kernel's
+  ``/proc/sys/kernel/random/boot_id`` is one for all nodes of this host, so containerd's base
+  runtime spec (``base_runtime_spec``: ``ctr oci spec`` plus a ``createContainer`` hook) binds
+  the node's file over it in every container, where the kubelet plugin reads it.
+
+Faults a node can suffer (the real-node chaos suite): :meth:`RealNode.kill` SIGKILLs containerd
+or the kubelet (:meth:`RealNode.restart` starts it again, as systemd would);
+:meth:`RealNode.partition` / :meth:`RealNode.heal` take the node's link down and up;
+:meth:`RealNode.reboot` power-cycles it (every process killed, every mount of its namespace
+gone, ``/run`` emptied, ``/var/lib`` and ``/var/log`` kept, a new boot ID).
 
 A node may have a foreign architecture (``arch="arm64"`` on this amd64 host): its containerd
 is then ``<bin>/linux-<arch>/containerd`` (``hack/build-control-plane.sh``), which the kernel
@@ -37,9 +47,11 @@ from __future__ import annotations
 import json
 import shutil
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +68,17 @@ RUNC = "/usr/sbin/runc"
 CURL = "/usr/bin/curl"  # probes inside a node's namespace
 CNI_BIN_DIR = "/usr/lib/cni"
 CONTAINERD_SOCK = "/run/containerd/containerd.sock"
+#: The node's boot ID, inside the node (under ``/run``: a reboot empties it, the node's start
+#: writes a new one); bound over ``/proc/sys/kernel/random/boot_id`` in every container.
+BOOT_ID_FILE = "/run/cde2e-boot-id"
+#: The ``createContainer`` hook of :func:`base_runtime_spec`. runc runs it in the container's
+#: mount namespace after the container's mounts (``/proc`` among them) and before pivot_root,
+#: with the rootfs as working directory, so the node's paths are still reachable. A node
+#: without the file (a foreign tool started the container) changes nothing.
+BOOT_ID_HOOK = (
+    f"[ -f {BOOT_ID_FILE} ] || exit 0; "
+    f"exec /usr/bin/mount --bind {BOOT_ID_FILE} proc/sys/kernel/random/boot_id"
+)
 REQUIRED_HOST_TOOLS = ("unshare", "nsenter", "ip", "iptables", "sysctl", RUNC, CURL)
 REQUIRED_BINS = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr")
 #: What a node of a foreign architecture runs of that architecture (``<bin>/linux-<arch>/``).
@@ -94,8 +117,22 @@ def missing_prerequisites(bin_dir: Path, arches: Sequence[str] = ()) -> list[str
     return out
 
 
-def containerd_config(node_dir: Path, pause_image: str) -> str:
-    """The containerd v2 (``version = 3``) config of one node."""
+def base_runtime_spec(ctr: Path) -> dict[str, Any]:
+    """containerd's default OCI spec (``ctr oci spec``, containerd's documented way to make a
+    base runtime spec) with the node's boot ID hook (``BOOT_ID_HOOK``) added."""
+    out = subprocess.run([str(ctr), "oci", "spec"], capture_output=True, text=True, check=True)
+    spec: dict[str, Any] = json.loads(out.stdout)
+    hooks = spec.setdefault("hooks", {})
+    hooks.setdefault("createContainer", []).append(
+        {"path": "/bin/sh", "args": ["sh", "-c", BOOT_ID_HOOK], "timeout": 10}
+    )
+    return spec
+
+
+def containerd_config(node_dir: Path, pause_image: str, base_spec: Path | None = None) -> str:
+    """The containerd v2 (``version = 3``) config of one node (``base_spec``: the runc
+    runtime's ``base_runtime_spec``)."""
+    base = f'\n        base_runtime_spec = "{base_spec}"' if base_spec is not None else ""
     return f"""version = 3
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -118,7 +155,7 @@ state = "/run/containerd"
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
+      runtime_type = "io.containerd.runc.v2"{base}
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "{RUNC}"
         SystemdCgroup = false
@@ -230,6 +267,8 @@ class RealNode:
     feature_gates: dict[str, bool] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     arch: str = NATIVE_ARCH
+    pause_image: str = ""
+    boot_id: str = ""
 
     @property
     def ip(self) -> str:
@@ -275,8 +314,13 @@ class RealNode:
 
         Its ``PATH`` starts with the host's bin dir: the shim containerd execs
         (``containerd-shim-runc-v2``) is the host's also on a foreign node."""
+        self.pause_image = pause_image
+        base_spec = self.node_dir / "base-runtime-spec.json"
+        if not base_spec.exists():
+            spec = base_runtime_spec(self.cluster.bin_dir / "ctr")
+            base_spec.write_text(json.dumps(spec, indent=1))
         cfg = self.node_dir / "containerd.toml"
-        cfg.write_text(containerd_config(self.node_dir, pause_image))
+        cfg.write_text(containerd_config(self.node_dir, pause_image, base_spec))
         cni = self.node_dir / "cni"
         cni.mkdir(exist_ok=True)
         (cni / "10-cde2e.conflist").write_text(json.dumps(cni_config(self.index), indent=1))
@@ -380,6 +424,67 @@ class RealNode:
         self._spawn(
             "kube-proxy", [str(self.cluster.bin_dir / "kube-proxy"), f"--config={cfg}", "--v=1"]
         )
+
+    def new_boot_id(self) -> str:
+        """Give the node a fresh boot ID (``BOOT_ID_FILE``), as the kernel does at boot; its
+        containers started from now on read it as ``/proc/sys/kernel/random/boot_id``."""
+        self.boot_id = str(uuid.uuid4())
+        path = self.ns.path(BOOT_ID_FILE)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.boot_id + "\n")
+        return self.boot_id
+
+    def kill(self, component: str) -> None:
+        """SIGKILL ``component`` (``containerd``, ``kubelet``, ``kube-proxy``) and its process
+        group, as a crash would; what it started in groups of their own (containerd's shims,
+        and with them every container) keeps running. :meth:`restart` starts it again."""
+        proc = self.procs.pop(component, None)
+        if proc is None:
+            raise ClusterError(f"{self.name}: no {component} running")
+        proc.kill()
+
+    def restart(self, component: str) -> None:
+        """Start ``component`` again (after :meth:`kill`) with the settings it had, as its
+        systemd unit would; returns once it answers (kube-proxy: once started)."""
+        if component in self.procs and self.procs[component].alive():
+            raise ClusterError(f"{self.name}: {component} still runs")
+        if component == "containerd":
+            self.start_containerd(self.pause_image)
+        elif component == "kubelet":
+            self.start_kubelet()
+        elif component == "kube-proxy":
+            self.start_kube_proxy()
+        else:
+            raise ClusterError(f"{self.name}: no component {component!r}")
+
+    def partition(self) -> None:
+        """Cut the node off the network: its link to the bridge goes down (the node's own
+        ``eth0`` loses its carrier). Every process keeps running. :meth:`heal` undoes it."""
+        hostnet.run(["ip", "link", "set", self.ns.veth, "down"])
+
+    def heal(self) -> None:
+        """End a :meth:`partition`: the node's link comes up again."""
+        hostnet.run(["ip", "link", "set", self.ns.veth, "up"])
+
+    def reboot(self) -> None:
+        """Power-cycle the node: every process in it dies at once (SIGKILL, no shutdown), its
+        mount namespace and with it every mount (pod volumes, container rootfs) goes, ``/run``
+        is emptied as a tmpfs is, ``/var/lib`` and ``/var/log`` are kept; then it boots with a
+        new boot ID and starts containerd, the kubelet and kube-proxy (in that order, as their
+        units would); returns once the kubelet answers. The Node object and its pods stay in
+        the API: the kubelet finds them again, as after a real reboot."""
+        for proc in reversed(list(self.procs.values())):
+            proc.kill(2)
+        self.procs.clear()
+        self.ns.destroy()
+        run_dir = self.node_dir / "root" / "run"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        self.ns = hostnet.NodeNamespace.create(self.name, self.index, self.node_dir, self.log_dir)
+        self.new_boot_id()
+        self.start_containerd(self.pause_image)
+        self.start_kubelet()
+        self.start_kube_proxy()
 
     def stop(self) -> None:
         """Stop every component, kill everything in the node, remove its host state."""
@@ -520,6 +625,7 @@ class RealNodes:
         self.nodes.append(node)
         if prepare is not None:
             prepare(node)
+        node.new_boot_id()
         node.start_containerd(pause_image)
         node.import_images(images)
         node.start_kubelet(feature_gates or {}, labels or {})

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pkg.api import constants as c
 from pkg.api.daemonentry import DaemonEntry
+from pkg.api.placement import PLACEMENT_ANNOTATION, PLACEMENTS, SINGLE_CLIQUE
 from pkg.base.types import JSON
 
 MAX_NUM_NODES = 5000
@@ -44,6 +45,8 @@ class ComputeDomain:
     resource_claim_template_name: str
     allocation_mode: str
     deleting: bool
+    # The opt-in of `pkg.api.placement` (annotation ``resource.nvidia.com/placement``).
+    single_clique: bool = False
 
     @property
     def key(self) -> str:
@@ -90,6 +93,14 @@ def parse_compute_domain(obj: JSON) -> ComputeDomain:
             f"spec.numNodes: Invalid value {num_nodes}: must be less than or equal to "
             f"{MAX_NUM_NODES} (no cluster has more nodes)"
         )
+    annotations = meta.get("annotations") or {}
+    placement = annotations.get(PLACEMENT_ANNOTATION) if isinstance(annotations, dict) else None
+    if placement is not None and placement not in PLACEMENTS:
+        supported = ", ".join(f'"{p}"' for p in PLACEMENTS)
+        raise InvalidComputeDomainError(
+            f'metadata.annotations[{PLACEMENT_ANNOTATION}]: Unsupported value "{placement}": '
+            f"supported values: {supported} (or no annotation: upstream's placement)"
+        )
     return ComputeDomain(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -99,6 +110,7 @@ def parse_compute_domain(obj: JSON) -> ComputeDomain:
         resource_claim_template_name=rct_name,
         allocation_mode=mode,
         deleting=bool(meta.get("deletionTimestamp")),
+        single_clique=placement == SINGLE_CLIQUE,
     )
 
 

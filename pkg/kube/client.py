@@ -66,6 +66,13 @@ PARTIAL_OBJECT_METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 # Seconds added to a watch's server timeout to form the client read timeout.
 _WATCH_READ_SLACK = 30.0
+# How long a watch with bookmarks may stay silent before the client calls it dead and watches
+# again from its last resourceVersion. kube-apiserver sends every such watch a BOOKMARK at least
+# once a minute (its watch cache's bookmark frequency), so silence this long means a connection
+# that no longer delivers: a node cut off the network, a peer that forgot the connection. This
+# is what client-go's HTTP/2 health check (ReadIdleTimeout 30 s + PingTimeout 15 s) does for
+# its watches; an HTTP/1.1 stream has no ping, so its read deadline plays that part.
+WATCH_IDLE_TIMEOUT = 90.0
 
 
 class KubeClient(Protocol):
@@ -210,10 +217,12 @@ class RestClient:
         qps: float | None = None,
         burst: int = 10,
         per_group_limit: bool = False,
+        watch_idle_timeout: float = WATCH_IDLE_TIMEOUT,
     ) -> None:
         """``qps``/``burst``: client-side token bucket (None: unlimited); with
         ``per_group_limit`` every API group (``/api`` core, ``/apis/<group>``) gets its own
-        bucket of that size, as a client-go clientset has one limiter per group client."""
+        bucket of that size, as a client-go clientset has one limiter per group client.
+        ``watch_idle_timeout``: see `WATCH_IDLE_TIMEOUT`."""
         self._api = api_client
         self._host = str(api_client.configuration.host).rstrip("/")
         self._pool: urllib3.PoolManager = api_client.rest_client.pool_manager
@@ -222,6 +231,7 @@ class RestClient:
         self._throttle = _Throttle(qps, burst) if qps else None
         self._group_limits: dict[str, _Throttle] | None = {} if qps and per_group_limit else None
         self._qps, self._burst = qps or 0.0, burst
+        self._watch_idle = watch_idle_timeout
 
     def close(self) -> None:
         """Close pooled connections (open watches are ended by their own `stop()`)."""
@@ -456,13 +466,18 @@ class RestClient:
             query["resourceVersionMatch"] = "NotOlderThan"
         path = resource.path(namespace)
         accept = PARTIAL_OBJECT_METADATA if metadata_only else "application/json"
+        # The read deadline is per read: with bookmarks a healthy stream is never silent for
+        # long, so a silent one is dropped after `watch_idle_timeout` (see WATCH_IDLE_TIMEOUT).
+        read_timeout = timeout_seconds + _WATCH_READ_SLACK
+        if allow_watch_bookmarks or send_initial_events:
+            read_timeout = min(read_timeout, self._watch_idle)
 
         def opener() -> urllib3.BaseHTTPResponse:
             resp = self._send(
                 "GET",
                 path,
                 query=query,
-                read_timeout=timeout_seconds + _WATCH_READ_SLACK,
+                read_timeout=read_timeout,
                 accept=accept,
             )
             self._raise_for_status(resp)

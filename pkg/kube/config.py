@@ -44,4 +44,8 @@ def load_api_client(
         except ConfigException:
             _loader("kube_config", "load_kube_config")(context=context, client_configuration=cfg)
     cfg.connection_pool_maxsize = pool_maxsize
+    # TCP keepalive with client-go's timings (the official client's own switch): a connection
+    # whose peer is gone (API server host down, a NAT or load balancer that dropped the flow)
+    # is reset by the kernel instead of hanging a watch.
+    cfg.keep_alive = True
     return k8s_client.ApiClient(configuration=cfg)

@@ -61,8 +61,9 @@ from pkg.base.verbosity import V
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS
+from pkg.reconcilers import placement
 from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, Caches
-from pkg.reconcilers.conditions import REASON_INVALID_SPEC
+from pkg.reconcilers.conditions import REASON_INVALID_SPEC, REASON_NO_CLIQUE_FITS
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result, TerminalError
@@ -87,7 +88,7 @@ __all__ = ["ComputeDomainReconciler", "format_time"]
 log = logging.getLogger(__name__)
 
 _STATUS_WRITE_ATTEMPTS = 3
-_PROBLEM_RECHECK = {"DriverNamespaceUnavailable": 60.0}
+_PROBLEM_RECHECK = {"DriverNamespaceUnavailable": 60.0, REASON_NO_CLIQUE_FITS: placement.RECHECK}
 
 
 def format_time(epoch: float) -> str:

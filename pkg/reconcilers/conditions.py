@@ -71,6 +71,8 @@ REASON_RCT_CONFLICT = "ResourceClaimTemplateConflict"
 REASON_DAEMONSET_CONFLICT = "DaemonSetConflict"
 REASON_HOST_MANAGED = "HostManagedIMEX"
 """Ready=True of a domain whose IMEX the hosts run (no daemons, no members)."""
+REASON_NO_CLIQUE_FITS = "NoCliqueFits"
+"""A ``SingleClique`` domain waits for one NVLink clique with room for it (pkg.api.placement)."""
 
 # A member's problem (also the reason when every member that has one has the same).
 PROBLEM_NODE_UNREACHABLE = "NodeUnreachable"
@@ -92,6 +94,7 @@ READY_REASONS = frozenset(
         REASON_RCT_CONFLICT,
         REASON_DAEMONSET_CONFLICT,
         REASON_HOST_MANAGED,
+        REASON_NO_CLIQUE_FITS,
         PROBLEM_NODE_UNREACHABLE,
         PROBLEM_NODE_NOT_READY,
         PROBLEM_DAEMON_TERMINATING,

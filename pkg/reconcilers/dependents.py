@@ -52,6 +52,7 @@ from pkg.reconcilers.objects import (
     render_daemonset,
     render_workload_rct,
 )
+from pkg.reconcilers.placement import REASON_PINNED_TO_CLIQUE, choose_clique
 from pkg.reconcilers.status import Problem, node_problem
 
 __all__ = ["Dependents", "RetryLaterError", "remove_domain_label"]
@@ -93,7 +94,11 @@ class Dependents:
         # (resource, "ns/name") of objects we created that the cache may not show yet → the
         # owning domain UID (the daemon RCT and the DaemonSet share their name).
         self._created: dict[tuple[str, str], str] = {}
+        # Domain UID -> the clique its workload RCT was created pinned to: the choice of the
+        # next SingleClique domain counts it before the RCT cache shows it.
+        self._pins: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._placement_lock = threading.Lock()  # one SingleClique choice at a time
 
     def _cached(
         self, resource: Resource, indexer: ObjectCache, key: str, uid: str
@@ -115,6 +120,7 @@ class Dependents:
         with self._lock:
             for key in [k for k, v in self._created.items() if v == uid]:
                 del self._created[key]
+            self._pins.pop(uid, None)
 
     def _domain_exists(self, uid: str) -> bool:
         return bool(self._caches.compute_domains.by_index(BY_UID, uid))
@@ -122,8 +128,38 @@ class Dependents:
     # -- ensure ---------------------------------------------------------------------------------
 
     def ensure_workload_rct(self, cd: ComputeDomain, cd_obj: JSON) -> Problem | None:
-        """Create or adopt the workload RCT only: the write that unblocks the user's pods."""
-        return self._ensure_rct(cd, cd_obj, render_workload_rct(cd, owner=cd_obj), what="channel")
+        """Create or adopt the workload RCT only: the write that unblocks the user's pods.
+
+        A ``SingleClique`` domain's template is created pinned to the clique
+        `pkg.reconcilers.placement` chooses; while no clique has room, nothing is created
+        and the `REASON_NO_CLIQUE_FITS` problem returned. An existing template is adopted
+        as it is (its spec is immutable)."""
+        if not cd.single_clique:
+            return self._ensure_rct(
+                cd, cd_obj, render_workload_rct(cd, owner=cd_obj), what="channel"
+            )
+        key = f"{cd.namespace}/{cd.resource_claim_template_name}"
+        with self._placement_lock:
+            if self._cached(RESOURCE_CLAIM_TEMPLATES, self._caches.rcts, key, cd.uid):
+                return self._ensure_rct(cd, cd_obj, render_workload_rct(cd), what="channel")
+            with self._lock:
+                recent = dict(self._pins)
+            clique, problem = choose_clique(cd, self._caches, recent=recent)
+            if problem is not None:
+                return problem
+            desired = render_workload_rct(cd, owner=cd_obj, clique=clique)
+            problem = self._ensure_rct(cd, cd_obj, desired, what="channel")
+            if problem is None:
+                with self._lock:
+                    self._pins[cd.uid] = clique
+                log.info("pinned workload ResourceClaimTemplate to NVLink clique %s", clique,
+                         extra={"key": cd.key})  # fmt: skip
+                self._events.event(
+                    cd_obj, NORMAL, REASON_PINNED_TO_CLIQUE,
+                    f"placement SingleClique: the workload ResourceClaimTemplate {key} admits "
+                    f"only IMEX channels of NVLink clique {clique}",
+                )  # fmt: skip
+            return problem
 
     def daemons_wanted(self, uid: str) -> bool:
         """Whether the domain ``uid`` needs its IMEX daemon objects: a channel claim of it is

@@ -38,6 +38,7 @@ from pkg.api import constants as c
 from pkg.api import daemoncontract as dc
 from pkg.api.channelshare import channel_toleration
 from pkg.api.computedomain import ComputeDomain
+from pkg.api.placement import PINNED_CLIQUE_ANNOTATION, clique_selector
 from pkg.base.types import JSON
 from pkg.reconcilers.config import ControllerConfig
 
@@ -91,11 +92,14 @@ def _rct(
     }
 
 
-def render_workload_rct(cd: ComputeDomain, *, owner: JSON | None = None) -> JSON:
+def render_workload_rct(cd: ComputeDomain, *, owner: JSON | None = None, clique: str = "") -> JSON:
     """The channel RCT the user's pods reference, in the CD's namespace.
 
     Upstream's shape plus one toleration on the request (`pkg.api.channelshare`): its claims
-    may share a node's ``channel-0`` with claims of the same domain, never of another.
+    may share a node's ``channel-0`` with claims of the same domain, never of another. With
+    ``clique`` (a ``SingleClique`` domain, `pkg.api.placement`) the request also selects only a
+    ``channel-0`` of that NVLink clique, and the template records the clique in its
+    ``resource.nvidia.com/clique`` annotation.
     ``owner`` (the CD object) adds a controller ownerReference so the garbage collector removes
     the template even if the controller never runs again; same namespace, so it is legal.
     """
@@ -115,6 +119,9 @@ def render_workload_rct(cd: ComputeDomain, *, owner: JSON | None = None) -> JSON
     )
     (request,) = obj["spec"]["spec"]["devices"]["requests"]
     request["exactly"]["tolerations"] = [channel_toleration(cd.uid)]
+    if clique:
+        request["exactly"]["selectors"] = [clique_selector(clique)]
+        obj["metadata"]["annotations"] = {PINNED_CLIQUE_ANNOTATION: clique}
     if owner is not None:
         obj["metadata"]["ownerReferences"] = [
             {

@@ -19,7 +19,7 @@ is reached, the informer caches of the controller and of every plugin must equal
 is recorded as a problem (stuck pods, a domain never Ready, leaks) and the lifecycle is cleaned
 up by force so the next one starts clean; nothing raises. :func:`report` renders the figures
 (lifecycles, faults by target and phase, stuck pods, leaks, crashes, caches equal to a LIST,
-recovery p50/p99).
+recovery p50/p99) through ``chaosreport``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from cachecheck import check_processes
+from chaosreport import Lifecycle
 from e2e_support import Driver, channels_seen, free_port, leak_report, pod_ready, teardown_namespace
 from faults import DaemonProc, daemon_procs, driver_pids, exited, imex_pids, kill_group, kill_pid
 from kubeletsim import NodeFleet
@@ -52,25 +52,6 @@ STEP_TIMEOUT = 90.0
 # What waits for kube-controller-manager (its garbage collector and DaemonSet controller): after
 # repeated API server restarts its informers took up to ~80 s to catch up in a targeted run.
 GC_TIMEOUT = 180.0
-
-
-@dataclass
-class Lifecycle:
-    """What happened in one lifecycle (``problems`` empty = it behaved)."""
-
-    index: int
-    target: str
-    phase: str
-    fault: str = ""  # what was killed ("" = no such process existed at that moment)
-    recovery: float | None = None  # fault (apiserver: its return) -> the phase's goal reached
-    stuck_pods: list[str] = field(default_factory=list)
-    leaks: dict[str, object] = field(default_factory=dict)
-    crashes: list[str] = field(default_factory=list)
-    caches_checked: bool = False  # the caches were compared with a LIST after the fault
-    cache_diffs: dict[str, list[str]] = field(default_factory=dict)  # process -> differences
-    cache_seconds: float = 0.0  # how long the check took (until every cache was equal)
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 @dataclass
@@ -306,51 +287,3 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
             teardown_namespace(admin, ns)
     lc.seconds = time.monotonic() - start
     return lc
-
-
-def _pct(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
-
-
-def report(results: list[Lifecycle], *, seed: int, command: str, wall: float) -> str:
-    """The figures of a chaos run as Markdown (what ``docs/reliability.md`` holds)."""
-    by = Counter((r.target, r.phase) for r in results)
-    missed = sum(1 for r in results if not r.fault)
-    checked = [r for r in results if r.caches_checked]
-    equal = sum(1 for r in checked if not r.cache_diffs)
-    waits = [r.cache_seconds for r in checked]
-    took = (f"the check took p50 {_pct(waits, 0.5):.1f} s, max {max(waits):.1f} s" if waits
-            else "none checked")  # fmt: skip
-    lines = [
-        f"- command: `{command}`", f"- seed: {seed}",
-        f"- lifecycles: {len(results)} (wall time {wall / 60:.1f} min)",
-        f"- faults injected: {len(results) - missed} ({missed} found no such process at that "
-        "moment, e.g. no `nvidia-imex` yet)",
-        f"- lifecycles with a problem: {sum(1 for r in results if r.problems)}",
-        f"- stuck pods: {sum(len(r.stuck_pods) for r in results)}",
-        f"- leaks: {sum(1 for r in results if r.leaks)}",
-        f"- crashes (unexpected exits): {sum(len(r.crashes) for r in results)}",
-        f"- caches equal to a fresh LIST after each fault: {equal}/{len(checked)} (controller and "
-        f"every kubelet plugin, each informer's keys and resourceVersions; {took})",
-        "", "Faults by target and phase:", "",
-        "| target | " + " | ".join(PHASES) + " | total |",
-        "|---|" + "---|" * (len(PHASES) + 1),
-    ]  # fmt: skip
-    for t in TARGETS:
-        row = [by[(t, p)] for p in PHASES]
-        lines.append(f"| {t} | " + " | ".join(map(str, row)) + f" | {sum(row)} |")
-    lines += ["", "Recovery (s) from the fault (apiserver: from its return) to the phase's goal "
-              "(Ready; pods and daemons gone; domain gone and nothing left):", "",
-              "| target | n | p50 | p99 | max |", "|---|---|---|---|---|"]  # fmt: skip
-    for t in TARGETS:
-        rec = [r.recovery for r in results if r.target == t and r.recovery is not None]
-        if rec:
-            lines.append(f"| {t} | {len(rec)} | {_pct(rec, 0.5):.1f} | {_pct(rec, 0.99):.1f} | "
-                         f"{max(rec):.1f} |")  # fmt: skip
-    bad = [r for r in results if r.problems]
-    if bad:
-        lines += ["", "Problems:", ""]
-        lines += [f"- #{r.index} {r.target}@{r.phase} ({r.fault}): {'; '.join(r.problems)}"
-                  for r in bad]  # fmt: skip
-    return "\n".join(lines) + "\n"

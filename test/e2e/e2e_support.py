@@ -218,13 +218,17 @@ class Driver:
 
 
 def compute_domain(name: str, namespace: str, *, rct: str, mode: str = "Single",
-                   num_nodes: int | None = None) -> dict[str, Any]:  # fmt: skip
+                   num_nodes: int | None = None,
+                   annotations: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     spec: dict[str, Any] = {"channel": {"resourceClaimTemplate": {"name": rct},
                                         "allocationMode": mode}}  # fmt: skip
     if num_nodes is not None:
         spec["numNodes"] = num_nodes
-    return {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-            "metadata": {"name": name, "namespace": namespace}, "spec": spec}  # fmt: skip
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND, "metadata": meta,
+            "spec": spec}  # fmt: skip
 
 
 def workload_pod(name: str, namespace: str, *, rct: str | None = None, claim: str | None = None,

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from chaos import Env, Lifecycle, report, run_lifecycle
+from chaos import PHASES, TARGETS, Env, run_lifecycle
+from chaosreport import Lifecycle, report, write_report
 from e2e_support import Driver
 from kubeletsim import NodeFleet
 from localcluster import Cluster
@@ -44,31 +45,21 @@ def test_chaos_lifecycles(
         # One generator per lifecycle: a lifecycle's draws never shift the next one's.
         lc = run_lifecycle(env, i, random.Random(f"{seed}/{i}"))
         results.append(lc)
-        rec = f"{lc.recovery:.1f}s" if lc.recovery is not None else "-"
-        killed = lc.fault or "(none found)"
-        print(f"chaos #{i}: {lc.target}@{lc.phase} killed={killed} recovery={rec} "
-              f"caches={lc.cache_seconds:.1f}s took={lc.seconds:.0f}s problems={lc.problems}",
-              flush=True)  # fmt: skip
+        print(f"chaos {lc.line()}", flush=True)
     command = f"CHAOS_SEED={seed} CHAOS_LIFECYCLES={count} " + " ".join(
         shlex.quote(a) for a in [Path(sys.executable).name, "-m", "pytest", "test/e2e", "-m",
                                  "chaos", "-s"])  # fmt: skip
-    text = report(results, seed=seed, command=command, wall=time.monotonic() - start)
+    text = report(
+        results,
+        targets=TARGETS,
+        phases=PHASES,
+        seed=seed,
+        command=command,
+        wall=time.monotonic() - start,
+    )
     print(text)
     out = os.environ.get("CHAOS_REPORT")
     if out:
         write_report(Path(out), text)
     bad = [f"#{r.index} {r.target}@{r.phase}: {r.problems}" for r in results if r.problems]
     assert not bad, f"chaos seed {seed}: " + "; ".join(bad)
-
-
-def write_report(path: Path, figures: str) -> None:
-    """Replace the figures between the markers of ``path`` (or create it)."""
-    begin, end = "<!-- chaos figures: begin -->", "<!-- chaos figures: end -->"
-    block = f"{begin}\n{figures}{end}"
-    text = path.read_text() if path.exists() else f"# Reliability\n\n{begin}\n{end}\n"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)

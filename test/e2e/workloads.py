@@ -58,10 +58,12 @@ def node_affinity(nodes: Sequence[str]) -> dict[str, Any]:
 
 
 def create_cd(client: KubeClient, ns: str, name: str, *, mode: str = "Single",
-              num_nodes: int | None = None, timeout: float = 60) -> Workload:  # fmt: skip
+              num_nodes: int | None = None, timeout: float = 60,
+              annotations: dict[str, str] | None = None) -> Workload:  # fmt: skip
     rct = f"{name}-channel"
     cd = client.create(COMPUTE_DOMAINS, compute_domain(name, ns, rct=rct, mode=mode,
-                                                       num_nodes=num_nodes))  # fmt: skip
+                                                       num_nodes=num_nodes,
+                                                       annotations=annotations))  # fmt: skip
     wait_for(f"RCT {ns}/{rct}", lambda: _exists(client, RESOURCE_CLAIM_TEMPLATES, rct, ns),
              timeout=timeout, every=0.1)  # fmt: skip
     return Workload(namespace=ns, cd_name=name, rct=rct, pods=[], cd_uid=cd["metadata"]["uid"])

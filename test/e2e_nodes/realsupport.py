@@ -266,15 +266,18 @@ def domain(ns: str, name: str = "cd") -> dict[str, Any]:
     }
 
 
-def channel_pod(ns: str, name: str, node: str, cmd: str, rct: str = "cd-rct") -> dict[str, Any]:
-    """A busybox pod pinned to ``node`` running ``sh -c cmd`` with a claim from ``rct``."""
+def channel_pod(
+    ns: str, name: str, node: str, cmd: str, rct: str = "cd-rct", *, restart: str = "Never"
+) -> dict[str, Any]:
+    """A busybox pod pinned to ``node`` running ``sh -c cmd`` with a claim from ``rct``
+    (``restart``: its ``restartPolicy``)."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": ns},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
-            "restartPolicy": "Never",
+            "restartPolicy": restart,
             "terminationGracePeriodSeconds": 1,
             "containers": [
                 {

@@ -880,6 +880,18 @@ def test_samples_use_the_driver_contract() -> None:
     assert term["topologyKey"] == c.GPU_CLIQUE_NODE_LABEL
 
 
+def test_single_clique_sample_opts_in_on_the_domain_only() -> None:
+    """config/samples/single-clique: the annotation is the whole opt-in (pkg.api.placement);
+    the Job is ordinary (no podAffinity on the clique label) and uses the domain's template."""
+    objs = render("samples/single-clique")
+    cd = find(objs, "ComputeDomain", "clique-domain")
+    assert parse_compute_domain(cd).single_clique
+    pod: Any = find(objs, "Job", "clique-job")["spec"]["template"]["spec"]
+    rct = cd["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    assert pod["resourceClaims"] == [{"name": "imex-channel", "resourceClaimTemplateName": rct}]
+    assert "podAffinity" not in pod["affinity"]
+
+
 # Env vars the manifests set that no Python code reads, on purpose.
 ENV_NOT_READ_BY_CODE = {
     "POD_UID": "upstream's rolling-update contract; reserved, see the DaemonSet comment",

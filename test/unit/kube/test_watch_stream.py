@@ -9,10 +9,16 @@ response. The opener here runs `stop()` itself, so the race is won the same way 
 from __future__ import annotations
 
 import json
+import socket
+import time
+from pathlib import Path
 
+import pytest
 import urllib3
 
 from pkg.kube import resources as res
+from pkg.kube.config import load_api_client
+from pkg.kube.errors import ConnectionFailedError
 from pkg.kube.watch import HttpWatchStream
 from pkg.testing.fakeapiserver import FakeApiServer
 
@@ -40,3 +46,43 @@ def test_a_stop_during_the_request_returns_no_live_connection_to_the_pool() -> N
             assert resp.status == 200 and json.loads(resp.data)["kind"] == "NodeList"
         assert api.request_log == [("GET", path)] * 3
         pool.clear()
+
+
+def test_a_silent_watch_with_bookmarks_is_dropped_after_the_idle_timeout() -> None:
+    """A watch that asked for bookmarks and hears nothing, not even a bookmark, is a dead
+    connection (kube-apiserver bookmarks every watch at least once a minute): the client ends
+    it with ConnectionFailedError after ``watch_idle_timeout`` and the reflector watches again;
+    one that hears bookmarks lives on. Real time: the deadline is the socket's read timeout
+    (0.3 s and 2 s keep the test short)."""
+    with FakeApiServer(bookmark_interval=60.0) as api:
+        rv = str(api.store.rv)
+        stream = api.client(watch_idle_timeout=0.3).watch(
+            res.NODES, resource_version=rv, timeout_seconds=60
+        )
+        started = time.monotonic()
+        with pytest.raises(ConnectionFailedError):
+            next(iter(stream))
+        assert time.monotonic() - started < 30, "the server's own timeout ended it, not ours"
+    with FakeApiServer(bookmark_interval=0.5) as api:
+        rv = str(api.store.rv)
+        client = api.client(watch_idle_timeout=2.0)
+        stream = client.watch(res.NODES, resource_version=rv, timeout_seconds=4)
+        events = [e.type for e in stream]  # bookmarks every 0.5 s, then the server's end
+        assert events and set(events) == {"BOOKMARK"}
+        quiet = client.watch(res.NODES, resource_version=rv, timeout_seconds=3,
+                             allow_watch_bookmarks=False)  # fmt: skip
+        assert list(quiet) == []  # no bookmarks asked: only the server's timeout ends it
+
+
+def test_api_clients_keep_their_connections_alive(tmp_path: Path) -> None:
+    """load_api_client turns on TCP keepalive (client-go's timings) on every pooled socket."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+    }))  # fmt: skip
+    client = load_api_client(str(kubeconfig))
+    options = client.rest_client.pool_manager.connection_pool_kw.get("socket_options") or []
+    assert (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in options
