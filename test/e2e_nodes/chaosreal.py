@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachecheck import TIMEOUT as CACHE_TIMEOUT
-from cachecheck import check_processes
+from cachecheck import check_processes, fetch_document
 from chaosreport import Lifecycle
 from localcluster.processes import ClusterError
 from localcluster.realnode import CONTAINERD_SOCK, RealNodes
@@ -72,6 +72,7 @@ PARTITION = 30.0  # > the lane's --node-monitor-grace-period=20s
 # watches catch up when TCP retransmits what the API server sent meanwhile, or when the
 # client drops a watch silent for WATCH_IDLE_TIMEOUT (client-go: its HTTP/2 health check).
 PARTITION_CACHE_TIMEOUT = WATCH_IDLE_TIMEOUT + 30.0
+LEADER_TIMEOUT = 60.0  # a Lease of 15 s, a standby's retry period, its caches' sync
 ALT_SUFFIX = "-chaos"
 PLUGIN_DS = "daemonset/compute-domain-kubelet-plugin"
 CONTROLLER = "deployment/compute-domain-controller"
@@ -399,11 +400,15 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
         endpoints: dict[str, str] = {}
 
         def leader_known() -> bool:
+            """The Lease names a replica that says it leads (after its holder died, the Lease
+            names the dead one until the standby takes it over: up to its 15 s duration)."""
+            endpoints.clear()
             endpoints.update(cache_endpoints(env))
-            return "controller" in endpoints
+            ep = endpoints.get("controller")
+            return ep is not None and bool(fetch_document(ep).get("leading"))
 
-        if not _poll(leader_known, timeout=60):
-            lc.problems.append("no controller replica holds the leader Lease")
+        if not _poll(leader_known, timeout=LEADER_TIMEOUT):
+            lc.problems.append(f"no controller replica leads {LEADER_TIMEOUT:.0f} s after the goal")
         timeout = PARTITION_CACHE_TIMEOUT if lc.target == "partition" else CACHE_TIMEOUT
         lc.cache_diffs = check_processes(env.admin, endpoints, timeout=timeout)
         lc.cache_seconds = time.monotonic() - began
