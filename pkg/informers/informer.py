@@ -165,10 +165,14 @@ class SharedInformer:
                     self._distribute(Notification("update", obj, prev))
             for key, last in sorted(gone.items()):
                 self._distribute(Notification("delete", DeletedFinalStateUnknown(key, last)))
-            if not self._synced.is_set():
+            first_sync = not self._synced.is_set()
+            if first_sync:
                 self._synced.set()
                 for reg in self._handlers:
                     reg.mark_sync_point()
+        if first_sync:  # a resync that fell due before the first LIST may run now
+            with self._resync_cond:
+                self._resync_cond.notify_all()
 
     def add(self, obj: JSON) -> None:
         """Reflector sink: an ADDED or MODIFIED object (an update if the key is cached).
@@ -266,5 +270,7 @@ class SharedInformer:
                                     reg.push(Notification("update", obj, obj))
                                 reg.next_resync = now + reg.resync_period
                     nxt = min((r.next_resync for r in due), default=None)
+                    if nxt is not None and not self._synced.is_set() and nxt <= now:
+                        nxt = None  # overdue but unsynced: wait for the sync's notify
                 wait = None if nxt is None else max(nxt - now, 0.001)
                 self._clock.wait_condition(self._resync_cond, wait)

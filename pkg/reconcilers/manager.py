@@ -338,7 +338,9 @@ class ControllerManager:
         for informer in (*scoped["daemonsets"], *scoped["pods"], *scoped["cliques"], inf["rcts"]):
             self._watch(informer, cd_ctl, self._domain_keys)
         self._watch(inf["nodes"], cd_ctl, self._domain_keys_of_node, relevant=node_changed)
-        self._watch(inf["node_health"], cd_ctl, self._domain_keys_of_node)
+        # Node health: a kubelet status report that changed nothing cached (its heartbeat
+        # times are not cached, see slim_node) wakes no reconciler.
+        self._watch(inf["node_health"], cd_ctl, self._domain_keys_of_node, relevant=node_changed)
         # Nodes that could ever join (reachability): re-check domains still waiting for nodes.
         # That set changes only when a node appears, goes or starts being deleted.
         self._watch(inf["slices"], cd_ctl, lambda _o: self._waiting_domain_keys())
@@ -375,7 +377,7 @@ class ControllerManager:
         """The clique reconcilers' handlers (gate ``ComputeDomainCliques`` on)."""
         inf, scoped = self._informers, self._scoped
         self._watch(inf["nodes"], prune_ctl, self.prune.keys_for_node, relevant=node_changed)
-        self._watch(inf["node_health"], prune_ctl, self.prune.keys_for_node)
+        self._watch(inf["node_health"], prune_ctl, self.prune.keys_for_node, relevant=node_changed)
         for cliques in scoped["cliques"]:
             self._watch(cliques, prune_ctl, lambda o: [_key(o)])
             self._watch(cliques, join_ctl, lambda o: [_key(o)])
@@ -389,6 +391,7 @@ class ControllerManager:
             inf["node_health"],
             join_ctl,
             lambda o: self.joins.keys_for_node(str(o["metadata"]["name"])),
+            relevant=node_changed,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------

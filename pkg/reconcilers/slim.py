@@ -23,10 +23,23 @@ def slim_object(obj: JSON) -> JSON:
 
 def slim_node(node: JSON) -> JSON:
     """A Node with only what the controller reads: metadata (no managedFields), spec, and
-    ``status.conditions``."""
+    ``status.conditions`` without their ``lastHeartbeatTime``. The kubelet rewrites every
+    condition's heartbeat on each status report (every 5 minutes per node, more often on a
+    change); nothing here reads it, so a report that changed nothing else leaves the cached
+    object as it was and wakes no reconciler."""
     out = drop_managed_fields(node)
     status = out.get("status")
-    if isinstance(status, dict) and set(status) - {"conditions"}:
+    if not isinstance(status, dict):
+        return out
+    conditions = status.get("conditions")
+    if isinstance(conditions, list):
+        conditions = [
+            {k: v for k, v in cond.items() if k != "lastHeartbeatTime"}
+            if isinstance(cond, dict)
+            else cond
+            for cond in conditions
+        ]
+    if set(status) - {"conditions"} or conditions != status.get("conditions"):
         out = dict(out)
-        out["status"] = {"conditions": status["conditions"]} if "conditions" in status else {}
+        out["status"] = {"conditions": conditions} if "conditions" in status else {}
     return out

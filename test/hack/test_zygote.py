@@ -41,8 +41,15 @@ def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
 
 
 def script(tmp_path: Path) -> Path:
+    """``SCRIPT`` as ``tmp_path/prog.py``, written once: a test asks for it again after it
+    started a container from it, and rewriting it in place (truncate, then write) let that
+    container, forked a little later on a busy machine, read an empty program and exit 0
+    (flake-check, 2026-11-27). A new file is made under another name and renamed over."""
     path = tmp_path / "prog.py"
-    path.write_text(SCRIPT)
+    if not path.exists():
+        tmp = tmp_path / "prog.py.tmp"
+        tmp.write_text(SCRIPT)
+        tmp.replace(path)
     return path
 
 

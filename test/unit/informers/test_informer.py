@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -252,3 +253,22 @@ def test_wait_for_cache_sync_times_out_on_the_injected_clock() -> None:
             eventually(synced_after_a_step)
         finally:
             factory.shutdown()
+
+
+def test_an_overdue_resync_waits_for_the_first_sync_instead_of_spinning() -> None:
+    """A handler's resync that falls due before the informer ever synced (API server out of
+    reach at start) waits for the sync; it used to poll every millisecond until then. Real
+    time: the spin shows as waits on the clock while fake time stands still, 1 s of it."""
+    clock = FakeClock()
+    with FakeApiServer() as api:
+        client = api.client()
+    factory = SharedInformerFactory(client, clock=clock, resync_period=30)  # server gone
+    inf = factory.informer_for(r.PODS)
+    inf.add_event_handler(on_add=lambda o: None)
+    factory.start()
+    clock.step(60)
+    time.sleep(1.0)  # with the spin: a wait per FakeClock real poll (0.2 s), ~5
+    spins = [w for w in clock.waits if 0 < w <= 0.001]
+    assert len(spins) <= 1, f"{len(spins)} millisecond waits before the first sync"
+    assert not inf.has_synced()
+    factory.shutdown()

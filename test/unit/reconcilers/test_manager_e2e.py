@@ -231,6 +231,68 @@ def test_foreign_node_annotation_sweeps_wake_no_reconciler(
         manager.stop()
 
 
+def test_kubelet_status_reports_wake_no_reconciler(
+    server: FakeApiServer, client: RestClient, config: ControllerConfig,
+    registry: CollectorRegistry, events: RecordedEvents,
+) -> None:  # fmt: skip
+    """Every kubelet rewrites its Node's condition heartbeats every 5 minutes; on the Nodes
+    hosting daemons (watched in full for their health) each report used to queue that node's
+    domains, clique entries and joins. The heartbeat is not cached, so a report that changed
+    nothing else queues nothing; a Ready change still does."""
+    manager = ControllerManager(
+        client=client, registry=registry, tracer=trace.NoOpTracer(), clock=RealClock(),
+        config=replace(config, cleanup_interval=3600, status_update_interval=0.0),
+        informer_clock=RealClock(), events=events,
+    )  # fmt: skip
+    try:
+        names = [f"n{i}" for i in range(10)]
+        for i, name in enumerate(names):  # one domain per node: each report, its own key
+            cd = server.seed(res.COMPUTE_DOMAINS, compute_domain(f"cd{i}"))
+            uid = str(cd["metadata"]["uid"])
+            server.seed(res.NODES, node(name, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
+        assert manager.start(sync_timeout=10)
+        eventually(lambda: all((cd.get("status") or {}).get("status")
+                               for cd in server.objects(res.COMPUTE_DOMAINS)))  # fmt: skip
+        before = _settled_adds(registry)
+
+        def report(name: str, beat: str, ready: str = "True") -> None:
+            client.patch(res.NODES, name, {"status": {"conditions": [{
+                "type": "Ready", "status": ready, "lastHeartbeatTime": beat}]}},
+                subresource="status")  # fmt: skip
+
+        for name in names:
+            report(name, "2026-11-27T10:05:00Z")
+
+        want = {n: str(client.get(res.NODES, n)["metadata"]["resourceVersion"]) for n in names}
+
+        def every_cache_has_them() -> bool:  # the node-health informer among them
+            for inf in manager.informer_snapshot():
+                objects = inf.get("objects") or {}
+                if any(n in objects and objects[n] != want[n] for n in names):
+                    return False
+            return True
+
+        eventually(every_cache_has_them)
+        after = _settled_adds(registry)
+        assert after - before <= 2, "heartbeats queued reconciles"
+        report("n0", "2026-11-27T10:10:00Z", ready="False")
+        eventually(lambda: _queue_adds(registry) > after)  # a Ready change still counts
+    finally:
+        manager.stop()
+
+
+def _settled_adds(registry: CollectorRegistry) -> float:
+    """The queue adds once the queues are idle and the count held still for three reads
+    0.1 s apart (handlers run after the cache; a slow machine can only hide adds from this,
+    never invent them)."""
+    eventually(lambda: _queues_idle(registry))
+    counts = [_queue_adds(registry)]
+    while len(counts) < 3 or len(set(counts[-3:])) > 1:
+        time.sleep(0.1)
+        counts.append(_queue_adds(registry))
+    return counts[-1]
+
+
 def _no_queue_adds_for_foreign_annotations(
     server: FakeApiServer, manager: ControllerManager, registry: CollectorRegistry
 ) -> None:
