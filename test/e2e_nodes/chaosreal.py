@@ -94,6 +94,7 @@ class Env:
     namespace: str
     images: dict[str, str] = field(default_factory=dict)  # PLUGIN_DS / CONTROLLER -> image
     targets: tuple[str, ...] = TARGETS  # what faults to draw from (``CHAOS_REAL_TARGETS``)
+    phases: tuple[str, ...] = PHASES  # when (``CHAOS_REAL_PHASES``)
 
 
 def _poll(fn: Callable[[], bool], timeout: float = STEP_TIMEOUT, every: float = 0.5) -> bool:
@@ -185,31 +186,45 @@ def driver_settled(env: Env) -> bool:
 # ------------------------------------------------------------------------------ invariants
 
 
-def restart_counts(env: Env) -> dict[str, tuple[str, str, int]]:
-    """Every driver pod's uid -> (name, node, restarts of all its containers)."""
+# How a container's previous instance ended when it failed by itself (not the runtime's doing).
+FAILED_REASONS = frozenset({"Error", "OOMKilled", "ContainerCannotRun", "StartError"})
+
+Restarts = dict[str, tuple[str, str, int, str]]  # uid -> (pod, node, restarts, last ending)
+
+
+def restart_counts(env: Env) -> Restarts:
+    """Every driver pod's uid -> (name, node, restarts of all its containers, how the last
+    restarted container's previous instance ended: ``reason/exitCode``, "" if none)."""
     out = {}
     for p in env.kubectl.items("pods", "-n", env.driver):
-        n = sum(s.get("restartCount", 0) for s in p["status"].get("containerStatuses", []))
-        out[p["metadata"]["uid"]] = (p["metadata"]["name"], p["spec"].get("nodeName", ""), n)
+        statuses = p["status"].get("containerStatuses", [])
+        n = sum(s.get("restartCount", 0) for s in statuses)
+        last = ""
+        for st in statuses:
+            ended = (st.get("lastState") or {}).get("terminated")
+            if ended:
+                last = f"{ended.get('reason', '')}/{ended.get('exitCode', '')}"
+        out[p["metadata"]["uid"]] = (p["metadata"]["name"], p["spec"].get("nodeName", ""), n, last)
     return out
 
 
 def unexpected_restarts(
-    snapshots: list[dict[str, tuple[str, str, int]]], allowed: Callable[[str, str], bool]
+    snapshots: list[Restarts], allowed: Callable[[str, str, str], bool]
 ) -> list[str]:
     """Driver containers that restarted across ``snapshots`` (the first is the baseline; a pod
-    first seen later starts from 0) and whose (pod name, node) the fault does not excuse."""
+    first seen later starts from 0) and whose (pod name, node, last ending) the fault does not
+    excuse."""
     base = snapshots[0]
-    worst: dict[str, tuple[str, str, int]] = {}
+    worst: Restarts = {}
     for snap in snapshots:
-        for uid, (name, node, n) in snap.items():
-            if n > worst.get(uid, (name, node, -1))[2]:
-                worst[uid] = (name, node, n)
+        for uid, (name, node, n, last) in snap.items():
+            if n > worst.get(uid, (name, node, -1, ""))[2]:
+                worst[uid] = (name, node, n, last)
     out = []
-    for uid, (name, node, n) in worst.items():
+    for uid, (name, node, n, last) in worst.items():
         before = base[uid][2] if uid in base else 0
-        if n > before and not allowed(name, node):
-            out.append(f"{name} on {node}: {n - before} container restart(s)")
+        if n > before and not allowed(name, node, last):
+            out.append(f"{name} on {node}: {n - before} container restart(s) (last: {last or '-'})")
     return out
 
 
@@ -286,7 +301,8 @@ class Fault:
     """What a fault hit, which driver pods may restart for it, and when recovery starts."""
 
     what: str = ""
-    excused: Callable[[str, str], bool] = lambda _pod, _node: False
+    # (pod, node, how its container's previous instance ended) -> the restart is the fault's
+    excused: Callable[[str, str, str], bool] = lambda _pod, _node, _last: False
     t0: float = 0.0
 
 
@@ -309,13 +325,19 @@ def inject(env: Env, target: str, rng: random.Random, phase: str) -> Fault:
     """Hit ``target`` (see the module docstring); never raises for a missing process."""
     name = rng.choice(REAL_NODES)
     node = env.nodes[name]
-    on_node: Callable[[str, str], bool] = lambda _pod, n: n == name  # noqa: E731
+    on_node: Callable[[str, str, str], bool] = lambda _pod, n, _last: n == name  # noqa: E731
+
+    def runtime_redid(_pod: str, n: str, last: str) -> bool:
+        """A kubelet or containerd that died while starting a container leaves an instance
+        the restarted one replaces (the restart count goes up); the driver did not fail."""
+        return n == name and last.partition("/")[0] not in FAILED_REASONS
+
     if target in ("containerd", "kubelet"):
         node.kill(target)
         t0 = time.monotonic()
         time.sleep(rng.uniform(1.0, 3.0))
         node.restart(target)
-        return Fault(f"{target}/{name}", t0=t0)
+        return Fault(f"{target}/{name}", runtime_redid, t0)
     if target == "reboot":
         node.reboot()
         return Fault(f"reboot/{name}", on_node, time.monotonic())
@@ -344,9 +366,11 @@ def inject(env: Env, target: str, rng: random.Random, phase: str) -> Fault:
         return Fault(t0=time.monotonic())
     t0 = time.monotonic()
     if target == "plugin":
-        return Fault(f"plugin/{name} ({killed} pids)", lambda p, n: n == name and "plugin" in p, t0)
+        return Fault(f"plugin/{name} ({killed} pids)",
+                     lambda p, n, _last: n == name and "plugin" in p, t0)  # fmt: skip
     if target == "daemon":
-        return Fault(f"daemon/{name} ({killed} pids)", lambda p, n: n == name and _is_daemon(p), t0)
+        return Fault(f"daemon/{name} ({killed} pids)",
+                     lambda p, n, _last: n == name and _is_daemon(p), t0)  # fmt: skip
     return Fault(f"nvidia-imex/{name} ({killed} pids)", t0=t0)
 
 
@@ -357,8 +381,8 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
     """One lifecycle with one fault (see the module docstring); never raises on a problem."""
     k, ns = env.kubectl, env.namespace
     target = rng.choice(env.targets)
-    phases = PHASES[:3] if target in ("daemon", "imex") else PHASES
-    lc = Lifecycle(index=index, target=target, phase=rng.choice(phases))
+    phases = [p for p in env.phases if target not in ("daemon", "imex") or p != "cd-deletion"]
+    lc = Lifecycle(index=index, target=target, phase=rng.choice(phases or ["pod-deletion"]))
     start = time.monotonic()
     cd_name = f"chaos-{index}"
     pods = [f"{cd_name}-{n.rsplit('-', 1)[-1]}" for n in REAL_NODES]

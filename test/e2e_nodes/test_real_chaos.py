@@ -2,7 +2,8 @@
 
 ``CHAOS_REAL_LIFECYCLES`` (default 3, what ``make test`` runs) and ``CHAOS_REAL_SEED`` (default:
 random, printed) choose the run; the same seed replays the same targets, phases and nodes.
-``CHAOS_REAL_TARGETS=reboot,partition`` draws the faults from those targets only.
+``CHAOS_REAL_TARGETS=reboot,partition`` draws the faults from those targets only,
+``CHAOS_REAL_PHASES=before-ready`` the phases.
 Every lifecycle must end with: both pods Running with ``channel0`` and the domain Ready (again,
 after an after-Ready fault), nothing left after deletion (API objects, node labels, channel
 taints, checkpoint entries, CDI claim specs), every node's containerd, kubelet and kube-proxy
@@ -56,6 +57,11 @@ def test_real_chaos_lifecycles(
         env.targets = tuple(t.strip() for t in chosen.split(",") if t.strip())
         unknown = set(env.targets) - set(TARGETS)
         assert not unknown, f"CHAOS_REAL_TARGETS: unknown {sorted(unknown)}; known: {TARGETS}"
+    when = os.environ.get("CHAOS_REAL_PHASES", "")
+    if when:
+        env.phases = tuple(p.strip() for p in when.split(",") if p.strip())
+        unknown = set(env.phases) - set(PHASES)
+        assert not unknown, f"CHAOS_REAL_PHASES: unknown {sorted(unknown)}; known: {PHASES}"
     tag_alternates(env)
     original = dict(env.images)
     results: list[Lifecycle] = []
