@@ -262,17 +262,26 @@ class DeviceState:
         self._tracer = tracer or trace.NoOpTracer()
         self._now = now
         self._base_cdi_id = qualified_name("device", "all")
+        # Claims prepared in a previous boot whose entries the checkpoint dropped (`recover`).
+        self._previous_boot: dict[str, ClaimEntry] = {}
 
     # -- start-up -------------------------------------------------------------------------------
 
     def recover(self, report: OpenReport) -> None:
-        """Delete the CDI specs of entries a previous boot left behind (see checkpoint docs).
+        """Delete the CDI specs of entries a previous boot left behind (see checkpoint docs),
+        and remember those entries (in memory) for their Unprepare.
 
-        Stale PrepareStarted entries are the periodic cleanup's (`cleanup.CheckpointCleanup`),
-        whose first pass runs at start-up.
+        A reboot empties ``/run`` (devices, CDI specs) but not what those claims set up outside
+        it: the node label (API state) and the per-domain dir (under ``/var/lib``). The kubelet
+        re-prepares the claims of pods that still run; for a claim whose pod was deleted
+        meanwhile it calls Unprepare only, which then undoes those targets as the entry's own
+        Unprepare would have (`unprepare`). Stale PrepareStarted entries are the periodic
+        cleanup's (`cleanup.CheckpointCleanup`), whose first pass runs at start-up.
         """
         for entry in report.dropped_other_boot:
             self._cdi.delete_claim_spec(entry.uid)
+            if entry.state != ClaimState.PREPARE_ABORTED:
+                self._previous_boot[entry.uid] = entry
 
     def entries(self) -> dict[str, ClaimEntry]:
         """A snapshot of the checkpoint entries, read under the node lock."""
@@ -569,7 +578,8 @@ class DeviceState:
         """Undo a claim, by its checkpoint state; raises `ClaimError` on failure.
 
         * unknown claim: success (its CDI specs are deleted anyway, in case the entry was lost
-          to a corrupt checkpoint);
+          to a corrupt checkpoint); a claim prepared in a previous boot (`recover`) has its
+          node label and domain dir removed as below;
         * PrepareAborted: success, nothing touched;
         * PrepareCompleted: undo the devices, delete the entry, then the CDI spec;
         * PrepareStarted (kubelet or the stale-claim cleanup): undo the devices, rewrite the
@@ -590,8 +600,13 @@ class DeviceState:
         text = str(ref)
         entries = self._store.entries()
         entry = entries.pop(ref.uid, None)
+        before_reboot = self._previous_boot.pop(ref.uid, None)
         if entry is None:
-            log.log(V(2), "Unprepare noop: claim not found in checkpoint data: %s", text)
+            if before_reboot is not None:  # its label and domain dir outlived the reboot
+                self._undo_targets(ref, before_reboot.targets, entries.values())
+                log.log(V(2), "Unprepared claim of a previous boot: %s", text)
+            else:
+                log.log(V(2), "Unprepare noop: claim not found in checkpoint data: %s", text)
             self._cdi.delete_claim_spec(ref.uid)  # also covers entries lost to corruption
             return
         if entry.state == ClaimState.PREPARE_ABORTED:

@@ -272,3 +272,39 @@ def test_channel_domain(entries: list[tuple[str, ClaimState, str]], want: str) -
     domains = {d: str(uuid.uuid5(uuid.NAMESPACE_OID, d)) for d in ("d-1", "d-2")}
     got = channel_domain(_entry(u, s, domains[d]) for u, s, d in entries)
     assert got == (domains[want] if want else "")
+
+
+def _reboot(api: FakeApiServer, root: Path) -> None:
+    """What a reboot leaves the plugin: its checkpoint under another boot ID (``/var/lib``
+    stays), and no ResourceSlice (the kubelet deletes them when the plugin goes)."""
+    path = root / "plugins" / c.DRIVER_NAME / CHECKPOINT_FILE
+    entries = decode_checkpoint(path.read_bytes()).entries
+    path.write_bytes(encode_checkpoint(dict(entries), boot_id="the-previous-boot"))
+    api.client().delete(res.RESOURCE_SLICES, f"{NODE}-{c.DRIVER_NAME}")
+
+
+@pytest.mark.parametrize("pod_still_runs", [True, False])
+def test_a_claim_unprepared_after_a_reboot_takes_its_label_along(
+    api: FakeApiServer, root: Path, clock: FakeClock, pod_still_runs: bool
+) -> None:
+    """After a reboot the plugin drops the previous boot's entries, but the node label they set
+    is API state and outlived the reboot. The kubelet re-prepares the claim of a pod that still
+    runs and only unprepares the claim of a pod deleted meanwhile: that Unprepare removes the
+    label unless a claim of this boot still needs it (found by the real-node chaos soak: a
+    reboot during pod deletion left the domain's daemon pod for minutes)."""
+    cd = seed_domain(api)
+    kept, deleted = shared_claim(api, cd), shared_claim(api, cd)
+    with running_plugin(api, root, clock=clock) as (_plugin, kubelet):
+        for claim in (kept, deleted):
+            assert prepare(kubelet, claim).error == ""
+    _reboot(api, root)
+    with running_plugin(api, root, clock=clock) as (plugin, kubelet):
+        assert checkpoint(plugin) == {}
+        assert node_label(api) == cd  # outlived the reboot
+        if pod_still_runs:
+            assert prepare(kubelet, kept).error == ""
+        for _ in range(2):  # idempotent
+            assert kubelet.unprepare(deleted).claims[uid(deleted)].error == ""
+        assert node_label(api) == (cd if pod_still_runs else None)
+        assert kubelet.unprepare(kept).claims[uid(kept)].error == ""
+        assert node_label(api) is None
