@@ -355,3 +355,15 @@ def scrape(nodes: RealNodes, pod: dict[str, Any], port: int, path: str = "/metri
     return node.ns.run(
         ["curl", "-sf", "--max-time", "5", f"http://{pod['status']['podIP']}:{port}{path}"]
     )
+
+
+def channel_devices(kubectl: Kubectl) -> dict[str, dict[str, Any]]:
+    """Each node's published ``channel-0`` device (from its ResourceSlice of our driver)."""
+    out = {}
+    for s in kubectl.items("resourceslices"):
+        if s["spec"].get("driver") != c.DRIVER_NAME:
+            continue
+        for d in s["spec"].get("devices") or []:
+            if d["name"] == c.CHANNEL_DEVICE_NAME:
+                out[s["spec"]["nodeName"]] = d
+    return out

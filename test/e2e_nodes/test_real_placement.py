@@ -24,6 +24,7 @@ from realsupport import (
     REAL_NODES,
     Kubectl,
     apply,
+    channel_devices,
     domain,
     wait_for,
 )
@@ -31,20 +32,12 @@ from realsupport import (
 from pkg.api.placement import PINNED_CLIQUE_ANNOTATION, PLACEMENT_ANNOTATION
 
 PLUGIN_LABEL = "app.kubernetes.io/name=compute-domain-kubelet-plugin"
-DRIVER = "compute-domain.nvidia.com"
 OTHER_CLIQUE = 2
 
 
 def _slice_cliques(kubectl: Kubectl) -> dict[str, str]:
     """Each node's published ``channel-0`` cliqueID."""
-    out = {}
-    for s in kubectl.items("resourceslices"):
-        if s["spec"].get("driver") != DRIVER:
-            continue
-        for d in s["spec"].get("devices") or []:
-            if d["name"] == "channel-0":
-                out[s["spec"]["nodeName"]] = d["attributes"]["cliqueID"]["string"]
-    return out
+    return {n: d["attributes"]["cliqueID"]["string"] for n, d in channel_devices(kubectl).items()}
 
 
 def _set_clique(kubectl: Kubectl, nodes: RealNodes, node: str, clique_id: int) -> str:

@@ -21,6 +21,7 @@ from realsupport import (
     REAL_NODES,
     Kubectl,
     apply,
+    channel_devices,
     channel_pod,
     daemon_pod,
     domain,
@@ -30,7 +31,6 @@ from realsupport import (
 
 CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 WORKLOAD_CMD = f"ls -l {CHANNEL} && sleep 3600"
-DRIVER = "compute-domain.nvidia.com"
 # Two pods per node: (pod name, node).
 PODS = tuple((f"w-{n[-1]}-{i}", n) for n in REAL_NODES for i in (0, 1))
 
@@ -61,18 +61,6 @@ def _unschedulable(kubectl: Kubectl, ns: str, name: str) -> bool:
     )
 
 
-def _channel_devices(kubectl: Kubectl) -> dict[str, dict[str, Any]]:
-    """Each node's published ``channel-0`` device (from its ResourceSlice of our driver)."""
-    out = {}
-    for s in kubectl.items("resourceslices"):
-        if s["spec"].get("driver") != DRIVER:
-            continue
-        for d in s["spec"].get("devices") or []:
-            if d["name"] == "channel-0":
-                out[s["spec"]["nodeName"]] = d
-    return out
-
-
 def _left(kubectl: Kubectl, ns: str, uid: str) -> list[str]:
     """Everything of the domain still there."""
     left = [f"claim/{c['metadata']['name']}" for c in kubectl.items("resourceclaims", "-n", ns)]
@@ -85,7 +73,7 @@ def _left(kubectl: Kubectl, ns: str, uid: str) -> list[str]:
     for c in kubectl.items("computedomaincliques.resource.nvidia.com", "-n", DRIVER_NAMESPACE):
         if c["metadata"]["name"].startswith(uid):
             left.append(f"clique/{c['metadata']['name']}")
-    for node, device in _channel_devices(kubectl).items():
+    for node, device in channel_devices(kubectl).items():
         if device.get("taints"):
             left.append(f"taint on {node}'s channel-0: {device['taints']}")
     return left
@@ -114,7 +102,7 @@ def test_two_pods_per_node_share_the_channel_and_outlive_a_sibling(
     labels = {n["metadata"]["name"]: n["metadata"]["labels"].get(CD_LABEL)
               for n in kubectl.items("nodes") if n["metadata"]["name"] in REAL_NODES}  # fmt: skip
     assert labels == dict.fromkeys(REAL_NODES, uid)
-    taints = {node: d.get("taints") for node, d in _channel_devices(kubectl).items()}
+    taints = {node: d.get("taints") for node, d in channel_devices(kubectl).items()}
     for node in REAL_NODES:
         [taint] = taints[node] or [{}]
         assert (taint.get("key"), taint.get("value"), taint.get("effect")) == (

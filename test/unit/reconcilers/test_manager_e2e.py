@@ -211,6 +211,19 @@ def _queues_idle(registry: CollectorRegistry) -> bool:
     return busy == 0
 
 
+def _quiet_manager(
+    client: RestClient, config: ControllerConfig, registry: CollectorRegistry,
+    events: RecordedEvents,
+) -> ControllerManager:  # fmt: skip
+    """A manager on real clocks with no periodic sweep and status coalescing off (its timed
+    requeue would be a queue add of its own): every add it makes answers an event."""
+    return ControllerManager(
+        client=client, registry=registry, tracer=trace.NoOpTracer(), clock=RealClock(),
+        config=replace(config, cleanup_interval=3600, status_update_interval=0.0),
+        informer_clock=RealClock(), events=events,
+    )  # fmt: skip
+
+
 def test_foreign_node_annotation_sweeps_wake_no_reconciler(
     server: FakeApiServer, client: RestClient, config: ControllerConfig,
     registry: CollectorRegistry, events: RecordedEvents,
@@ -220,11 +233,7 @@ def test_foreign_node_annotation_sweeps_wake_no_reconciler(
     each update re-queueing every domain still waiting for nodes. Foreign annotations are not
     cached, and an update that changes nothing cached queues nothing. (Status coalescing off:
     its timed requeue would be an add of its own.)"""
-    manager = ControllerManager(
-        client=client, registry=registry, tracer=trace.NoOpTracer(), clock=RealClock(),
-        config=replace(config, cleanup_interval=3600, status_update_interval=0.0),
-        informer_clock=RealClock(), events=events,
-    )  # fmt: skip
+    manager = _quiet_manager(client, config, registry, events)
     try:
         _no_queue_adds_for_foreign_annotations(server, manager, registry)
     finally:
@@ -239,11 +248,7 @@ def test_kubelet_status_reports_wake_no_reconciler(
     hosting daemons (watched in full for their health) each report used to queue that node's
     domains, clique entries and joins. The heartbeat is not cached, so a report that changed
     nothing else queues nothing; a Ready change still does."""
-    manager = ControllerManager(
-        client=client, registry=registry, tracer=trace.NoOpTracer(), clock=RealClock(),
-        config=replace(config, cleanup_interval=3600, status_update_interval=0.0),
-        informer_clock=RealClock(), events=events,
-    )  # fmt: skip
+    manager = _quiet_manager(client, config, registry, events)
     try:
         names = [f"n{i}" for i in range(10)]
         for i, name in enumerate(names):  # one domain per node: each report, its own key
