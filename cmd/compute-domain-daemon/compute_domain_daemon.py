@@ -22,14 +22,11 @@ _REPO = str(Path(__file__).resolve().parents[2])
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-# Only what ``check`` needs at module level: it is the pod's exec probe, started every second
-# until the daemon is up; ``run`` imports the API client, informers and tracing in _run.
+# Only what both commands need at module level. ``check`` (the pod's exec probe, started every
+# second until the daemon is up) imports its own part; ``run`` sends its first API request (the
+# pod label) before it imports the informers, IMEX supervision, metrics and tracing (issue 32).
 from pkg.daemon import logs  # noqa: E402
-from pkg.daemon.check import run_check  # noqa: E402
 from pkg.daemon.options import Options, OptionsError, parse  # noqa: E402
-from pkg.imex.ctl import SubprocessCommandRunner  # noqa: E402
-from pkg.runtime.buildinfo import load_build_info  # noqa: E402
-from pkg.runtime.startupconfig import startup_config  # noqa: E402
 
 PROG = "compute-domain-daemon"
 
@@ -48,6 +45,9 @@ def main(argv: list[str]) -> int:
                    logging_format=opts.logging_format, vmodule=opts.vmodule)  # fmt: skip
 
     if opts.command == "check":
+        from pkg.daemon.check import run_check  # noqa: PLC0415
+        from pkg.imex.ctl import SubprocessCommandRunner  # noqa: PLC0415
+
         ok, message = run_check(opts, SubprocessCommandRunner())
         (sys.stdout if ok else sys.stderr).write(message + "\n")
         return 0 if ok else 1
@@ -55,33 +55,46 @@ def main(argv: list[str]) -> int:
 
 
 def _run(opts: Options) -> int:
-    """``run``: wire the real dependencies and run the daemon until SIGTERM/SIGINT."""
+    """``run``: wire the real dependencies and run the daemon until SIGTERM/SIGINT.
+
+    Order matters for start-up latency (every formation waits for its daemons): the API client
+    and the pod labeller come first and the label's PATCH goes out on its own thread while the
+    rest of the daemon is imported."""
+    from pkg.base.clock import RealClock  # noqa: PLC0415
+    from pkg.daemon.podlabel import PodLabeller  # noqa: PLC0415
+    from pkg.kube.client import RestClient  # noqa: PLC0415
+    from pkg.kube.config import load_api_client  # noqa: PLC0415
+    from pkg.runtime.buildinfo import load_build_info  # noqa: PLC0415
+    from pkg.runtime.startupconfig import startup_config  # noqa: PLC0415
+
     build_info = load_build_info()
     logging.getLogger(PROG).info("%s", build_info.startup_message(PROG))
     flags = {"command": opts.command, **dict(opts.flag_values)}
     logging.getLogger(PROG).info("%s", startup_config(
         revision=build_info.revision, gates=opts.gates.all_values(), flags=flags,
         type_name="*main.Flags"))  # fmt: skip
-    from pkg.base.clock import RealClock  # noqa: PLC0415
+    client = RestClient(load_api_client(opts.kubeconfig), qps=5, burst=10)
+    clock = RealClock()
+    stop = threading.Event()
+    labeller = PodLabeller(client, clock, pod_name=opts.pod_name,
+                           pod_namespace=opts.pod_namespace, clique_id=opts.clique_id)  # fmt: skip
+    labeller.start(stop)
+
     from pkg.daemon.daemon import Daemon  # noqa: PLC0415
     from pkg.daemon.metrics import DaemonMetrics  # noqa: PLC0415
+    from pkg.imex.ctl import SubprocessCommandRunner  # noqa: PLC0415
     from pkg.imex.supervisor import SubprocessRunner  # noqa: PLC0415
-    from pkg.kube.client import RestClient  # noqa: PLC0415
-    from pkg.kube.config import load_api_client  # noqa: PLC0415
     from pkg.kube.events import EventRecorder  # noqa: PLC0415
     from pkg.runtime.tracing import setup_tracing  # noqa: PLC0415
 
-    client = RestClient(load_api_client(opts.kubeconfig), qps=5, burst=10)
     child_env = dict(os.environ)
     tracing = setup_tracing(PROG, env=os.environ)
-    clock = RealClock()
     daemon = Daemon(opts, client=client, clock=clock, runner=SubprocessRunner(),
                     commands=SubprocessCommandRunner(),
                     metrics=DaemonMetrics(build_info=build_info),
                     child_env=child_env, informer_clock=RealClock(),
                     events=EventRecorder(client, PROG, clock),
-                    tracer=tracing.tracer)  # fmt: skip
-    stop = threading.Event()
+                    tracer=tracing.tracer, labeller=labeller)  # fmt: skip
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         del signum

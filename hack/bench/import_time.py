@@ -33,6 +33,7 @@ EAGER = "import kubernetes\n"
 
 VARIANTS: dict[str, str] = {
     "python -c pass": startpaths.BARE,
+    "daemon first request (pod label)": startpaths.DAEMON_FIRST_REQUEST,
     "daemon run path": DAEMON,
     "daemon run path, eager kubernetes": EAGER + DAEMON,
     "kubelet plugin main": PLUGIN,

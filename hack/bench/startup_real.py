@@ -6,14 +6,24 @@ ServiceAccounts, two nodes running containerd and the kubelet, the driver from
 restarts each binary ``--starts`` times by deleting its pod (the DaemonSet or Deployment
 creates the next one) and measures, per start:
 
-* **exec**: the start time of the container's main process (``/proc/<pid>/stat``, clock ticks
-  since boot, converted to wall time with an offset measured here; 10 ms resolution). It
-  includes the runtime's exec of the entry point, so it is the earliest moment the binary's
-  code could run;
+* **start**, two references per start:
+  - *containerd start* (the primary one): the container's ``StartedAt`` that containerd's CRI
+    plugin records in its on-disk status (``<root>/io.containerd.grpc.v1.cri/containers/<id>/
+    status``, nanoseconds) right after the runtime's start returned, i.e. just after runc
+    released the container's init to exec the entry point;
+  - *process created*: the start time of the container's main process (``/proc/<pid>/stat``,
+    clock ticks since boot, converted to wall time with an offset measured here; 10 ms
+    resolution). runc forks that process at *create*, before the kubelet's separate
+    ``StartContainer`` call, so this reference also counts the kubelet's and containerd's work
+    between the two calls (the figures before 2026-11-27 14:00 used only this one);
 * **first API request**: the earliest ``requestReceivedTimestamp`` in the audit log of a
   request by that pod (the bound token's ``pod-name`` in ``user.extra``);
+* **serving** (plugin): its log line ``serving DRA on`` (both sockets listening, so the
+  kubelet's plugin watcher can register it);
 * **ready**: plugin -- its log line ``kubelet registered plugin`` (the kubelet called
-  ``NotifyRegistrationStatus``); daemon -- its first write of the domain's clique (audit);
+  ``NotifyRegistrationStatus``; the kubelet's plugin manager reconciles every second, so this
+  adds 0-1 s after *serving* for any plugin, Go or Python); daemon -- its first write of the
+  domain's clique (audit);
   controller -- its log line ``caches synced`` (the controller runs one replica for the
   measurement, and the leader lease is released by the old pod on SIGTERM).
 
@@ -70,6 +80,8 @@ rules:
           "{SA}compute-domain-daemon"]
 - level: None
 """
+PLUGIN_PODS = "app.kubernetes.io/name=compute-domain-kubelet-plugin"
+CONTROLLER_PODS = "app.kubernetes.io/name=compute-domain-controller"
 POD_NAME = "authentication.kubernetes.io/pod-name"
 GLOG = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -148,10 +160,17 @@ def pods(kubectl: Kubectl, selector: str, node: str | None = None) -> list[dict[
 
 
 def restart(
-    kubectl: Kubectl, selector: str, node: str | None, needle: str, offset: float
-) -> tuple[str, float]:
+    kubectl: Kubectl,
+    fleet: RealNodes,
+    selector: str,
+    node: str | None,
+    *,
+    needle: str,
+    offset: float,
+) -> tuple[str, float, float | None]:
     """Delete the pod(s) of ``selector`` (on ``node``), wait for the replacement to run; its
-    name and the start time of its main process (found by ``needle`` in the command line)."""
+    name, the start time of its main process (found by ``needle`` in the command line) and
+    containerd's start stamp of that container (None if unreadable)."""
     old = {p["metadata"]["name"] for p in pods(kubectl, selector, node)}
     for name in old:  # one may be terminating already (a replica deleted earlier)
         kubectl("-n", DRIVER_NAMESPACE, "delete", "pod", name, "--wait=false", check=False)
@@ -167,7 +186,28 @@ def restart(
     pod = wait_for("a new pod running", new_running, timeout=180, every=0.2)
     name, where, uid = pod["metadata"]["name"], pod["spec"]["nodeName"], pod["metadata"]["uid"]
     pids = wait_for(f"the process of {name}", lambda: pod_pids(where, uid, needle), timeout=60)
-    return name, min(process_start(pid, offset) for pid in pids)
+    started = [containerd_started(fleet, where, s) for s in pod["status"]["containerStatuses"]]
+    stamps = [t for t, pid in (x for x in started if x is not None) if pid in pids]
+    return name, min(process_start(pid, offset) for pid in pids), min(stamps, default=None)
+
+
+def containerd_started(
+    fleet: RealNodes, node: str, status: dict[str, Any]
+) -> tuple[float, int] | None:
+    """(StartedAt as wall time, init PID) of a container from containerd's CRI status file on
+    ``node``; None when it cannot be read."""
+    cid = (status.get("containerID") or "").removeprefix("containerd://")
+    if not cid:
+        return None
+    cri = "/var/lib/containerd/io.containerd.grpc.v1.cri/containers"
+    path = fleet[node].ns.path(f"{cri}/{cid}/status")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not data.get("StartedAt"):
+        return None
+    return data["StartedAt"] / 1e9, int(data.get("Pid") or 0)
 
 
 def pod_pids(node: str, uid: str, needle: str) -> list[int]:
@@ -178,20 +218,29 @@ def pod_pids(node: str, uid: str, needle: str) -> list[int]:
             if any(m in Path(f"/proc/{pid}/cgroup").read_text() for m in marks)]  # fmt: skip
 
 
-def measure(
-    what: str,
-    starts: int,
-    once: Callable[[], tuple[float | None, float | None]],
-) -> dict[str, list[float]]:
-    got: dict[str, list[float]] = {"first API request": [], "ready": []}
+Stages = dict[str, float | None]
+
+
+def measure(what: str, starts: int, once: Callable[[], Stages]) -> dict[str, list[float]]:
+    """Run ``once`` ``starts`` times; each stage's durations (seconds), in first-seen order."""
+    got: dict[str, list[float]] = {}
     for i in range(starts):
-        first, ready = once()
-        log(f"{what} start {i + 1}: first request {_ms(first)}, ready {_ms(ready)}")
-        if first is not None:
-            got["first API request"].append(first)
-        if ready is not None:
-            got["ready"].append(ready)
+        stages = once()
+        log(f"{what} start {i + 1}: " + ", ".join(f"{k} {_ms(v)}" for k, v in stages.items()))
+        for stage, value in stages.items():
+            got.setdefault(stage, [])
+            if value is not None:
+                got[stage].append(value)
     return got
+
+
+def stages(t_proc: float, t_start: float | None, marks: dict[str, float | None]) -> Stages:
+    """Each mark measured from containerd's start stamp and from process creation."""
+    out: Stages = {}
+    for mark, at in marks.items():
+        out[f"{mark} (containerd start)"] = None if at is None or t_start is None else at - t_start
+        out[f"{mark} (process created)"] = None if at is None else at - t_proc
+    return out
 
 
 def _ms(v: float | None) -> str:
@@ -234,32 +283,37 @@ def main() -> int:
         offset = boot_offset()
         node = REAL_NODES[0]
 
-        def plugin() -> tuple[float | None, float | None]:
-            name, t0 = restart(kubectl, "app.kubernetes.io/name=compute-domain-kubelet-plugin",
-                               node, "compute-domain-kubelet-plugin", offset)  # fmt: skip
+        assert fleet is not None
+        nodes = fleet
+
+        def plugin() -> Stages:
+            needle = "compute-domain-kubelet-plugin"
+            name, t0, t1 = restart(kubectl, nodes, PLUGIN_PODS, node, needle=needle, offset=offset)
             ready = wait_for("registration", lambda: log_time(kubectl, name,
                              "kubelet registered plugin"), timeout=120)  # fmt: skip
+            serving = log_time(kubectl, name, "serving DRA on")
             first = first_request(audit_events(audit), name)
-            return (None if first is None else first - t0), ready - t0
+            return stages(t0, t1, {"first API request": first, "serving": serving,
+                                   "registered": ready})  # fmt: skip
 
-        def daemon() -> tuple[float | None, float | None]:
-            name, t0 = restart(kubectl, "resource.nvidia.com/computeDomain", node,
-                               "compute-domain-daemon", offset)  # fmt: skip
+        def daemon() -> Stages:
+            name, t0, t1 = restart(kubectl, nodes, "resource.nvidia.com/computeDomain", node,
+                                   needle="compute-domain-daemon", offset=offset)  # fmt: skip
 
             def wrote() -> float | None:
                 return first_request(audit_events(audit), name, writes_to="computedomaincliques")
 
             write = wait_for("clique write", wrote, timeout=120)
             first = first_request(audit_events(audit), name)
-            return (None if first is None else first - t0), write - t0
+            return stages(t0, t1, {"first API request": first, "clique write": write})
 
-        def controller() -> tuple[float | None, float | None]:
-            name, t0 = restart(kubectl, "app.kubernetes.io/name=compute-domain-controller", None,
-                               "compute-domain-controller", offset)  # fmt: skip
+        def controller() -> Stages:
+            name, t0, t1 = restart(kubectl, nodes, CONTROLLER_PODS, None,
+                                   needle="compute-domain-controller", offset=offset)  # fmt: skip
             synced = wait_for("caches synced", lambda: log_time(kubectl, name, "caches synced"),
                               timeout=120)  # fmt: skip
             first = first_request(audit_events(audit), name)
-            return (None if first is None else first - t0), synced - t0
+            return stages(t0, t1, {"first API request": first, "caches synced": synced})
 
         kubectl("-n", DRIVER_NAMESPACE, "scale", "deployment/compute-domain-controller",
                 "--replicas=1")  # fmt: skip
@@ -270,11 +324,11 @@ def main() -> int:
             left = fleet.stop()
             log("host as found" if not left else f"LEFT ON THE HOST: {left}")
         cluster.stop()
-    print("\nbinary      stage                p50      min      max   (n)")
-    for what, stages in results.items():
-        for stage, values in stages.items():
+    print("\nbinary      stage                                   p50      min      max   (n)")
+    for what, got in results.items():
+        for stage, values in got.items():
             if values:
-                print(f"{what:<11} {stage:<18} {_ms(statistics.median(values)):>8} "
+                print(f"{what:<11} {stage:<38} {_ms(statistics.median(values)):>8} "
                       f"{_ms(min(values)):>8} {_ms(max(values)):>8}   ({len(values)})")  # fmt: skip
     return 0
 

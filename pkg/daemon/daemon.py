@@ -76,7 +76,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from opentelemetry import trace
 
@@ -103,6 +103,7 @@ from pkg.daemon.membership import (
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import Options
 from pkg.daemon.peers import clique_peers, peer_report
+from pkg.daemon.podlabel import PodLabeller
 from pkg.featuregates import COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES
 from pkg.imex import nodesconfig
 from pkg.imex.config import DOMAIN_ID_ENV, HOSTS_FILE_ENV, ImexConfig
@@ -111,7 +112,7 @@ from pkg.imex.hosts import HostsFile
 from pkg.imex.supervisor import ProcessRunner, Supervisor
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
-from pkg.kube.errors import ApiError, ConnectionFailedError, NotFoundError
+from pkg.kube.errors import ApiError, ConnectionFailedError
 from pkg.kube.events import WARNING, EventRecorder
 from pkg.kube.resources import Resource
 
@@ -209,13 +210,23 @@ class Daemon:
         locate: Callable[[str], str | None] | None = None,
         tracer: trace.Tracer | None = None,
         rng: random.Random | None = None,
+        labeller: PodLabeller | None = None,
     ) -> None:
         """``clock`` (`pkg.base.Clock`) paces the loop and IMEX supervision;
         ``informer_clock`` (real by default) times the membership informer;
         ``events`` records Events on the daemon's pod (none when absent); ``locate`` finds an
         executable (default: `path_lookup` over ``child_env``); ``tracer`` records this
-        daemon's part of the domain's formation trace (:mod:`pkg.daemon.formation`)."""
+        daemon's part of the domain's formation trace (:mod:`pkg.daemon.formation`);
+        ``labeller`` labels the daemon's pod (`pkg.daemon.podlabel`; the entry point passes the
+        one it started before importing this module, a new one is made when absent)."""
         self.opts = opts
+        self.labeller = labeller or PodLabeller(
+            client,
+            clock,
+            pod_name=opts.pod_name,
+            pod_namespace=opts.pod_namespace,
+            clique_id=opts.clique_id,
+        )
         self._events = events
         self._locate = locate or path_lookup(child_env)
         self.me = identity(opts)
@@ -316,21 +327,9 @@ class Daemon:
     # -- pieces ----------------------------------------------------------------------------------
 
     def label_pod(self) -> None:
-        """Label our pod with the clique ID (``""`` on non-NVLink nodes), as upstream does."""
-        if not self.opts.pod_name:
-            log.warning("POD_NAME not set; not labelling the daemon pod")
-            return
-        body = {"metadata": {"labels": {c.CLIQUE_ID_LABEL: self.opts.clique_id}}}
-        try:
-            self._client.patch(
-                res.PODS, self.opts.pod_name, body, namespace=self.opts.pod_namespace
-            )
-        except NotFoundError:
-            log.warning(
-                "daemon pod %s/%s not found; not labelled",
-                self.opts.pod_namespace,
-                self.opts.pod_name,
-            )
+        """Label our pod with the clique ID (``""`` on non-NVLink nodes), as upstream does; one
+        PATCH (`PodLabeller.label`)."""
+        self.labeller.label()
 
     def _snapshot(self) -> tuple[list[DaemonEntry], JSON | None] | None:
         """The membership object as last observed (None until the informer's first list)."""
@@ -654,24 +653,20 @@ class Daemon:
 
     def run(self, stop: threading.Event) -> int:
         """Run until ``stop``; the exit code (0, or `EXIT_DRIVER_ROOT_INCOMPLETE`)."""
+        # The label makes the pod a member for the controller. The entry point usually started
+        # the labeller already, before importing this module (its PATCH is the first request);
+        # starting it again does nothing. Nothing here waits for it, so the join (which a
+        # forming domain's other daemons wait for) does not queue behind it.
+        self.labeller.start(stop)
         if not self.opts.clique_id:
-            self._retry(self.label_pod, stop, "label own pod")  # the label makes it a member
+            self.labeller.join()
             log.info("clique ID is empty (no NVLink fabric): not starting IMEX, waiting for stop")
             stop.wait()
             return 0
-        # The label is for the controller; nothing here waits for it, so the join (which a
-        # forming domain's other daemons wait for) does not queue behind it.
-        labeller = threading.Thread(
-            target=self._retry,
-            args=(self.label_pod, stop, "label own pod"),
-            name="label-pod",
-            daemon=True,
-        )
-        labeller.start()
         try:
             return self._run_fabric(stop)
         finally:
-            labeller.join(self._timing.leave_timeout)
+            self.labeller.join(self._timing.leave_timeout)
 
     def _run_fabric(self, stop: threading.Event) -> int:
         self.formation.begin()
@@ -736,17 +731,3 @@ class Daemon:
             self._last_error = message
         else:
             log.debug("%s", message)
-
-    def _retry(self, fn: Any, stop: threading.Event, what: str) -> None:
-        delay = 0.2
-        while True:
-            try:
-                fn()
-                return
-            except (ApiError, ConnectionFailedError) as err:
-                if stop.is_set():
-                    log.warning("%s failed: %s; giving up, shutting down", what, err)
-                    return
-                log.warning("%s failed: %s; retrying in %.1fs", what, err, delay)
-                self._clock.wait(stop, delay)
-                delay = min(delay * 2, 10.0)

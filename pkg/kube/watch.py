@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 import urllib3
 from kubernetes import client as k8s_client
-from kubernetes import watch as k8s_watch
 
 from pkg.base.types import JSON
 from pkg.kube.errors import ApiError, ConnectionFailedError, error_from_status
@@ -49,9 +48,19 @@ class WatchStream(Protocol):
         ...
 
 
-# The generated watch module is untyped; give its two entry points types once, here.
-_new_watch: Callable[[], Any] = k8s_watch.Watch
-_stream: Callable[..., Iterator[Any]] = k8s_watch.Watch.stream
+# The official watch module is untyped; its two entry points get types once, here. It is
+# imported on the first watch, not with this module: it loads ``pydoc`` (~5 ms), and a daemon's
+# first request (a PATCH) should not wait for that (issue 32).
+def _new_watch() -> Any:
+    from kubernetes import watch as k8s_watch  # noqa: PLC0415
+
+    new: Callable[[], Any] = k8s_watch.Watch
+    return new()
+
+
+def _stream(watch: Any, opener: Callable[..., Any], **kwargs: Any) -> Iterator[Any]:
+    events: Iterator[Any] = watch.stream(opener, **kwargs)
+    return events
 
 
 class _StoppedError(Exception):

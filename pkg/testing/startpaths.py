@@ -18,6 +18,18 @@ from typing import Final
 
 REPO: Final = Path(__file__).resolve().parents[2]
 
+# What ``compute-domain-daemon run`` imports before its first API request (the pod label,
+# `pkg.daemon.podlabel`, sent on its own thread while the rest of DAEMON loads).
+DAEMON_FIRST_REQUEST: Final = (
+    "from pkg.daemon import logs\n"
+    "from pkg.daemon.options import parse\n"
+    "from pkg.base.clock import RealClock\n"
+    "from pkg.daemon.podlabel import PodLabeller\n"
+    "from pkg.kube.client import RestClient\n"
+    "from pkg.kube.config import load_api_client\n"
+    "from pkg.runtime.buildinfo import load_build_info\n"
+    "from pkg.runtime.startupconfig import startup_config\n"
+)
 DAEMON: Final = (
     "from pkg.daemon.daemon import Daemon\n"
     "from pkg.daemon.metrics import DaemonMetrics\n"
