@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from chaosreport import write_report
+
 SEED: Final = 20261123
 """hypothesis seed of every bad-input suite (``@hypothesis.seed(SEED)``)."""
 
 ENV: Final = "BADINPUT_COUNTS"
 SCALE_ENV: Final = "BADINPUT_SCALE"
-BEGIN: Final = "<!-- bad input figures: begin -->"
-END: Final = "<!-- bad input figures: end -->"
+MARKER: Final = "bad input figures"  # <!-- bad input figures: begin/end --> in the doc
 COMMAND: Final = "make badinput"
 
 
@@ -100,18 +101,6 @@ def render(data: dict[str, Any], *, hypothesis_version: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(doc: Path, figures: str) -> None:
-    """Replace the text between the bad-input markers of ``doc`` (appended if absent)."""
-    block = f"{BEGIN}\n{figures}{END}"
-    text = doc.read_text() if doc.exists() else "# Reliability\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    doc.write_text(text)
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: badinput.py <counts.json> <doc.md>", file=sys.stderr)
@@ -125,7 +114,7 @@ def main(argv: list[str]) -> int:
     except ImportError:
         version = ""
     figures = render(data, hypothesis_version=version)
-    write_section(doc, figures)
+    write_report(doc, figures, marker=MARKER)
     print(figures, end="")
     return 0
 

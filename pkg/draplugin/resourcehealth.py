@@ -11,7 +11,9 @@ driver's (it implements `DeviceHealthFeed.snapshot`):
   it changed -- the driver calls `DeviceHealthFeed.changed` whenever something health depends
   on may have changed, nothing polls -- and, because the kubelet turns a device ``Unknown`` when
   it heard nothing about it for ``health_check_timeout_seconds``, the unchanged state every
-  ``resend_interval`` (on the injected clock) well inside `HEALTH_TIMEOUT`;
+  ``resend_interval`` (on the injected clock) well inside `HEALTH_TIMEOUT` -- but only while
+  the state lists a device: an empty list times nothing out, so a stream with nothing to report
+  (no device prepared) waits for the next change with no timer (issue 32: no idle wakeups);
 * a stream ends when the kubelet goes away (gRPC callback) or `DeviceHealthFeed.close`;
   the kubelet then drops this driver's health and shows ``Unknown`` until it reconnects.
 """
@@ -112,7 +114,8 @@ class DeviceHealthFeed:
     def watch(
         self, *, on_cancel: Callable[[Callable[[], None]], bool] | None = None
     ) -> Iterator[list[DeviceHealth]]:
-        """Yield the full state at once, then whenever it changed or a resend is due.
+        """Yield the full state at once, then whenever it changed or a resend is due (an
+        unchanged non-empty state after ``resend_interval``; an empty one is never resent).
 
         ``on_cancel`` receives a function that ends this watch and returns False if the caller
         is already gone (gRPC's ``ServicerContext.add_callback``); the generator returns when
@@ -135,29 +138,33 @@ class DeviceHealthFeed:
                 return
             seen = -1
             last: list[DeviceHealth] | None = None
-            next_send = self._clock.monotonic()
+            next_send: float | None = self._clock.monotonic()  # None: no resend due, ever
             while True:
                 with self._cond:
-                    while (
-                        not sub.cancelled
-                        and self._generation == seen
-                        and self._clock.monotonic() < next_send
-                    ):
-                        self._clock.wait_condition(self._cond, next_send - self._clock.monotonic())
+                    while not sub.cancelled and self._generation == seen:
+                        left = self._left(next_send)
+                        if left is not None and left <= 0:
+                            break
+                        self._clock.wait_condition(self._cond, left)
                     if sub.cancelled:
                         return
                     seen = self._generation
                 current = self.snapshot()
                 now = self._clock.monotonic()
-                if current != last or now >= next_send:
+                if current != last or (next_send is not None and now >= next_send):
                     if current != last:
                         log.info("device health: %s", _describe(current))
                     last = current
-                    next_send = now + self._resend
+                    # The kubelet times out only the devices it was told about.
+                    next_send = now + self._resend if current else None
                     yield current
         finally:
             with self._cond:
                 self._subscriptions.discard(sub)
+
+    def _left(self, deadline: float | None) -> float | None:
+        """Clock-seconds until ``deadline`` (``None``: no deadline, wait for a change)."""
+        return None if deadline is None else deadline - self._clock.monotonic()
 
 
 def _describe(devices: list[DeviceHealth]) -> str:

@@ -5,7 +5,15 @@ Unprepare (the pod and the claim were force-deleted, the plugin was down). `Chec
 finds those entries and undoes them, as upstream's ``CheckpointCleanupManager`` does:
 
 * one pass at `CheckpointCleanup.start`, then one every `CLEANUP_INTERVAL` of the injected clock
-  (each pass runs to its end; a pass never overlaps another);
+  while the checkpoint holds an entry a pass can act on (``PrepareStarted`` or
+  ``PrepareAborted``); each pass runs to its end and never overlaps another;
+* with no such entry the thread sleeps with no timer (issue 32: no idle wakeups) until the
+  plugin writes one: `CheckpointCleanup.checkpoint_changed` (wired to every checkpoint write)
+  arms it, and the next pass runs one interval later. The checkpoint is re-read (under the node
+  lock) at the end of each pass and on every write, so entries another plugin instance wrote
+  are seen then too; an entry another instance writes while this one neither prepares nor
+  unprepares anything waits for this instance's next write or restart (instances overlap only
+  when the DaemonSet's ``maxSurge`` is raised above the chart's 0);
 * only ``PrepareStarted`` entries that carry a claim name are looked up (older Go drivers wrote
   none); the claim is fetched by name; when it is gone or its UID changed, the entry is
   unprepared through `CheckpointedClaims.unprepare`, the very call the kubelet's Unprepare
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
 from typing import Final, Protocol
 
 from pkg.base.clock import Clock
@@ -50,6 +59,12 @@ PREPARE_ABORTED_TTL: Final = 90.0
 CLAIM_LOOKUP_TIMEOUT: Final = 20.0
 
 _PREFIX: Final = "Checkpointed RC cleanup"
+# The states a pass acts on: stale Started claims are unprepared, old tombstones deleted.
+_PENDING_STATES: Final = frozenset({ClaimState.PREPARE_STARTED, ClaimState.PREPARE_ABORTED})
+
+
+def _pending(entries: Iterable[ClaimEntry]) -> bool:
+    return any(e.state in _PENDING_STATES for e in entries)
 
 
 class CheckpointedClaims(Protocol):
@@ -72,7 +87,8 @@ class CheckpointCleanup:
     """Runs the cleanup passes of the module docstring on a background thread.
 
     `start` and `stop` are called once each from one thread; `run_once` may be called directly
-    (tests) but not concurrently with the background thread's pass.
+    (tests) but not concurrently with the background thread's pass; `checkpoint_changed` may be
+    called from any thread and never blocks.
     """
 
     def __init__(
@@ -89,31 +105,90 @@ class CheckpointCleanup:
         self._clock = clock
         self._interval = interval
         self._aborted_ttl = aborted_ttl
-        self._stop = threading.Event()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._pending = True  # until a pass found the checkpoint without such entries
+        self._writes = 0  # checkpoint_changed calls that armed the cleanup
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Run the start-up pass now (the caller waits for it), then one pass per interval on a
-        daemon thread until `stop`."""
+        daemon thread until `stop`, while entries a pass acts on exist (module docstring)."""
         log.log(V(6), "CheckpointCleanupManager started")
+        writes = self._armed_writes()
         self.run_once()
+        self._settle(writes)
         self._thread = threading.Thread(target=self._loop, name="checkpoint-cleanup", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         """Stop the periodic passes; a pass in progress finishes first. Idempotent."""
-        self._stop.set()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
 
+    def checkpoint_changed(self, entries: Iterable[ClaimEntry]) -> None:
+        """The checkpoint now holds ``entries``: if one is PrepareStarted or PrepareAborted, a
+        sleeping cleanup resumes its passes (the next one interval from now). Never blocks on a
+        pass; call it after every checkpoint write."""
+        if not _pending(entries):
+            return
+        with self._cond:
+            self._writes += 1
+            if not self._pending:
+                self._pending = True
+                self._cond.notify_all()
+
+    def pending(self) -> bool:
+        """Whether passes are scheduled: the checkpoint held entries a pass acts on when last
+        looked at (after a pass or a write)."""
+        with self._cond:
+            return self._pending
+
     def _loop(self) -> None:
-        while not self._clock.wait(self._stop, self._interval):
+        while self._wait_for_next_pass():
             log.log(V(6), "%s: task submitted", _PREFIX)
-            try:
-                self.run_once()
-            except Exception:  # a bug in one pass must not end the periodic cleanup
-                log.exception("%s: pass failed", _PREFIX)
+            self._pass()
+
+    def _wait_for_next_pass(self) -> bool:
+        """Sleep until the next pass is due (False: stopped); no timer while nothing is pending."""
+        with self._cond:
+            while not self._stopping and not self._pending:
+                self._clock.wait_condition(self._cond, None)
+            deadline = self._clock.monotonic() + self._interval
+            while not self._stopping:
+                left = deadline - self._clock.monotonic()
+                if left <= 0:
+                    return True
+                self._clock.wait_condition(self._cond, left)
+            return False
+
+    def _pass(self) -> None:
+        """One periodic pass, then `_settle`."""
+        writes = self._armed_writes()
+        try:
+            self.run_once()
+        except Exception:  # a bug in one pass must not end the periodic cleanup
+            log.exception("%s: pass failed", _PREFIX)
+        self._settle(writes)
+
+    def _armed_writes(self) -> int:
+        with self._cond:
+            return self._writes
+
+    def _settle(self, writes: int) -> None:
+        """Keep passes scheduled only if the checkpoint (re-read now) holds entries a pass acts
+        on, or a write armed the cleanup since ``writes`` was taken (it may not be in the read)."""
+        try:
+            pending = _pending(self._claims.entries().values())
+        except Exception as err:  # the node lock timed out, the file went unreadable
+            log.warning("%s: unable to get checkpoint after the pass: %s", _PREFIX, err)
+            pending = True
+        with self._cond:
+            self._pending = pending or self._writes != writes
 
     def run_once(self) -> None:
         """One pass: unprepare stale PrepareStarted claims, then expire old tombstones.

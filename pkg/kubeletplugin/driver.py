@@ -441,6 +441,9 @@ class KubeletPlugin:
         if domain != self._channel_domain:
             self._publish_devices(channel=domain)
         self.device_health.set_prepared(entries)
+        cleanup = self.cleanup
+        if cleanup is not None:  # it sleeps while no entry can expire; this wakes it
+            cleanup.checkpoint_changed(entries)
         self.metrics.set_prepared_devices(
             g.kind
             for e in entries

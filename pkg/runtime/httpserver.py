@@ -7,15 +7,24 @@ answers 200 ``ok`` only when every registered check passes, otherwise 503 listin
 check names (as controller-runtime's healthz handler does); a check or debug document that
 raises answers 503/500 and never takes the server down; ``stop()`` is idempotent and closes the
 listening socket so a restarted process can bind the same port at once.
+
+While no request comes the serving thread is blocked with no timer (issue 32: no idle wakeups):
+it waits in a selector on the listening socket and one end of a socketpair, and ``stop()`` wakes
+it by writing to the other end. (``socketserver``'s ``serve_forever`` instead wakes every
+``poll_interval``, 0.5 s, to look at its shutdown flag.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import selectors
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -63,6 +72,72 @@ class HealthChecks:
         return bad
 
 
+class _WakeableHTTPServer(ThreadingHTTPServer):
+    """A threaded HTTP server whose serving loop blocks with no timeout until a request or
+    `stop_serving`; use `serve_until_stopped` instead of ``serve_forever``/``shutdown``."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.socket.setblocking(False)  # a connection reset before accept() must not block
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._stop_requested = threading.Event()
+        self._loop_done = threading.Event()
+
+    def get_request(self) -> tuple[socket.socket, Any]:  # Any: the peer's address tuple
+        """Accept one connection; the connection itself blocks (its handler thread reads it)."""
+        conn, addr = self.socket.accept()
+        conn.setblocking(True)
+        return conn, addr
+
+    def serve_until_stopped(self) -> None:
+        """Serve on the calling thread until `stop_serving`; blocked (no timer) while idle."""
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self.socket, selectors.EVENT_READ)
+                selector.register(self._wake_r, selectors.EVENT_READ)
+                while not self._stop_requested.is_set():
+                    ready = selector.select()  # no timeout: only a connection or stop wakes it
+                    if self._stop_requested.is_set():
+                        break
+                    if any(key.fileobj is self.socket for key, _ in ready):
+                        self._accept_one()
+        finally:
+            self._loop_done.set()
+
+    def _accept_one(self) -> None:
+        """What ``socketserver`` does per readable event: accept, verify, hand to a thread."""
+        try:
+            request, client_address = self.get_request()
+        except OSError:  # nothing to accept any more (the peer gave up), or closed meanwhile
+            return
+        if not self.verify_request(request, client_address):
+            self.shutdown_request(request)
+            return
+        try:
+            self.process_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
+
+    def stop_serving(self, timeout: float) -> None:
+        """Wake `serve_until_stopped` and wait (at most ``timeout``) until it returned, if it
+        is running; idempotent."""
+        self._stop_requested.set()
+        with contextlib.suppress(OSError):  # closed already, or its buffer full: woken anyway
+            self._wake_w.send(b"x")
+        self._loop_done.wait(timeout)
+
+    def server_close(self) -> None:
+        """Close the listening socket and the wake-up pair."""
+        super().server_close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
 class ObservabilityServer:
     """Serves Prometheus metrics and liveness/readiness probes on one endpoint."""
 
@@ -86,7 +161,7 @@ class ObservabilityServer:
         self._metrics_path = metrics_path
         self._liveness = liveness
         self._readiness = readiness
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _WakeableHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -143,20 +218,27 @@ class ObservabilityServer:
         return Handler
 
     def start(self) -> None:
-        server = ThreadingHTTPServer(self._address, self._handler())
-        server.daemon_threads = True
+        """Bind the endpoint and serve on a daemon thread; `OSError` if it cannot be bound."""
+        server = _WakeableHTTPServer(self._address, self._handler())
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, name="http-server", daemon=True
+            target=server.serve_until_stopped, name="http-server", daemon=True
         )
         self._thread.start()
         log.info("http server listening address=%s:%d", self._address[0], self.port)
 
+    @property
+    def serving_thread(self) -> threading.Thread | None:
+        """The thread accepting connections while started (tests check it sleeps when idle)."""
+        return self._thread
+
     def stop(self) -> None:
+        """Stop accepting, close the listening socket and end the serving thread; requests in
+        flight finish on their own (daemon) threads. Idempotent."""
         server, self._server = self._server, None
         if server is None:
             return
-        server.shutdown()
+        server.stop_serving(timeout=5)
         server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -80,11 +80,25 @@ class FakeClock:
         with self._lock:
             return sum(1 for d in self._waiters.values() if d != float("inf"))
 
+    def untimed_waiters(self) -> int:
+        """How many threads are blocked in a wait with no deadline (``timeout=None``)."""
+        with self._lock:
+            return sum(1 for d in self._waiters.values() if d == float("inf"))
+
     def block_until_waiters(self, n: int, *, timeout: float = 5.0) -> bool:
         """Block (real time, at most ``timeout``) until at least ``n`` timed waiters exist."""
         with self._registered:
             return self._registered.wait_for(
                 lambda: sum(1 for d in self._waiters.values() if d != float("inf")) >= n,
+                timeout,
+            )
+
+    def block_until_untimed_waiters(self, n: int, *, timeout: float = 5.0) -> bool:
+        """Block (real time, at most ``timeout``) until at least ``n`` threads wait with no
+        deadline: code that should sleep until an event, not a timer, has reached its wait."""
+        with self._registered:
+            return self._registered.wait_for(
+                lambda: sum(1 for d in self._waiters.values() if d == float("inf")) >= n,
                 timeout,
             )
 

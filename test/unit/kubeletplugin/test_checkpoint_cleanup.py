@@ -15,9 +15,11 @@ from kp_harness import channel_params, running_plugin, seed_claim, seed_domain
 
 from pkg.api import constants as c
 from pkg.base.types import JSON
+from pkg.draplugin.claims import ClaimRef
 from pkg.kube import resources as res
 from pkg.kubeletplugin.checkpoint import ClaimEntry, ClaimState, canonical_status
 from pkg.kubeletplugin.checkpointformat import encode_checkpoint
+from pkg.kubeletplugin.cleanup import CLEANUP_INTERVAL, CheckpointCleanup
 from pkg.runtime.logsetup import V
 from pkg.testing.clock import FakeClock
 from pkg.testing.eventually import eventually
@@ -182,3 +184,95 @@ def test_started_claim_does_not_block_channel_zero(
             "(according to checkpoint)"
         ), error
         assert third["metadata"]["uid"] not in plugin.store.entries()
+
+
+# -- idle: no timer while nothing can expire (issue 32 item 3) --------------------------------
+
+
+class ScriptedClaims:
+    """A `CheckpointedClaims` whose entries the test sets; counts the passes."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, ClaimEntry] = {}
+        self.passes = 0
+
+    def entries(self) -> dict[str, ClaimEntry]:
+        return dict(self.current)
+
+    def unprepare(self, ref: ClaimRef, *, deadline: float) -> None:
+        raise AssertionError(f"unexpected unprepare of {ref}")
+
+    def expire_aborted(self, *, ttl: float) -> int:
+        self.passes += 1  # the last step of every pass
+        return 0
+
+
+def nameless(uid: str, state: ClaimState) -> ClaimEntry:
+    """An entry a pass looks at but leaves alone (no claim name to look up, not Aborted)."""
+    return ClaimEntry(uid=uid, state=state, status={}, namespace="", name="")
+
+
+def test_cleanup_sleeps_without_a_timer_until_an_entry_can_expire(api: FakeApiServer) -> None:
+    """The 600 s pass ran forever; now it runs only while a Started or Aborted entry exists."""
+    clock = FakeClock()
+    claims = ScriptedClaims()
+    claims.current = {"done": nameless("done", ClaimState.PREPARE_COMPLETED)}
+    cleanup = CheckpointCleanup(claims=claims, client=api.client(), clock=clock)
+    cleanup.start()
+    try:
+        assert claims.passes == 1  # the start-up pass
+        assert clock.block_until_untimed_waiters(1), "the idle cleanup did not wait for a write"
+        assert clock.waiters() == 0 and clock.waits == [] and not cleanup.pending()
+        cleanup.checkpoint_changed(claims.current.values())  # a write with nothing to expire
+        assert clock.block_until_untimed_waiters(1) and clock.waits == []
+        # A Prepare records PrepareStarted: passes resume, the first one interval later.
+        claims.current["new"] = nameless("new", ClaimState.PREPARE_STARTED)
+        cleanup.checkpoint_changed(claims.current.values())
+        assert clock.block_until_waiters(1)
+        clock.step(CLEANUP_INTERVAL)
+        eventually(lambda: claims.passes == 2 and clock.waiters() == 1, what="second pass")
+        assert cleanup.pending()  # the entry is still there: next pass one interval later
+        del claims.current["new"]  # completed and unprepared meanwhile
+        clock.step(CLEANUP_INTERVAL)
+        eventually(lambda: claims.passes == 3 and clock.untimed_waiters() == 1)
+        assert clock.waiters() == 0 and not cleanup.pending()
+    finally:
+        cleanup.stop()
+
+
+def test_a_write_during_a_pass_keeps_the_cleanup_armed(api: FakeApiServer) -> None:
+    """A tombstone written while a pass runs may be missing from the pass's final read."""
+    clock = FakeClock()
+    claims = ScriptedClaims()
+    cleanup = CheckpointCleanup(claims=claims, client=api.client(), clock=clock)
+    late = nameless("late", ClaimState.PREPARE_ABORTED)
+    real_expire = claims.expire_aborted
+
+    def expire_then_write(*, ttl: float) -> int:
+        cleanup.checkpoint_changed([late])  # the kubelet's Unprepare, after the pass read
+        return real_expire(ttl=ttl)
+
+    claims.expire_aborted = expire_then_write  # type: ignore[method-assign]
+    cleanup.start()
+    try:
+        assert cleanup.pending() and clock.block_until_waiters(1)
+    finally:
+        cleanup.stop()
+
+
+def test_plugin_checkpoint_writes_arm_the_cleanup(
+    api: FakeApiServer, root: Path, clock: FakeClock
+) -> None:
+    """Wiring: the plugin hands every checkpoint write to the cleanup."""
+    cd = seed_domain(api)
+    claim = seed_claim(api, params=channel_params(cd))
+    uid = claim["metadata"]["uid"]
+    with running_plugin(api, root, clock=clock) as (plugin, kubelet):
+        assert plugin.cleanup is not None and not plugin.cleanup.pending()  # empty checkpoint
+        # Another writer (a second plugin instance) left the claim PrepareStarted ...
+        write_checkpoint(root, entry_of(claim))
+        assert not plugin.cleanup.pending()
+        # ... and the kubelet's Unprepare here turns it into a tombstone that must expire.
+        assert kubelet.unprepare(claim).claims[uid].error == ""
+        assert plugin.store.entries()[uid].state == ClaimState.PREPARE_ABORTED
+        assert plugin.cleanup.pending()

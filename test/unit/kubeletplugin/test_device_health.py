@@ -39,6 +39,7 @@ from pkg.kubeletplugin.checkpoint import ClaimEntry, ClaimState, DeviceGroup, Pr
 from pkg.kubeletplugin.computedomains import DaemonReadiness
 from pkg.kubeletplugin.driver import KubeletPlugin, PluginConfig
 from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
 
 TIMEOUT = 5.0  # real-time bound on a message that an event must cause at once
@@ -161,6 +162,28 @@ def test_unchanged_state_is_resent_before_the_kubelet_times_it_out(
     assert stream.next() == initial
 
 
+def test_nothing_to_report_waits_for_a_change_with_no_timer(
+    monitor: tuple[dh.DeviceHealthMonitor, Readiness, FakeClock],
+) -> None:
+    """Issue 32 item 3: an empty list times nothing out on the kubelet, so while no device is
+    prepared a stream sleeps until a change instead of resending ``[]`` every 30 s."""
+    mon, readiness, clock = monitor
+    readiness.ready = {"cd-1": True}
+    stream = Stream(mon.watch())
+    assert stream.next() == []
+    assert clock.block_until_untimed_waiters(1), "the empty stream did not wait for a change"
+    assert clock.waiters() == 0 and clock.waits == []  # no resend timer
+    clock.step(rh.RESEND_INTERVAL * 10)
+    assert clock.block_until_untimed_waiters(1)
+    assert stream.idle()
+    mon.set_prepared([entry("a", "channel", "cd-1", "channel-0")])  # a prepare wakes it
+    assert stream.next() == [rh.DeviceHealth(NODE, "channel-0", rh.HEALTHY, "cd-1 is True")]
+    assert clock.block_until_waiters(1)  # resends while a device is reported
+    mon.set_prepared([])
+    assert stream.next() == []
+    eventually(lambda: clock.waiters() == 0 and clock.untimed_waiters() == 1)
+
+
 def test_cancel_callback_ends_the_watch(
     monitor: tuple[dh.DeviceHealthMonitor, Readiness, FakeClock],
 ) -> None:
@@ -173,7 +196,7 @@ def test_cancel_callback_ends_the_watch(
 
     stream = Stream(mon.watch(on_cancel=on_cancel))
     assert stream.next() == []
-    assert clock.block_until_waiters(1)
+    assert clock.block_until_untimed_waiters(1)
     assert mon.streams() == 1
     stops[0]()  # the kubelet went away
     assert stream.ended()

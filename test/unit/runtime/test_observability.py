@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter
@@ -101,6 +104,47 @@ def test_debug_documents_only_when_registered() -> None:
     with pytest.raises(ValueError, match="/debug/"):
         ObservabilityServer("127.0.0.1:0", registry=registry, liveness=live, readiness=ready,
                             debug={"/metrics2": dict})  # fmt: skip
+
+
+def voluntary_switches(thread: threading.Thread) -> int:
+    """How often ``thread`` blocked so far (a blocked thread adds none, however busy the box)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    line = next(x for x in status.splitlines() if x.startswith("voluntary_ctxt_switches:"))
+    return int(line.split()[1])
+
+
+def settled(thread: threading.Thread) -> int:
+    """The thread's switch count once it stopped switching for 0.2 s (at most ~5 s)."""
+    last = voluntary_switches(thread)
+    for _ in range(25):
+        time.sleep(0.2)
+        now = voluntary_switches(thread)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_idle_server_thread_blocks_without_a_timer_and_stops_on_stop() -> None:
+    """Issue 32 item 3: ``serve_forever`` woke every 0.5 s to look at its shutdown flag; the
+    serving thread now sleeps until a connection or `stop` (which still ends it)."""
+    live, ready = HealthChecks(), HealthChecks()
+    server = ObservabilityServer(
+        "127.0.0.1:0", registry=CollectorRegistry(), liveness=live, readiness=ready
+    )
+    server.start()
+    thread = server.serving_thread
+    assert thread is not None
+    try:
+        assert fetch(f"http://127.0.0.1:{server.port}/healthz") == (200, "ok")
+        before = settled(thread)
+        time.sleep(1.5)  # three polls of the old loop
+        assert voluntary_switches(thread) == before, "the idle serving thread woke up"
+        assert fetch(f"http://127.0.0.1:{server.port}/healthz") == (200, "ok")
+    finally:
+        server.stop()
+    assert not thread.is_alive()  # stop woke the blocked loop and it returned
 
 
 @pytest.mark.parametrize(

@@ -44,9 +44,11 @@ def test_stepped_wait_ends_as_soon_as_the_event_is_set() -> None:
     waiter.start()
     assert clock.block_until_waiters(0)
     eventually(lambda: clock.waits == [] and waiter.is_alive())
+    assert clock.block_until_untimed_waiters(1) and clock.waiters() == 0
     ev.set()
     waiter.join(5)
     assert out == [True] and clock.monotonic() == 0.0
+    eventually(lambda: clock.untimed_waiters() == 0)
 
 
 def test_stepped_condition_wait_and_sleep_wake_at_their_deadline() -> None:
