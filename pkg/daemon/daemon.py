@@ -3,19 +3,39 @@
 Owns the daemon's one control loop. Threads: a `pkg.informers` SharedInformer following the
 membership object (field selector ``metadata.name=<object>``; its event handler only wakes the
 loop and the membership's :class:`~pkg.daemon.membership.CacheView`; both read the object through
-the informer's `Lister`, so membership writes need no GET before each attempt; resync every
-``Timing.resync_seconds`` like upstream's 4-minute informer resync), the optional metrics
-server, a short-lived one that labels our pod with its clique ID (retrying until it succeeds
-or we stop; on an NVLink node nothing waits for it, so the join does not queue behind it),
+the informer's `Lister`, so membership writes need no GET before each attempt; no resync,
+unlike upstream's 4-minute one: the loop is level-triggered, so replaying the one cached object
+would only wake it), the optional metrics server, a short-lived one that labels our pod with
+its clique ID (retrying until it succeeds or we stop; on an NVLink node nothing waits for it,
+so the join does not queue behind it),
 and the loop itself, which does everything else in order so no two actions race:
-supervise IMEX (watchdog tick), make sure our entry exists with our IP, apply the membership to
-IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
+supervise IMEX (reap an exit, restart after the backoff), make sure our entry exists with our
+IP, apply the membership to IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
+
+The loop has no tick (issue 32 item 3): after a pass it sleeps until its next deadline (a
+readiness query or peer poll due, our entry's held-back Ready, the supervisor's restart or
+deferred reload, the end of ``controller_join_grace``, the retry of a failed pass:
+``error_retry``, ``fast_interval`` while not Ready) or until it is kicked: a membership event,
+the ``nvidia-imex`` child's exit (the supervisor's exit watcher, a thread blocked in the child's
+``wait()``), a readiness probe that found IMEX not ready (:class:`~pkg.daemon.check.ProbeNotices`,
+a thread blocked on its socket), shutdown. With nothing due (IP mode
+behind its ``numNodes`` barrier, say) it sleeps until kicked. Each pass re-reads the hosts
+file (DNS mode) or ``nodes.cfg`` (IP mode) before writing it, so a block someone else removed
+is put back at the next pass; nothing signals such an edit (the kubelet writes the pod's
+``/etc/hosts`` only when it starts the container, which restarts us too), so no timer is spent
+on it: while Ready the next pass comes at the latest with the next readiness re-check.
 
 Readiness: Ready iff the supervised IMEX runs and ``nvidia-imex-ctl -q`` prints exactly READY.
 While not ready it is polled at once after IMEX (re)starts, then after ``first_ready_poll``,
 doubling up to ``fast_interval`` (a fresh IMEX is usually ready within tens of milliseconds, and
-the Ready signal releases the workload's Prepare); once ready every ``slow_interval`` (and at
-once when the process dies). Membership changes wake the loop but do not add polls. The
+the Ready signal releases the workload's Prepare); once ready every
+``ready_recheck_interval`` (60 s), at once when the process dies and, at most once per
+``fast_interval``, when the pod's readiness probe (``check``, every 10 s) found IMEX not ready
+and told the loop so: the probe already runs the same query, so the loop does not repeat it
+every 10 s, and its own 60 s re-check is the safety net for a probe that does not run or cannot
+reach the loop. A process that cannot listen for the probe (another daemon process of the
+domain holds the address) re-checks every ``slow_interval`` (10 s) instead. Membership changes
+wake the loop but do not add polls. The
 entry's ``status`` follows it. On the node, the readiness record of :mod:`pkg.api.localready`
 (``daemon-ready.json`` in the config directory, which the kubelet plugin mounts) follows it
 too, written *before* ``Ready`` is published through the API server (that write waits a
@@ -30,10 +50,15 @@ same IP) finds the entry its predecessor left ``Ready``, and no workload may be 
 against an IMEX daemon that is not up yet. (While no daemon runs
 at all, the controller marks the entry NotReady from the pod status.)
 
-Peer connectivity (clique mode): while Ready, every ``peer_interval`` (the first time one
-``peer_interval`` after IMEX turned Ready: a fresh IMEX is still connecting, so an earlier poll
-would report a partial count and cost a forming domain one more write per daemon, on the one
-object all its daemons write) the loop runs ``nvidia-imex-ctl -N -j`` and writes into its
+Peer connectivity (clique mode): while Ready and the clique has peers, every ``peer_interval``
+(the first time one ``peer_interval`` after IMEX turned Ready or the first peer came: a fresh
+IMEX is still connecting, so an earlier poll would report a partial count and cost a forming
+domain one more write per daemon, on the one object all its daemons write), doubling up to
+``peer_max_interval`` (30 s) for each poll that sees exactly what the previous one saw (the
+connection table and the report) with the report published, and back to ``peer_interval`` after
+a poll that saw a change, one that got no answer, and whenever a peer's entry changes (joined,
+left, readiness, IP, its own report: the next poll then comes within ``peer_interval``), the
+loop runs ``nvidia-imex-ctl -N -j`` and writes into its
 entry how many clique peers its IMEX is connected to and which it cannot reach
 (:mod:`pkg.daemon.peers`; a peer only after two polls in a row that did not find it
 connected; only Ready peers can be unreachable); a write happens only when that changed, and a
@@ -87,7 +112,7 @@ from pkg.api.daemonentry import DaemonEntry
 from pkg.base.clock import Clock, RealClock
 from pkg.base.files import write_file_atomically
 from pkg.base.types import JSON
-from pkg.daemon.check import LocalReadiness
+from pkg.daemon.check import LocalReadiness, ProbeNotices, notice_address
 from pkg.daemon.formation import DaemonFormation
 from pkg.daemon.imexsync import ImexSync
 from pkg.daemon.membership import (
@@ -134,10 +159,15 @@ class Timing:
     first_ready_poll: float = 0.05
     ready_write_spread: float = 0.3  # the entry's Ready waits uniform(0, this) after the record
     slow_interval: float = 10.0
+    # While Ready and the readiness probe can notify the loop (check.ProbeNotices): the loop's
+    # own readiness re-check, a safety net for a probe that does not run or cannot tell it.
+    ready_recheck_interval: float = 60.0
+    error_retry: float = 1.0  # a failed pass is retried after this (fast_interval if not Ready)
     leave_timeout: float = 10.0
     imex_stop_timeout: float = 10.0
-    resync_seconds: int = 240
+    resync_seconds: int = 0  # the loop is level-triggered: a replay of the cache adds nothing
     peer_interval: float = 5.0
+    peer_max_interval: float = 30.0  # peer polls double up to this while nothing changes
     peer_count_interval: float = 30.0  # least time between writes of a partial connected count
     controller_join_grace: float = 10.0  # CLIQUE_JOIN_BY_CONTROLLER: wait this long for the entry
     watch_backoff: informers.BackoffPolicy = WATCH_BACKOFF
@@ -247,8 +277,12 @@ class Daemon:
             env=imex_child_env(opts, child_env),
             observer=metrics,
             stop_timeout=self._timing.imex_stop_timeout,
+            on_exit=self.wake,  # the loop does not poll the child: its exit wakes it
         )
         self.readiness = LocalReadiness(opts, commands)
+        self._probe_notice = threading.Event()  # the readiness probe found IMEX not ready
+        self.notices = ProbeNotices(notice_address(opts), self._on_probe_notice)
+        self._ready_recheck = self._timing.slow_interval  # ready_recheck_interval once listening
         self.ctl = self.readiness.ctl
         self.sync = ImexSync(
             self.me,
@@ -295,6 +329,7 @@ class Daemon:
         self._local_ready = False  # our node-local readiness record is written
         self.local = localready.Publisher(opts.config_dir)
         self._next_ready_check = 0.0
+        self._ready_queried_at = float("-inf")  # monotonic time of our last readiness query
         self._ready_polls = 0  # not-ready answers since IMEX last (re)started
         self._rng = rng or random.Random()
         self._ready_write_at: float | None = None  # monotonic: when the entry may say Ready
@@ -302,6 +337,10 @@ class Daemon:
         self._join_since: tuple[float, float] | None = None  # first pass: monotonic, wall
         self._last_error = ""
         self._next_peer_check = 0.0
+        self._peer_active = False  # peer polls run (Ready, clique mode, peers or a stale list)
+        self._peer_members: tuple[DaemonEntry, ...] = ()  # the peers' entries at the last pass
+        self._peer_backoff = self._timing.peer_interval  # the next interval between peer polls
+        self._peer_seen: object = None  # (connections, report) of the last peer poll
         self._peer_count_written = float("-inf")  # monotonic time of our last connectivity write
         self._peer_written: tuple[int, tuple[str, ...]] | None = None  # our last report
         self._peer_suspects: set[str] = set()
@@ -324,6 +363,11 @@ class Daemon:
         self.cache.notify()
         self.wake()
 
+    def _on_probe_notice(self) -> None:
+        """A readiness probe found our IMEX not ready: re-check it now (`_check_ready`)."""
+        self._probe_notice.set()
+        self.wake()
+
     # -- pieces ----------------------------------------------------------------------------------
 
     def label_pod(self) -> None:
@@ -339,15 +383,24 @@ class Daemon:
         return (list(self.store.decode(obj).entries) if obj else []), obj
 
     def _check_ready(self) -> bool:
+        """Our IMEX's readiness, queried when due (module docstring): at once after a
+        (re)start, then on the not-ready schedule; while Ready every ``_ready_recheck`` and
+        soon after a probe said not ready (at most once per ``fast_interval``)."""
+        notice = self._probe_notice.is_set()
+        self._probe_notice.clear()
         if not self.supervisor.running():
             self._ready_polls, self._next_ready_check = 0, 0.0  # poll the next one at once
             return False
         now = self._clock.monotonic()
+        if notice and self._ready:  # not while not Ready: then it is polled often anyway
+            soonest = max(now, self._ready_queried_at + self._timing.fast_interval)
+            self._next_ready_check = min(self._next_ready_check, soonest)
         if now < self._next_ready_check:
             return self._ready
         result = self.readiness.query()
+        self._ready_queried_at = now
         if result.ready:
-            interval = self._timing.slow_interval
+            interval = self._ready_recheck
         else:
             t = self._timing
             interval = min(t.fast_interval, t.first_ready_poll * 2 ** min(self._ready_polls, 16))
@@ -403,9 +456,7 @@ class Daemon:
         if not was_running and self.supervisor.running():
             self.formation.imex_started(started, self._clock.now())
             self._ready_polls, self._next_ready_check = 0, 0.0  # poll the new IMEX at once
-        was_ready, self._ready = self._ready, self._check_ready()
-        if self._ready and not was_ready:
-            self._next_peer_check = self._clock.monotonic() + self._timing.peer_interval
+        self._ready = self._check_ready()
         self._metrics.ready.set(1 if self._ready else 0)
 
     def _publish_readiness(self, entries: list[DaemonEntry], own: DaemonEntry | None) -> None:
@@ -422,6 +473,8 @@ class Daemon:
             self.formation.ready()
         if self._ready and own is not None and isinstance(self.store, CliqueStore):
             self._report_peers(entries, own)
+        else:
+            self._peer_active = False  # no peer polls; they start again one interval after Ready
 
     def _ready_write_due(self) -> bool:
         """May our entry say what our IMEX says now? A Ready waits ``uniform(0,
@@ -504,25 +557,54 @@ class Daemon:
     def _report_peers(self, entries: list[DaemonEntry], own: DaemonEntry) -> None:
         """Publish our IMEX's peer connectivity when due and changed (module docstring)."""
         now = self._clock.monotonic()
-        if now < self._next_peer_check:
-            return
-        self._next_peer_check = now + self._timing.peer_interval
         peers = clique_peers(entries, self.me)
-        if not peers and not own.unreachable_peers:
-            return  # alone in the clique: nothing to report, no write
+        self._schedule_peer_polls(peers, bool(peers or own.unreachable_peers), now)
+        if not self._peer_active or now < self._next_peer_check:
+            return  # alone in the clique: nothing to report, no write, no poll
+        self._next_peer_check = now + self._timing.peer_interval
         connections = self._peer_connections(peers)
-        if connections is None:
+        if connections is None:  # no answer this time: ask again at the normal pace
+            self._peer_backoff, self._peer_seen = self._timing.peer_interval, None
             return
         report = self._debounced_report(peers, connections)
-        if not self._peer_write_due(own, report, len(peers), now):
-            return
-        connected, unreachable = report
-        if unreachable:
-            log.warning("IMEX cannot reach clique peers: %s", ", ".join(unreachable))
-        elif own.unreachable_peers:
-            log.info("IMEX reaches all %d clique peers again", connected)
-        self.membership.set_connectivity(connected, unreachable)
-        self._peer_count_written, self._peer_written = now, report
+        if self._peer_write_due(own, report, len(peers), now):
+            connected, unreachable = report
+            if unreachable:
+                log.warning("IMEX cannot reach clique peers: %s", ", ".join(unreachable))
+            elif own.unreachable_peers:
+                log.info("IMEX reaches all %d clique peers again", connected)
+            self.membership.set_connectivity(connected, unreachable)
+            self._peer_count_written, self._peer_written = now, report
+        said = self._peer_written is None and (own.connected_peers, own.unreachable_peers) == report
+        published = said or self._peer_written == report  # not: a count held back
+        self._next_peer_check = now + self._next_peer_interval((connections, report), published)
+
+    def _schedule_peer_polls(self, peers: list[DaemonEntry], active: bool, now: float) -> None:
+        """Start peer polls one ``peer_interval`` after they became ``active`` (Ready, or a
+        first peer: its IMEX is still connecting), and bring the next one within
+        ``peer_interval`` when a peer's entry changed (joined, left, readiness, its report)."""
+        t = self._timing
+        members = tuple(peers)
+        if active and not self._peer_active:
+            self._next_peer_check = now + t.peer_interval
+            self._peer_backoff, self._peer_seen = t.peer_interval, None
+        elif members != self._peer_members:
+            self._next_peer_check = min(self._next_peer_check, now + t.peer_interval)
+            self._peer_backoff = t.peer_interval
+        self._peer_members, self._peer_active = members, active
+
+    def _next_peer_interval(self, seen: object, published: bool) -> float:
+        """Seconds to the next peer poll: ``peer_interval`` after a poll that saw a change
+        (which includes a peer found unreachable once, to be confirmed by the next poll) or
+        left its report unpublished (a count held back by ``peer_count_interval``); doubled,
+        up to ``peer_max_interval``, for each poll that saw exactly what the previous one did."""
+        t = self._timing
+        if published and seen == self._peer_seen:
+            self._peer_backoff = min(self._peer_backoff * 2, t.peer_max_interval)
+        else:
+            self._peer_backoff = t.peer_interval
+        self._peer_seen = seen
+        return self._peer_backoff
 
     def _peer_connections(self, peers: list[DaemonEntry]) -> dict[str, str] | None:
         """Our IMEX's connection state per peer (``nvidia-imex-ctl -N``); empty without peers,
@@ -687,11 +769,13 @@ class Daemon:
             self._where(),
             self.opts.max_nodes,
         )
+        if self.notices.start():  # the readiness probe tells us when IMEX is not ready
+            self._ready_recheck = self._timing.ready_recheck_interval
         try:
             while True:
                 if stop.is_set():
                     break
-                full = False
+                full = failed = False
                 try:
                     self.step()
                     self._last_error = ""
@@ -699,21 +783,12 @@ class Daemon:
                     full = True
                     self._report_once(f"cannot join {self._where()}: {err}; waiting for a slot")
                 except (MembershipError, ApiError, ConnectionFailedError, ValueError) as err:
+                    failed = True
                     log.error("update failed, will retry: %s", err)
-                wait = 1.0
-                if not self._ready:
-                    wait = self._timing.fast_interval
-                    if self.supervisor.running():  # until the next readiness poll is due
-                        due = self._next_ready_check - self._clock.monotonic()
-                        wait = min(wait, max(0.01, due))
-                held = (self._ready_write_at or 0.0) - self._clock.monotonic()
-                if held > 0:  # the entry's Ready is held back until then
-                    wait = min(wait, held)
-                if full:  # only a change of the clique (a kick) can free a slot
-                    wait = self._timing.slow_interval
-                self._clock.wait(self._kick, wait)
+                self._clock.wait(self._kick, self._idle_wait(full=full, failed=failed))
                 self._kick.clear()
         finally:
+            self.notices.close()
             self.formation.end("stopped before its IMEX daemon was Ready")
             with contextlib.suppress(OSError):
                 self.local.release()  # the record goes before the entry
@@ -723,6 +798,37 @@ class Daemon:
             self.supervisor.stop()
             self._metrics.close()
         return 0
+
+    def _idle_wait(self, *, full: bool, failed: bool) -> float | None:
+        """Seconds until the loop has something to do by itself; None: nothing until a kick
+        (a membership event, the child's exit, a probe's notice, shutdown). The deadlines: a
+        readiness query due, our entry's held-back Ready, a peer poll due, the supervisor's
+        restart or deferred reload, the end of the wait for the controller's entry, the retry
+        of a failed pass. A deadline a failed pass left behind (it did not get to it) waits for
+        that retry, so an outage cannot make the loop spin; a successful pass leaves none
+        behind, and the wait is never shorter than 10 ms."""
+        t = self._timing
+        if full:  # only a change of the clique (a kick) can free a slot; retried slowly too
+            return t.slow_interval
+        now = self._clock.monotonic()
+        due: list[float] = []
+        if self.supervisor.running():
+            due.append(self._next_ready_check)
+        if self._ready_write_at is not None and self._ready_write_at > now:
+            due.append(self._ready_write_at)
+        if self._peer_active:
+            due.append(self._next_peer_check)
+        restart = self.supervisor.next_due()
+        if restart is not None:
+            due.append(restart)
+        if self._first_pass and self._join_since is not None:
+            due.append(self._join_since[0] + t.controller_join_grace)
+        if failed:  # what the failed pass did not get to is retried with it
+            retry = now + (t.error_retry if self._ready else t.fast_interval)
+            due = [d if d > now else retry for d in due] + [retry]
+        if not due:
+            return None
+        return max(min(due) - now, 0.01)
 
     def _report_once(self, message: str) -> None:
         """ERROR the first time, DEBUG while the same problem persists."""

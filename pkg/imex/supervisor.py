@@ -14,8 +14,11 @@ Invariants:
 - a reload requested within ``reload_grace`` seconds of a start is deferred to :meth:`tick`: a
   child that has not installed its SIGUSR1 handler yet would die from the signal.
 
-The caller runs :meth:`tick` periodically (the daemon's 1 s watchdog). Events go to a
-:class:`SupervisorObserver` (metrics) so this module needs no metrics library.
+The caller runs :meth:`tick` when something is due, not on a fixed period: when the child exits
+(with ``on_exit`` given, a thread blocked in the child's ``wait()`` calls it as soon as the child
+it watches exits while still being the supervised one) and at :meth:`next_due` (a restart after
+the crash backoff, a deferred reload). A caller without ``on_exit`` polls :meth:`tick` as before.
+Events go to a :class:`SupervisorObserver` (metrics) so this module needs no metrics library.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,7 +48,9 @@ class Process(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
     def wait(self, timeout: float | None = None) -> int:
-        """Exit code; raises :class:`subprocess.TimeoutExpired` after ``timeout``."""
+        """Exit code; raises :class:`subprocess.TimeoutExpired` after ``timeout``. Safe while
+        another thread is blocked in ``wait()`` (``None``: until the process exits) on the same
+        process, as :class:`subprocess.Popen` is."""
 
     def kill(self) -> None: ...
 
@@ -123,7 +128,11 @@ class Supervisor:
         reload_grace: float = 2.0,
         observer: SupervisorObserver | None = None,
         name: str = "nvidia-imex",
+        on_exit: Callable[[], None] | None = None,
     ) -> None:
+        """``on_exit`` (optional) is called, from a thread of its own per child, when the
+        supervised child exits by itself, so the caller can :meth:`tick` at once instead of
+        polling; it is not called for a child :meth:`stop` or :meth:`restart` ended."""
         self._argv = list(argv)
         self._runner = runner
         self._clock = clock
@@ -133,6 +142,7 @@ class Supervisor:
         self._reload_grace = reload_grace
         self._observer: SupervisorObserver = observer or NullObserver()
         self._name = name
+        self._on_exit = on_exit
         self._lock = threading.RLock()
         self._proc: Process | None = None
         self._started_at = 0.0
@@ -189,6 +199,19 @@ class Supervisor:
             self._next_start = None
             self._restarts += 1
             self._start()
+
+    def next_due(self) -> float | None:
+        """Monotonic time of the next thing :meth:`tick` has to do by itself (a restart after
+        the crash backoff, a deferred reload), or None: nothing until the child exits."""
+        with self._lock:
+            if self._stopped:
+                return None
+            due = []
+            if self._next_start is not None:
+                due.append(self._next_start)
+            if self._reload_pending and self._proc is not None:
+                due.append(self._started_at + self._reload_grace)
+            return min(due, default=None)
 
     def tick(self) -> None:
         """Reap an unexpected exit, start a due restart, send a deferred reload."""
@@ -256,6 +279,13 @@ class Supervisor:
         self._proc = proc
         self._started_at = self._clock.monotonic()
         self._reload_pending = False
+        if self._on_exit is not None:
+            threading.Thread(
+                target=self._watch,
+                args=(proc, self._on_exit),
+                name=f"{self._name}-exit",
+                daemon=True,
+            ).start()
         log.info(
             "started %s pid=%d restarts=%d: %s",
             self._name,
@@ -264,6 +294,15 @@ class Supervisor:
             " ".join(self._argv),
         )
         self._observer.started(pid=proc.pid, restarts=self._restarts)
+
+    def _watch(self, proc: Process, on_exit: Callable[[], None]) -> None:
+        """Block until ``proc`` exits; then tell ``on_exit`` if it was still ours to supervise
+        (a child :meth:`stop` or :meth:`restart` ended has been reaped under the lock)."""
+        proc.wait()
+        with self._lock:
+            ours = self._proc is proc and not self._stopped
+        if ours:
+            on_exit()
 
     def _send_reload(self) -> None:
         assert self._proc is not None

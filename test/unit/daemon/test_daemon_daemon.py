@@ -43,10 +43,24 @@ def fake_clock() -> FakeClock:
 
 
 class FakeProcess:
+    """A child that runs until a test sets ``code``; ``wait()`` blocks until then, as the
+    supervisor's exit watcher needs (``Popen.wait``)."""
+
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.code: int | None = None
+        self._code: int | None = None
+        self._exited = threading.Event()
         self.signals: list[int] = []
+
+    @property
+    def code(self) -> int | None:
+        return self._code
+
+    @code.setter
+    def code(self, value: int | None) -> None:
+        self._code = value
+        if value is not None:
+            self._exited.set()
 
     def poll(self) -> int | None:
         return self.code
@@ -57,8 +71,11 @@ class FakeProcess:
             self.code = 0
 
     def wait(self, timeout: float | None = None) -> int:
-        assert self.code is not None
-        return self.code
+        # Real time, but only the exit watcher waits unbounded; nothing measures it.
+        if not self._exited.wait(timeout):
+            raise subprocess.TimeoutExpired("nvidia-imex", timeout or 0.0)
+        assert self._code is not None
+        return self._code
 
     def kill(self) -> None:
         self.code = -9
@@ -394,11 +411,25 @@ def test_readiness_of_a_fresh_imex_is_polled_at_once_then_backing_off(
     assert len(runner.procs) == 2 and polled == [round(clock.monotonic() - 100.0, 3)]
 
 
-def test_loop_waits_the_fast_interval_while_imex_is_not_running(
+def record_timeouts(clock: FakeClock) -> list[float | None]:
+    """Every timeout the loop waits with, ``None`` (until kicked) included."""
+    timeouts: list[float | None] = []
+    wait = clock.wait
+
+    def recording(event: threading.Event, timeout: float | None) -> bool:
+        timeouts.append(timeout)
+        return wait(event, timeout)
+
+    clock.wait = recording  # type: ignore[method-assign]
+    return timeouts
+
+
+def test_loop_sleeps_until_kicked_while_imex_waits_for_its_barrier(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
-    """IP mode behind its numNodes barrier: IMEX does not run, so there is no readiness poll
-    to wait for; the loop must not spin (it did, every 10 ms, in a first version)."""
+    """IP mode behind its numNodes barrier: IMEX does not run and nothing else is due, so the
+    loop sleeps until something changes (a kick), with no timeout at all: it woke every 0.5 s
+    (fast_interval) before, and spun every 10 ms in a first version."""
     cd = api.seed(res.COMPUTE_DOMAINS, {
         "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
         "metadata": {"name": "cd", "namespace": "team"},
@@ -407,15 +438,22 @@ def test_loop_waits_the_fast_interval_while_imex_is_not_running(
     gates = "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false"
     opts = options(tmp_path, FEATURE_GATES=gates, COMPUTE_DOMAIN_UUID=cd["metadata"]["uid"])
     daemon, runner, _, _ = make(api, opts)
-    clock = fake_clock()
-    daemon._clock = clock
+    clock = daemon._clock
+    assert isinstance(clock, FakeClock)
+    timeouts = record_timeouts(clock)
     stop = threading.Event()
-    clock.on_wait = lambda _w: stop.set() if len(clock.waits) >= 5 else None
     ran = threading.Thread(target=daemon.run, args=(stop,))
     ran.start()
-    ran.join(20)
-    assert not ran.is_alive() and runner.procs == []
-    assert set(clock.waits[:5]) == {Timing().fast_interval}
+    try:
+        eventually(lambda: timeouts)  # the first pass is done: asleep
+        daemon.wake()  # a membership event: one more pass, then asleep again
+        eventually(lambda: len(timeouts) >= 2)
+        assert set(timeouts) == {None} and runner.procs == []
+    finally:
+        stop.set()
+        daemon.wake()
+        ran.join(20)
+    assert not ran.is_alive()
 
 
 def test_first_peer_poll_waits_one_interval_after_ready(api: FakeApiServer, tmp_path: Path) -> None:

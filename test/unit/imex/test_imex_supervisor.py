@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ import pytest
 
 from pkg.imex.supervisor import BackoffPolicy, Supervisor, describe_exit
 from pkg.testing.clock import FakeClock
+from pkg.testing.eventually import eventually
 
 
 @dataclass
@@ -206,3 +208,73 @@ def test_missing_binary_is_retried_with_backoff(parts: Parts) -> None:
 )
 def test_describe_exit(code: int, text: str) -> None:
     assert describe_exit(code) == text
+
+
+class ExitingProcess(FakeProcess):
+    """`FakeProcess` whose ``wait()`` blocks until it exits, like ``Popen.wait``."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(pid)
+        self.exited = threading.Event()
+
+    def exit(self, code: int) -> None:
+        self.code = code
+        self.exited.set()
+
+    def send_signal(self, sig: int) -> None:
+        super().send_signal(sig)
+        if self.code is not None:
+            self.exited.set()
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self.exited.wait(timeout):
+            raise subprocess.TimeoutExpired("imex", timeout or 0)
+        assert self.code is not None
+        return self.code
+
+
+class ExitingRunner(FakeRunner):
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None) -> FakeProcess:
+        proc = ExitingProcess(pid=100 + len(self.procs))
+        self.procs.append(proc)
+        return proc
+
+
+def test_an_exit_is_reported_at_once_and_the_restart_is_a_deadline() -> None:
+    """Nobody has to poll the child: its own exit calls on_exit (from the watcher thread),
+    and next_due says when tick has the restart to do; an exit stop() or restart() caused is
+    not reported."""
+    runner, clock = ExitingRunner(), FakeClock(monotonic_start=1000.0)
+    exits: list[int] = []
+    sup = Supervisor(
+        ["nvidia-imex"],
+        runner=runner,
+        clock=clock,
+        reload_grace=1.0,
+        backoff=BackoffPolicy(initial=2.0),
+        on_exit=lambda: exits.append(1),
+    )
+    sup.ensure_started()
+    assert sup.next_due() is None  # running, nothing pending: only its exit matters
+    assert sup.reload()  # too young: deferred, and due at the end of the grace
+    assert sup.next_due() == 1001.0
+    clock.step(1.0)
+    sup.tick()
+    assert sup.next_due() is None
+    proc = runner.procs[0]
+    assert isinstance(proc, ExitingProcess)
+    proc.exit(3)
+    eventually(lambda: exits == [1])
+    sup.tick()  # reaps it, schedules the restart
+    assert sup.next_due() == 1003.0 and not sup.running()
+    clock.step(2.0)
+    sup.tick()
+    assert sup.running() and len(runner.procs) == 2
+    sup.restart()
+    sup.stop()
+    assert [p.code for p in runner.procs] == [3, 0, 0]
+    for p in runner.procs:
+        assert isinstance(p, ExitingProcess) and p.exited.is_set()
+    assert sup.next_due() is None
+    threading.Event().wait(0.1)  # the watchers of the children it ended must not report
+    assert exits == [1]
