@@ -9,3 +9,6 @@ from pkg.kube.lazypkg import defer_package_init
 
 defer_package_init("kubernetes")
 defer_package_init("kubernetes.config")
+# kubernetes.client.rest needs two small modules of kubernetes.utils, whose __init__ loads the
+# YAML object creator (PyYAML) and the metrics helpers.
+defer_package_init("kubernetes.utils")

@@ -21,7 +21,6 @@ from typing import Any, Literal, Protocol
 from urllib.parse import urlencode
 
 import urllib3
-from kubernetes import client as k8s_client
 
 from pkg.base.types import JSON
 from pkg.base.verbosity import V
@@ -34,6 +33,7 @@ __all__ = [
     "JSON",
     "PARTIAL_OBJECT_METADATA",
     "PARTIAL_OBJECT_METADATA_LIST",
+    "ApiConnection",
     "HttpWatchStream",
     "KubeClient",
     "PatchBody",
@@ -205,12 +205,42 @@ class _Throttle:
             time.sleep(delay)
 
 
+class ApiConnection(Protocol):
+    """What `RestClient` uses of the official client: its ``Configuration`` (``host``), the
+    urllib3 pool of its ``rest.RESTClientObject`` (TLS, proxies, keepalive) and the credential
+    step (bearer token, refreshed by the configuration's hook). `pkg.kube.config.Connection`
+    (what `pkg.kube.config.load_api_client` returns) and ``kubernetes.client.ApiClient`` both
+    provide it."""
+
+    @property
+    def configuration(self) -> Any:
+        """The official client's ``Configuration`` (only ``host`` is read here)."""
+        ...
+
+    @property
+    def rest_client(self) -> Any:
+        """The official client's ``rest.RESTClientObject`` (only ``pool_manager`` is used)."""
+        ...
+
+    def update_params_for_auth(  # noqa: PLR0917 -- the official ApiClient's signature
+        self,
+        headers: dict[str, str],
+        queries: list[tuple[str, str]],
+        auth_settings: list[str],
+        resource_path: str,
+        method: str,
+        body: Any,
+    ) -> None:
+        """Add the credentials named in ``auth_settings`` to ``headers`` / ``queries``."""
+        ...
+
+
 class RestClient:
-    """`KubeClient` over a configured `kubernetes.client.ApiClient` (host, TLS, auth, pool)."""
+    """`KubeClient` over a configured `ApiConnection` (host, TLS, auth, pool)."""
 
     def __init__(
         self,
-        api_client: k8s_client.ApiClient,
+        api_client: ApiConnection,
         *,
         request_timeout: tuple[float, float] = (10.0, 60.0),
         user_agent: str = "compute-domain-driver",

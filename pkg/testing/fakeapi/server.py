@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from kubernetes import client as k8s_client
+from kubernetes.client.configuration import Configuration
 
 from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
+from pkg.kube.config import Connection
 from pkg.kube.errors import ApiError, BadRequestError, GoneError, NotFoundError, error_from_status
 from pkg.kube.resources import Resource
 from pkg.testing.fakeapi.handlers import decode_body, handle_write
@@ -155,10 +156,10 @@ class FakeApiServer:
         return f"http://{host!s}:{port}"
 
     def client(self, **kwargs: Any) -> RestClient:
-        cfg = k8s_client.Configuration()
+        cfg = Configuration()
         cfg.host = self.url
         cfg.connection_pool_maxsize = 64
-        c = RestClient(k8s_client.ApiClient(configuration=cfg), **kwargs)
+        c = RestClient(Connection(cfg), **kwargs)
         self._clients.append(c)
         return c
 

@@ -16,9 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kp_harness import CLIQUE, make_config
-from kubernetes import client as k8s_client
+from kubernetes.client.configuration import Configuration
 
 from pkg.kube.client import RestClient
+from pkg.kube.config import Connection
 from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, read_boot_id
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.driver import KubeletPlugin
@@ -45,9 +46,9 @@ def main() -> None:
     )
     store = CrashingStore(directory=config.plugin_dir, boot_id=read_boot_id())
     store.crash_at = crash_at
-    cfg = k8s_client.Configuration()
+    cfg = Configuration()
     cfg.host = url
-    client = RestClient(k8s_client.ApiClient(configuration=cfg))
+    client = RestClient(Connection(cfg))
     devices = NodeDevices(driver_version="580.65.06", gpus=(), clique_id=CLIQUE)
     KubeletPlugin(config=config, client=client, devices=devices, store=store).start()
     print("READY", flush=True)

@@ -21,6 +21,7 @@ from kubernetes import client as k8s_client
 from pkg.api import constants as c
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
+from pkg.kube.config import Connection
 from pkg.reconcilers.app import run
 from pkg.reconcilers.flags import Options, parse_duration, parse_options
 from pkg.testing.eventually import eventually
@@ -65,7 +66,7 @@ def test_default_client_limits_let_a_full_cliques_labels_out_at_once(
     slept: list[float] = []
     monkeypatch.setattr("pkg.kube.client.time.sleep", slept.append)
     client = RestClient(
-        k8s_client.ApiClient(k8s_client.Configuration()),
+        Connection(k8s_client.Configuration()),
         qps=opts.kube_api_qps, burst=opts.kube_api_burst, per_group_limit=True,
     )  # fmt: skip
     core = client._throttle_for("/api/v1/nodes/n")
