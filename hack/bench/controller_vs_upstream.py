@@ -58,7 +58,15 @@ from pkg.kube.resources import (  # noqa: E402
     NAMESPACES,
     NODES,
     RESOURCE_CLAIM_TEMPLATES,
+    Resource,
 )
+
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
+# Upstream's DaemonSet template names the daemons' ServiceAccount itself (its chart's name); ours
+# takes CD_DAEMON_SERVICE_ACCOUNT, which config/'s DaemonSet admission policy also reads from
+# the controller's Deployment. While the Go controller runs, that Deployment says upstream's
+# name, or every Go DaemonSet is refused and its reconciles retry for the whole run.
+UPSTREAM_DAEMON_SERVICE_ACCOUNT = "compute-domain-daemon-service-account"
 
 CONTROLLER_USER = "system:serviceaccount:nvidia-dra-driver:compute-domain-controller"
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -260,6 +268,17 @@ def stop_controller(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
+def set_daemon_service_account(admin: RestClient, driver: Driver, name: str) -> None:
+    """Point the applied controller Deployment's CD_DAEMON_SERVICE_ACCOUNT (the DaemonSet
+    admission policy's parameter) at ``name``."""
+    deployment = driver.manifest("Deployment")["metadata"]["name"]
+    deploy = admin.get(DEPLOYMENTS, deployment, namespace=driver.namespace)
+    for item in deploy["spec"]["template"]["spec"]["containers"][0].get("env", []):
+        if item["name"] == "CD_DAEMON_SERVICE_ACCOUNT":
+            item["value"] = name
+    admin.update(DEPLOYMENTS, deploy)
+
+
 def all_have_status(admin: RestClient, namespaces: list[str], cds: int) -> bool:
     """Every benchmark domain has a ``status.status`` (its controller finished its passes)."""
     done = 0
@@ -278,6 +297,9 @@ def one_run(
     if qps != "default":
         q, b = qps.split(":")
         env_extra = {"KUBE_API_QPS": q, "KUBE_API_BURST": b}
+    set_daemon_service_account(admin, driver, UPSTREAM_DAEMON_SERVICE_ACCOUNT if who == "go"
+                               else driver.controller_env(kubeconfig=Path(), http_port=0)
+                               ["CD_DAEMON_SERVICE_ACCOUNT"])  # fmt: skip
     proc = start_contender(who, driver, cluster, go_binary=go_binary, env_extra=env_extra,
                            workdir=workdir, tag=tag)  # fmt: skip
     result = RunResult(who=who, qps=qps)
