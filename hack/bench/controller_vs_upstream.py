@@ -49,6 +49,7 @@ from e2e_support import Driver, free_port  # noqa: E402
 from localcluster import Cluster, bin_dir, fake_node  # noqa: E402
 
 from pkg.api import constants as c  # noqa: E402
+from pkg.base.types import JSON  # noqa: E402
 from pkg.kube.client import RestClient  # noqa: E402
 from pkg.kube.config import load_api_client  # noqa: E402
 from pkg.kube.errors import AlreadyExistsError, NotFoundError  # noqa: E402
@@ -61,12 +62,19 @@ from pkg.kube.resources import (  # noqa: E402
     Resource,
 )
 
-DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment", namespaced=True)
-# Upstream's DaemonSet template names the daemons' ServiceAccount itself (its chart's name); ours
-# takes CD_DAEMON_SERVICE_ACCOUNT, which config/'s DaemonSet admission policy also reads from
-# the controller's Deployment. While the Go controller runs, that Deployment says upstream's
-# name, or every Go DaemonSet is refused and its reconciles retry for the whole run.
-UPSTREAM_DAEMON_SERVICE_ACCOUNT = "compute-domain-daemon-service-account"
+POLICY_BINDINGS = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicybindings",
+    "ValidatingAdmissionPolicyBinding",
+    namespaced=False,
+)
+# config/'s admission policy on the controller's DaemonSets holds them to our daemon's
+# ServiceAccount and hardening (dropped capabilities, seccomp, ...). Upstream's DaemonSet
+# template names its own ServiceAccount and sets neither, so while the Go controller runs that
+# binding is taken away (and put back after), or every Go DaemonSet is refused and its
+# reconciles retry for the whole run.
+DAEMONSET_POLICY_BINDING = "compute-domain-controller-daemonsets"
 
 CONTROLLER_USER = "system:serviceaccount:nvidia-dra-driver:compute-domain-controller"
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -268,15 +276,16 @@ def stop_controller(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-def set_daemon_service_account(admin: RestClient, driver: Driver, name: str) -> None:
-    """Point the applied controller Deployment's CD_DAEMON_SERVICE_ACCOUNT (the DaemonSet
-    admission policy's parameter) at ``name``."""
-    deployment = driver.manifest("Deployment")["metadata"]["name"]
-    deploy = admin.get(DEPLOYMENTS, deployment, namespace=driver.namespace)
-    for item in deploy["spec"]["template"]["spec"]["containers"][0].get("env", []):
-        if item["name"] == "CD_DAEMON_SERVICE_ACCOUNT":
-            item["value"] = name
-    admin.update(DEPLOYMENTS, deploy)
+def suspend_binding(admin: RestClient, name: str) -> JSON | None:
+    """Delete the cluster's ValidatingAdmissionPolicyBinding ``name``; what to re-create."""
+    try:
+        binding = admin.get(POLICY_BINDINGS, name)
+    except NotFoundError:
+        return None
+    admin.delete(POLICY_BINDINGS, name)
+    meta = binding["metadata"]
+    binding["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if k in meta}
+    return binding
 
 
 def all_have_status(admin: RestClient, namespaces: list[str], cds: int) -> bool:
@@ -297,9 +306,7 @@ def one_run(
     if qps != "default":
         q, b = qps.split(":")
         env_extra = {"KUBE_API_QPS": q, "KUBE_API_BURST": b}
-    set_daemon_service_account(admin, driver, UPSTREAM_DAEMON_SERVICE_ACCOUNT if who == "go"
-                               else driver.controller_env(kubeconfig=Path(), http_port=0)
-                               ["CD_DAEMON_SERVICE_ACCOUNT"])  # fmt: skip
+    suspended = suspend_binding(admin, DAEMONSET_POLICY_BINDING) if who == "go" else None
     proc = start_contender(who, driver, cluster, go_binary=go_binary, env_extra=env_extra,
                            workdir=workdir, tag=tag)  # fmt: skip
     result = RunResult(who=who, qps=qps)
@@ -379,6 +386,8 @@ def one_run(
         result.writes = sum(v for k, v in busy.items() if k.split()[0] in WRITE_VERBS) / cds
     finally:
         stop_controller(proc)
+        if suspended is not None:
+            admin.create(POLICY_BINDINGS, suspended)
         for ns, name in [(namespaces[0], "warmup")]:
             with contextlib.suppress(NotFoundError):
                 admin.delete(COMPUTE_DOMAINS, name, namespace=ns)
