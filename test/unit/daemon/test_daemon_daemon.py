@@ -117,14 +117,6 @@ def options(tmp: Path, **env: str) -> Options:
     return parse(["run"], {**base, **env})
 
 
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as srv:
-        srv.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": "daemon-n0", "namespace": NS}})  # fmt: skip
-        yield srv
-
-
 def make(
     api: FakeApiServer, opts: Options, *, timing: Timing | None = None,
     rng: random.Random | None = None,

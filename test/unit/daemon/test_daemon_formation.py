@@ -8,15 +8,12 @@ that stops first ends its span with an error; without ``TRACEPARENT`` nothing is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from test_daemon_daemon import (  # type: ignore[import-not-found, unused-ignore]
-    NS,
     FakeCtl,
     FakeRunner,
     fake_clock,
@@ -29,18 +26,9 @@ from pkg.api import constants as c
 from pkg.daemon.daemon import Daemon, Timing
 from pkg.daemon.metrics import DaemonMetrics
 from pkg.daemon.options import Options
-from pkg.kube import resources as res
 from pkg.runtime.tracing import Tracing, new_traceparent, parse_traceparent
 from pkg.testing.clock import FakeClock
 from pkg.testing.fakeapiserver import FakeApiServer
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as srv:
-        srv.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": "daemon-n0", "namespace": NS}})  # fmt: skip
-        yield srv
 
 
 def traced(

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from test_daemon_daemon import (  # type: ignore[import-not-found, unused-ignore]
-    api,  # noqa: F401  (fixture)
     make,
     options,
 )
@@ -40,7 +39,7 @@ def _written(daemon_tmp: Path) -> dict[str, str]:
     return read_config(daemon_tmp / "imexd" / "imexd.cfg")
 
 
-def test_off_by_default_as_upstream(api: FakeApiServer, tmp_path: Path) -> None:  # noqa: F811
+def test_off_by_default_as_upstream(api: FakeApiServer, tmp_path: Path) -> None:
     opts = options(tmp_path)
     assert opts.auth == AuthConfig()
     daemon, *_ = make(api, opts)
@@ -53,7 +52,7 @@ def test_off_by_default_as_upstream(api: FakeApiServer, tmp_path: Path) -> None:
         assert cfg[key] == "", key
 
 
-def test_env_turns_tls_on_in_imexd_cfg(api: FakeApiServer, tmp_path: Path) -> None:  # noqa: F811
+def test_env_turns_tls_on_in_imexd_cfg(api: FakeApiServer, tmp_path: Path) -> None:
     daemon, *_ = make(api, options(tmp_path, **TLS_ENV))
     daemon._write_imex_config()
     cfg = _written(tmp_path)

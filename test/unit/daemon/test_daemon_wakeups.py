@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from test_daemon_daemon import (  # type: ignore[import-not-found, unused-ignore]
-    NS,
     FakeCtl,
     FakeProcess,
     FakeRunner,
@@ -39,14 +38,6 @@ from pkg.kube import resources as res
 from pkg.testing.clock import FakeClock
 from pkg.testing.eventually import eventually
 from pkg.testing.fakeapiserver import FakeApiServer
-
-
-@pytest.fixture
-def api() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as srv:
-        srv.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": "daemon-n0", "namespace": NS}})  # fmt: skip
-        yield srv
 
 
 class SwitchableCtl:
