@@ -9,8 +9,9 @@ state, missing /proc/devices entry) exit 1 with ``cannot start: ...``; a bad
 ``IMEX_MODE``/``IMEX_ISOLATION`` (`pkg.imex.mode`) exits 1 with upstream's ``Error: imex
 configuration validation failed: ...`` line, and host-managed IMEX mode skips the
 driver-version check (the host's IMEX, not ours, runs). Tracing follows the standard ``OTEL_*``
-env (`pkg.runtime.tracing`); pending spans are flushed on exit. ``/metrics`` serves
-`BUILD_INFO_METRIC` from the start.
+env (`pkg.runtime.tracing`); pending spans are flushed on exit. The metrics path
+(``--metrics-path``, ``/metrics``) serves `BUILD_INFO_METRIC` from the start. The API client
+keeps upstream's client-side limit, ``--kube-api-qps``/``--kube-api-burst`` per API group.
 """
 
 from __future__ import annotations
@@ -31,13 +32,18 @@ from prometheus_client import CollectorRegistry
 
 from pkg.featuregates import IMEX_DAEMONS_WITH_DNS_NAMES, FeatureGateError, FeatureGates
 from pkg.imex.mode import ImexModeConfig, validate_or_exit
-from pkg.kube.client import RestClient
 from pkg.kube.config import load_api_client
 from pkg.kubeletplugin.clique import CliqueLabelError
 from pkg.kubeletplugin.discovery import DiscoveryError
 from pkg.kubeletplugin.discovery.base import check_driver_version
 from pkg.kubeletplugin.driver import KubeletPlugin
-from pkg.kubeletplugin.options import PROG, build_discovery, parse_args, plugin_config
+from pkg.kubeletplugin.options import (
+    PROG,
+    api_client_of,
+    build_discovery,
+    parse_args,
+    plugin_config,
+)
 from pkg.kubeletplugin.procdevices import ProcDevicesError
 from pkg.runtime.buildinfo import load_build_info
 from pkg.runtime.buildinfometric import register_build_info
@@ -89,7 +95,7 @@ def main(argv: list[str]) -> int:
     except Exception as err:  # the kubernetes loader raises several unrelated types
         log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "(in-cluster)", err)
         return 1
-    client = RestClient(api_client, user_agent=PROG)
+    client = api_client_of(args, api_client)
     tracing = setup_tracing(PROG, env=os.environ)
     plugin = KubeletPlugin(config=config, client=client, devices=devices, registry=registry,
                            tracer=tracing.tracer, discovery=discovery)  # fmt: skip

@@ -2,7 +2,8 @@
 
 Owns the daemon's flag table, :data:`DAEMON_FLAGS`, on the shared mechanism
 (`pkg.runtime.flags`: flag wins over env, empty env is unset, Go booleans, ``--version``,
-``-v``/``--v``/``--verbosity``, ``--logging-format``, ``--vmodule``). Two kinds of rows:
+``-v``/``--v``/``--verbosity`` with env ``V`` as upstream's, else ``LOG_VERBOSITY`` as our
+DaemonSets set, ``--logging-format``, ``--vmodule``). Two kinds of rows:
 
 - the upstream env contract, env-only: CDI (``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``,
   ``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``, and ours, ``TRACEPARENT``, the domain's
@@ -10,7 +11,8 @@ Owns the daemon's flag table, :data:`DAEMON_FLAGS`, on the shared mechanism
   ``POD_NAME``, ``POD_NAMESPACE``), ``MAX_NODES_PER_IMEX_DOMAIN`` and
   ``CLIQUE_JOIN_BY_CONTROLLER`` (ours, ``true`` in our DaemonSets: the controller writes the
   clique entry);
-- flags with an env fallback: ``--feature-gates`` and our additions (config directory, hosts
+- flags with an env fallback: ``--feature-gates`` (repeatable, each laid over
+  ``FEATURE_GATES`` as upstream's) and our additions (config directory, hosts
   file, IMEX binaries, termination log, IMEX ports, metrics address, kubeconfig, and IMEX's own
   authentication/encryption under imexd.cfg's key names, ``IMEX_ENABLE_AUTH_ENCRYPTION`` and
   friends, off as upstream ships it: :attr:`Options.auth`); the docs' table is generated from
@@ -42,7 +44,15 @@ from pkg.api import constants as c
 from pkg.api import daemoncontract as dc
 from pkg.featuregates import FeatureGateError, FeatureGates
 from pkg.imex import config as imex
-from pkg.runtime.flags import Flag, FlagError, FlagTable, FlagValues, parse_bool, parse_int
+from pkg.runtime.flags import (
+    Flag,
+    FlagError,
+    FlagTable,
+    FlagValues,
+    Repeat,
+    parse_bool,
+    parse_int,
+)
 
 CDI_MISSING: Final = (
     "CDI container edits did not apply -- is CDI enabled in your container runtime?"
@@ -125,7 +135,8 @@ def _env_only(name: str, env: str, help_: str) -> Flag:
 
 DAEMON_FLAGS: Final = FlagTable(
     prog="compute-domain-daemon",
-    verbosity_env=dc.LOG_VERBOSITY,
+    # V first, as upstream's daemon reads it; LOG_VERBOSITY (set by the DaemonSets) if unset.
+    verbosity_env=("V", dc.LOG_VERBOSITY),
     verbosity_default=2,
     verbosity_aliases=("--verbosity",),
     commands=("run", "check"),
@@ -147,7 +158,8 @@ DAEMON_FLAGS: Final = FlagTable(
         Flag("join-by-controller", dc.CLIQUE_JOIN_BY_CONTROLLER, parse_bool, False,
              "the controller writes this daemon's clique entry (ours; true in our DaemonSets)",
              cli=False),
-        Flag("feature-gates", dc.FEATURE_GATES, str, "", "A=true,B=false (upstream defaults)"),
+        Flag("feature-gates", dc.FEATURE_GATES, str, "", "A=true,B=false (upstream defaults)",
+             repeat=Repeat.MAP),
         Flag("config-dir", "IMEX_CONFIG_DIR", str, dc.CONFIG_DIR,
              "directory of imexd.cfg and nodes.cfg"),
         Flag("hosts-file", imex.HOSTS_FILE_ENV, str, imex.DEFAULT_HOSTS_FILE,

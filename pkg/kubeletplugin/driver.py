@@ -100,6 +100,8 @@ class PluginConfig:
     healthcheck_port: int = -1
     metrics_port: int = -1
     metrics_host: str = ""
+    # --metrics-path: where the metrics endpoint serves them ("": not at all).
+    metrics_path: str = "/metrics"
     # Also serve /debug/informers (cache keys and resourceVersions) on the metrics endpoint.
     debug_endpoints: bool = False
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
@@ -375,8 +377,9 @@ class KubeletPlugin:
         )
 
     def _http_server(self) -> ObservabilityServer:
-        """``/metrics``; ``/healthz`` (the process answers); ``/readyz`` (every cache synced);
-        with ``debug_endpoints`` also ``/debug/informers`` (``pkg.informers.snapshot``)."""
+        """Metrics at ``metrics_path`` (``/metrics``); ``/healthz`` (the process answers);
+        ``/readyz`` (every cache synced); with ``debug_endpoints`` also ``/debug/informers``
+        (``pkg.informers.snapshot``)."""
         cfg = self.config
         liveness, readiness = HealthChecks(), HealthChecks()
         liveness.add("ping", lambda: True)
@@ -393,6 +396,7 @@ class KubeletPlugin:
         return ObservabilityServer(
             f"{cfg.metrics_host}:{cfg.metrics_port}",
             registry=self.metrics.registry,
+            metrics_path=cfg.metrics_path,
             liveness=liveness,
             readiness=readiness,
             debug=debug,

@@ -4,7 +4,13 @@ Owns the plugin's flag table, :data:`PLUGIN_FLAGS` (upstream's flag and env name
 each, on the shared mechanism `pkg.runtime.flags`: flag wins over env, empty env is unset except
 for ``IMEX_MODE``/``IMEX_ISOLATION``, Go booleans, ``--flag (or ENV): message`` errors with exit 2,
 ``--version``, ``-v``, ``--logging-format``, ``--vmodule``), and turning the parsed options into
-what the binary builds: the `PluginConfig` and the device discovery backend.
+what the binary builds: the `PluginConfig`, the API client (with upstream's client-side limit)
+and the device discovery backend.
+
+``-v`` reads ``V`` (upstream's variable), else ``LOG_VERBOSITY``; a repeated
+``--additional-namespaces`` or ``--feature-gates`` accumulates as upstream's does
+(`pkg.runtime.flags.Repeat`); ``--host_driver-root`` is upstream's other name of
+``--nvidia-driver-root``.
 
 Invariants: a `PluginOptions` that exists has a node name and values of the right types; its
 fields are exactly the table's rows (a unit test holds them together). Feature gates and
@@ -28,6 +34,7 @@ from pkg.featuregates import (
     FeatureGates,
 )
 from pkg.imex.mode import DEFAULT_HOST_SOCKET_PATH, DRIVER_MANAGED, ISOLATION_DOMAIN, ImexModeConfig
+from pkg.kube.client import ApiConnection, RestClient
 from pkg.kubeletplugin.checkpointformat import CheckpointCompatibility
 from pkg.kubeletplugin.discovery import DeviceDiscovery, DiscoveryError
 from pkg.kubeletplugin.discovery.fabric import is_single_node_nvlink, select_dev_root
@@ -35,22 +42,39 @@ from pkg.kubeletplugin.discovery.fake import FakeDiscovery
 from pkg.kubeletplugin.discovery.nvml import NvmlDiscovery, load_pynvml
 from pkg.kubeletplugin.driver import PluginConfig
 from pkg.kubeletplugin.driverroot import DriverRoot, DriverRootError
-from pkg.runtime.flags import Flag, FlagTable, choice, parse_bool, parse_int
+from pkg.runtime.flags import (
+    Flag,
+    FlagTable,
+    Repeat,
+    choice,
+    parse_bool,
+    parse_http_path,
+    parse_int,
+)
 
-__all__ = ["PLUGIN_FLAGS", "PluginOptions", "build_discovery", "parse_args", "plugin_config"]
+__all__ = [
+    "PLUGIN_FLAGS",
+    "PluginOptions",
+    "api_client_of",
+    "build_discovery",
+    "parse_args",
+    "plugin_config",
+]
 
 PROG: Final = "compute-domain-kubelet-plugin"
 
-PLUGIN_FLAGS: Final = FlagTable(prog=PROG, verbosity_env="LOG_VERBOSITY", flags=(
+# -v reads component-base's V first, as upstream's plugin does; LOG_VERBOSITY (the variable the
+# charts set) when V is unset, as this plugin always has.
+PLUGIN_FLAGS: Final = FlagTable(prog=PROG, verbosity_env=("V", "LOG_VERBOSITY"), flags=(
     Flag("node-name", "NODE_NAME", str, "", "this node (required)"),
     Flag("namespace", "NAMESPACE", str, "default", "driver namespace"),
     Flag("additional-namespaces", "ADDITIONAL_NAMESPACES", str, "",
          "more namespaces whose IMEX daemons' claims are prepared (comma separated; the "
-         "controller's ADDITIONAL_NAMESPACES)"),
+         "controller's ADDITIONAL_NAMESPACES)", repeat=Repeat.LIST),
     Flag("cdi-root", "CDI_ROOT", str, "/var/run/cdi", "directory of the CDI spec files"),
     # Upstream's names: the host path of the driver installation and its mount in this pod.
     Flag("nvidia-driver-root", ("NVIDIA_DRIVER_ROOT", "HOST_DRIVER_ROOT"), str, "/",
-         "the driver installation's path on the host"),
+         "the driver installation's path on the host", aliases=("--host_driver-root",)),
     Flag("container-driver-root", "DRIVER_ROOT_CTR_PATH", str, "/driver-root",
          "where the host's driver root is mounted in this container"),
     Flag("kubelet-registrar-directory-path", "KUBELET_REGISTRAR_DIRECTORY_PATH", str,
@@ -59,12 +83,18 @@ PLUGIN_FLAGS: Final = FlagTable(prog=PROG, verbosity_env="LOG_VERBOSITY", flags=
          "/var/lib/kubelet/plugins", "the kubelet's plugin data directory"),
     Flag("healthcheck-port", "HEALTHCHECK_PORT", parse_int, -1,
          "port of the gRPC health service (negative: none)"),
-    Flag("http-endpoint", "HTTP_ENDPOINT", str, "", "host:port for /metrics, /healthz, /readyz"),
+    Flag("http-endpoint", "HTTP_ENDPOINT", str, "",
+         "host:port for metrics (--metrics-path), /healthz, /readyz"),
+    Flag("metrics-path", "METRICS_PATH", parse_http_path, "/metrics",
+         "HTTP path of the metrics on --http-endpoint (empty: none)"),
     Flag("debug-endpoints", "DEBUG_ENDPOINTS", parse_bool, False,
          "also serve /debug/informers (every cache's keys and resourceVersions) on "
          "--http-endpoint"),
-    Flag("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false"),
+    Flag("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false", repeat=Repeat.MAP),
     Flag("kubeconfig", "KUBECONFIG", str, None, "kubeconfig file (default: in-cluster)"),
+    Flag("kube-api-qps", "KUBE_API_QPS", float, 5.0,
+         "client QPS, per API group (0 or less: no client-side limit)"),
+    Flag("kube-api-burst", "KUBE_API_BURST", parse_int, 10, "client burst, per API group"),
     Flag("device-discovery", "DEVICE_DISCOVERY", choice("nvml", "fake"), "nvml",
          "nvml (the GPUs of this node) or fake (FAKE_GPU_CONFIG, for tests)"),
     Flag("gpu-clique-label-enabled", "GPU_CLIQUE_LABEL_ENABLED", parse_bool, False,
@@ -102,9 +132,12 @@ class PluginOptions:
     kubelet_plugins_directory_path: str
     healthcheck_port: int
     http_endpoint: str
+    metrics_path: str
     debug_endpoints: bool
     feature_gates: str
     kubeconfig: str | None
+    kube_api_qps: float
+    kube_api_burst: int
     device_discovery: str
     gpu_clique_label_enabled: bool
     imex_mode: str
@@ -152,11 +185,27 @@ def plugin_config(opts: PluginOptions, *, imex: ImexModeConfig) -> PluginConfig:
         healthcheck_port=opts.healthcheck_port,
         metrics_port=int(port) if port else -1,
         metrics_host=host,
+        metrics_path=opts.metrics_path,
         debug_endpoints=opts.debug_endpoints,
         gpu_clique_label=opts.gpu_clique_label_enabled,
         imex=imex,
         imex_host_socket_path=opts.imex_host_socket_path,
         checkpoint_compatibility=CheckpointCompatibility(opts.checkpoint_compatibility),
+    )
+
+
+def api_client_of(opts: PluginOptions, connection: ApiConnection) -> RestClient:
+    """The plugin's API client over ``connection`` (`pkg.kube.config.load_api_client`) with
+    upstream's client-side limit: ``--kube-api-qps`` and ``--kube-api-burst`` for each API group,
+    one token bucket per group as in a client-go clientset (and the controller's client); a QPS
+    of 0 or less sets no limit."""
+    qps = opts.kube_api_qps
+    return RestClient(
+        connection,
+        user_agent=PROG,
+        qps=qps if qps > 0 else None,
+        burst=opts.kube_api_burst,
+        per_group_limit=True,
     )
 
 

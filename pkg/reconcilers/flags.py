@@ -4,7 +4,8 @@ Owns the controller's flag table (:data:`CONTROLLER_FLAGS`, one row per flag wit
 variable, parser, default and help) and the parsing of ``argv`` + environment into a frozen
 :class:`Options`. The rules every binary shares -- flag wins over env, one or two dashes, Go
 booleans and durations, ``--flag (or ENV): message`` errors with exit 2, ``--version``, ``-v``,
-``--logging-format``, ``--vmodule`` -- are `pkg.runtime.flags`'s. Invariant: an :class:`Options`
+``--logging-format``, ``--vmodule``, repeated ``--additional-namespaces``/``--feature-gates``
+accumulating as upstream's -- are `pkg.runtime.flags`'s. Invariant: an :class:`Options`
 that exists passed validation (required values present, leader-election timings consistent,
 feature gates valid), so the binary fails fast with a message naming the flag instead of
 failing later. A bad ``IMEX_MODE``/``IMEX_ISOLATION`` exits 1 with upstream's text
@@ -39,8 +40,10 @@ from pkg.runtime.flags import (
     FlagError,
     FlagTable,
     FlagValues,
+    Repeat,
     parse_bool,
     parse_duration,
+    parse_http_path,
     parse_int,
 )
 
@@ -99,13 +102,15 @@ CONTROLLER_FLAGS = FlagTable(prog="compute-domain-controller", verbosity_env="V"
     Flag("domain-batch-period", "DOMAIN_BATCH_PERIOD", parse_duration, 0.2,
      "least time between two reconciles of one domain that events ask for (0: one per event)"),
     Flag("http-endpoint", "HTTP_ENDPOINT", str, "", "host:port for /metrics, /healthz, /readyz"),
-    Flag("metrics-path", "METRICS_PATH", str, "/metrics", "metrics path"),
+    Flag("metrics-path", "METRICS_PATH", parse_http_path, "/metrics",
+     "HTTP path of the metrics on --http-endpoint (empty: none)"),
     Flag("pprof-path", "PPROF_PATH", str, "", "accepted for compatibility; ignored"),
     Flag("debug-endpoints", "DEBUG_ENDPOINTS", parse_bool, False,
      "also serve /debug/informers (every cache's keys and resourceVersions) on --http-endpoint"),
     Flag("additional-namespaces", "ADDITIONAL_NAMESPACES", str, "",
      "more namespaces whose daemon DaemonSets, pods and cliques are watched, adopted and "
-     "torn down (comma separated; new daemons are created in --namespace)"),
+     "torn down (comma separated; new daemons are created in --namespace)",
+     repeat=Repeat.LIST),
     Flag("leader-election-enabled", "LEADER_ELECTION_ENABLED", parse_bool, False,
      "run leader election"),
     Flag("leader-election-lease-lock-namespace", "LEADER_ELECTION_LEASE_LOCK_NAMESPACE", str, "",
@@ -128,7 +133,7 @@ CONTROLLER_FLAGS = FlagTable(prog="compute-domain-controller", verbosity_env="V"
     Flag("events-qps", "EVENTS_QPS", float, 5.0,
      "QPS of the separate client that writes Events (never spends the reconcile budget)"),
     Flag("events-burst", "EVENTS_BURST", parse_int, 10, "burst of the Events client"),
-    Flag("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false"),
+    Flag("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false", repeat=Repeat.MAP),
     # Upstream's CLI lets a set-but-empty IMEX_MODE/IMEX_ISOLATION override the default (the
     # IMEX validation then refuses it); every other variable counts only when non-empty.
     Flag("imex-mode", "IMEX_MODE", str, DRIVER_MANAGED,

@@ -13,6 +13,11 @@ The rules, the same for every binary (and upstream's where it has one):
   non-empty; else the default. A row with ``empty_env_overrides`` also takes a set-but-empty
   variable, as upstream's CLI does for ``IMEX_MODE``/``IMEX_ISOLATION`` (the IMEX validation
   then refuses the empty value with upstream's message);
+- a flag given twice keeps its last value, as Go's ``flag`` package does, unless its row says
+  otherwise (:class:`Repeat`): a list row (``--additional-namespaces``, urfave/cli's string
+  slice) collects every occurrence, which together replace the env variable's value; a map row
+  (``--feature-gates``, component-base's map flag) lays every occurrence over the env
+  variable's value, later keys winning. Both hand the row's parser one comma-joined text;
 - long flags take one or two dashes and ``--flag=value`` or ``--flag value``, as Go's ``flag``
   package; a boolean flag alone means true and takes a value only as ``--flag=value`` (Go's
   rule: ``--flag false`` leaves ``false`` as a stray argument, which is an error);
@@ -31,6 +36,8 @@ parsed, reported and documented like the others but have no command-line flag.
 from __future__ import annotations
 
 import argparse
+import enum
+import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,10 +59,12 @@ __all__ = [
     "FlagTable",
     "FlagValues",
     "Parse",
+    "Repeat",
     "choice",
     "doc_default",
     "parse_bool",
     "parse_duration",
+    "parse_http_path",
     "parse_int",
     "parse_logging_format",
     "parse_vmodule_flag",
@@ -96,6 +105,12 @@ def parse_duration(text: str) -> float:
     return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
+def parse_http_path(text: str) -> str:
+    """An HTTP path as upstream serves it (Go's ``path.Join("/", text)``): rooted and cleaned,
+    ``metrics`` and ``/metrics/`` are ``/metrics``; empty stays empty (nothing served there)."""
+    return posixpath.normpath("/" + text.lstrip("/")) if text else ""
+
+
 def choice(*allowed: str) -> Parse:
     """A parser accepting exactly one of ``allowed`` (returned as is)."""
 
@@ -124,6 +139,20 @@ def parse_vmodule_flag(text: str) -> str:
     return text
 
 
+class Repeat(enum.Enum):
+    """What a row makes of a flag given more than once on the command line."""
+
+    LAST = "last"
+    """The last occurrence wins (Go's ``flag`` package for strings, numbers and booleans)."""
+    LIST = "list"
+    """Every occurrence counts, comma-joined in order, and together they replace the env
+    variable's value (urfave/cli's ``StringSliceFlag``: ``--x=a --x=b,c`` is ``a,b,c``)."""
+    MAP = "map"
+    """The env variable's value first, then every occurrence, comma-joined in order, for a
+    parser whose later ``key=value`` wins (component-base's ``--feature-gates``: each
+    occurrence and the env variable set keys of one map)."""
+
+
 @dataclass(frozen=True)
 class Flag:
     """One row of a binary's flag table.
@@ -131,7 +160,8 @@ class Flag:
     ``name`` is the command-line name without dashes (and, dashes as underscores, the value's
     key); ``env`` the variable(s) read when the flag is absent, first non-empty wins;
     ``default`` the typed value used when neither is given (never parsed); ``cli=False`` makes
-    the row env-only; ``aliases`` are extra option strings (``--verbosity``)."""
+    the row env-only; ``aliases`` are extra option strings (``--verbosity``, each also
+    accepted with one dash); ``repeat`` what a repeated flag means (:class:`Repeat`)."""
 
     name: str
     env: str | tuple[str, ...] | None
@@ -141,6 +171,7 @@ class Flag:
     empty_env_overrides: bool = False
     cli: bool = True
     aliases: tuple[str, ...] = ()
+    repeat: Repeat = Repeat.LAST
 
     @property
     def dest(self) -> str:
@@ -161,10 +192,12 @@ class Flag:
 
     @property
     def option_strings(self) -> tuple[str, ...]:
-        """Every command-line spelling: ``--name``, ``-name`` and the aliases (none if env-only)."""
+        """Every command-line spelling: ``--name``, ``-name`` and the aliases with one or two
+        dashes, as Go accepts (none if env-only)."""
         if not self.cli:
             return ()
-        return (f"--{self.name}", f"-{self.name}", *self.aliases)
+        short = tuple(a[1:] for a in self.aliases if a.startswith("--"))
+        return (f"--{self.name}", f"-{self.name}", *self.aliases, *short)
 
     @property
     def label(self) -> str:
@@ -228,13 +261,15 @@ def _typed(value: object, kind: type[_T], dest: str) -> _T:
 class FlagTable:
     """A binary's flags: its own rows, then ``-v``, ``--logging-format`` and ``--vmodule``.
 
-    Invariants (checked at construction): dests and option strings are unique; every row's
-    default is of the type its parser returns for a boolean row. ``commands`` adds a required
-    positional ``command`` (the daemon's ``run``/``check``)."""
+    ``verbosity_env`` is the env variable of ``-v`` (component-base's is ``V``), or several,
+    tried in order (the first set and non-empty wins, as for any row). Invariants (checked at
+    construction): dests and option strings are unique; every row's default is of the type its
+    parser returns for a boolean row. ``commands`` adds a required positional ``command`` (the
+    daemon's ``run``/``check``)."""
 
     prog: str
     flags: tuple[Flag, ...]
-    verbosity_env: str
+    verbosity_env: str | tuple[str, ...]
     verbosity_default: int = 0
     verbosity_aliases: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()
@@ -302,14 +337,15 @@ class FlagTable:
         for f in self.all_flags:
             if not f.cli:
                 continue
-            names = ("-v", "--v", *f.aliases) if f.name == "v" else f.option_strings
+            names = ("-v", "--v", *f.option_strings[2:]) if f.name == "v" else f.option_strings
             env = f" (env {', '.join(f.env_names)})" if f.env_names else ""
             p.add_argument(
                 *names,
                 dest=f.dest,
                 default=None,
+                action="store" if f.repeat is Repeat.LAST else "append",
                 metavar="BOOL" if f.is_bool else None,
-                help=f"{f.help}{env}",
+                help=f"{f.help}{env}{_REPEAT_HELP.get(f.repeat, '')}",
             )
         if self.commands:
             p.add_argument("command", choices=self.commands)
@@ -353,7 +389,7 @@ class FlagTable:
         ns = vars(parser.parse_args(list(self._go_booleans(argv))))
         values: dict[str, object] = {}
         for f in self.all_flags:
-            raw = ns.get(f.dest) if f.cli else None
+            raw = _from_command_line(f, ns.get(f.dest) if f.cli else None, env)
             if raw is None:
                 raw = _from_env(f, env)
             if raw is None:
@@ -382,14 +418,33 @@ class FlagTable:
         one row per flag with its env variables, default and help."""
         lines = ["| flag | env | default | what |", "|---|---|---|---|"]
         for f in self.all_flags:
-            names = ("-v", "--v", *f.aliases) if f.name == "v" else (f"--{f.name}",)
-            flag_cell = ", ".join(f"`{n}`" for n in names) if f.cli else "(env only)"
+            names = ("-v", "--v") if f.name == "v" else (f"--{f.name}",)
+            flag_cell = ", ".join(f"`{n}`" for n in (*names, *f.aliases)) if f.cli else "(env only)"
             env_cell = ", ".join(f"`{e}`" for e in f.env_names)
             help_ = f.help.replace("|", "\\|")
             if f.empty_env_overrides:
                 help_ += " (a set but empty env variable overrides the default)"
+            help_ += _REPEAT_HELP.get(f.repeat, "")
             lines.append(f"| {flag_cell} | {env_cell} | {doc_default(f)} | {help_} |")
         return "\n".join(lines) + "\n"
+
+
+_REPEAT_HELP: Final = {
+    Repeat.LIST: " (repeatable; the flags' values together replace the env variable's)",
+    Repeat.MAP: " (repeatable; each flag's keys are laid over the env variable's, last wins)",
+}
+
+
+def _from_command_line(f: Flag, given: object, env: Mapping[str, str]) -> str | None:
+    """The row's text from the command line: argparse's one value, or for a repeatable row its
+    list of occurrences comma-joined (a map row's env value first); ``None`` if not given."""
+    if given is None or isinstance(given, str):
+        return given
+    occurrences = [str(v) for v in given] if isinstance(given, list) else [str(given)]
+    if f.repeat is Repeat.MAP:
+        base = _from_env(f, env)
+        occurrences = [base, *occurrences] if base else occurrences
+    return ",".join(occurrences)
 
 
 def _from_env(f: Flag, env: Mapping[str, str]) -> str | None:

@@ -52,12 +52,11 @@ from realsupport import (
     channel_pod,
     container_pids,
     domain,
+    prepared_claims,
 )
 
 from pkg.api import constants as c
 from pkg.kube.client import WATCH_IDLE_TIMEOUT, KubeClient
-from pkg.kubeletplugin.checkpoint import CHECKPOINT_FILE
-from pkg.kubeletplugin.checkpointformat import ClaimState, decode_checkpoint
 from pkg.kubeletplugin.state import domain_dir
 from pkg.testing.eventually import eventually
 
@@ -236,15 +235,9 @@ def node_leftovers(env: Env, uid: str) -> list[str]:
         plugin_dir = node.ns.path(f"/var/lib/kubelet/plugins/{c.DRIVER_NAME}")
         if domain_dir(plugin_dir, uid).exists():
             left.append(f"{node.name}: {domain_dir(plugin_dir, uid)}")
-        with contextlib.suppress(OSError, ValueError):
-            decoded = decode_checkpoint((plugin_dir / CHECKPOINT_FILE).read_bytes())
-            # PrepareAborted entries are tombstones (no devices), expired by a later pass.
-            live = decoded.entries.items()
-            claims = [u for u, e in live if e.state != ClaimState.PREPARE_ABORTED]
-            if claims:
-                left.append(f"{node.name}: checkpoint claims {sorted(claims)}")
-        cdi = node.ns.path("/var/run/cdi")
-        specs = sorted(p.name for p in cdi.glob("*claim*")) if cdi.is_dir() else []
+        claims, specs = prepared_claims(node)
+        if claims:
+            left.append(f"{node.name}: checkpoint claims {sorted(claims)}")
         if specs:
             left.append(f"{node.name}: CDI claim specs {specs}")
     return left

@@ -9,6 +9,7 @@ which first installs the Prometheus Operator CRDs the overlay's monitoring compo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,6 +27,8 @@ from nodeimages import driver_image_refs
 
 from pkg.api import constants as c
 from pkg.imex.sim.imexd import HOLD_FILE
+from pkg.kubeletplugin.checkpoint import CHECKPOINT_FILE
+from pkg.kubeletplugin.checkpointformat import ClaimState, decode_checkpoint
 from pkg.kubeletplugin.state import domain_dir
 from pkg.testing.eventually import eventually
 from pkg.testing.fakedriverroot import FakeDriverRoot, host_arch
@@ -355,6 +358,21 @@ def scrape(nodes: RealNodes, pod: dict[str, Any], port: int, path: str = "/metri
     return node.ns.run(
         ["curl", "-sf", "--max-time", "5", f"http://{pod['status']['podIP']}:{port}{path}"]
     )
+
+
+def prepared_claims(node: RealNode) -> tuple[set[str], list[str]]:
+    """What ``node``'s plugin holds prepared: the claim UIDs of its checkpoint (without the
+    PrepareAborted tombstones, which hold no devices and expire) and the names of its per-claim
+    CDI specs (each ends in ``_<claim UID>.yaml``)."""
+    plugin_dir = node.ns.path(f"/var/lib/kubelet/plugins/{c.DRIVER_NAME}")
+    claims: set[str] = set()
+    with contextlib.suppress(OSError, ValueError):
+        decoded = decode_checkpoint((plugin_dir / CHECKPOINT_FILE).read_bytes())
+        live = decoded.entries.items()
+        claims = {u for u, e in live if e.state != ClaimState.PREPARE_ABORTED}
+    cdi = node.ns.path("/var/run/cdi")
+    specs = sorted(p.name for p in cdi.glob("*claim*")) if cdi.is_dir() else []
+    return claims, specs
 
 
 def channel_devices(kubectl: Kubectl) -> dict[str, dict[str, Any]]:

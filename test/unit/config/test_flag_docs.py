@@ -36,15 +36,29 @@ def test_generated_flag_tables_are_current(table: FlagTable) -> None:
     assert f"<!-- BEGIN FLAGS {table.prog} -->" in section("Flags and environment")
 
 
-def rows_by_flag(name: str) -> list[Flag]:
-    return [f for t in TABLES.values() for f in t.all_flags if f.cli and f.name == name]
+def rows_by_flag(name: str, tables: list[FlagTable] | None = None) -> list[Flag]:
+    tables = list(TABLES.values()) if tables is None else tables
+    return [f for t in tables for f in t.all_flags if f.cli and f.name == name]
+
+
+def tables_of_section(doc: str, pos: int) -> list[FlagTable]:
+    """The binary a hand-written row at ``pos`` documents: the one its ``## `` section is about
+    (``Controller API client ...``: the controller), else any of the three."""
+    title = doc[doc.rfind("\n## ", 0, pos) : pos].split("\n", 2)[1].lower()
+    for word, prog in (("controller", CONTROLLER_FLAGS.prog), ("plugin", PLUGIN_FLAGS.prog),
+                       ("daemon", DAEMON_FLAGS.prog)):  # fmt: skip
+        if word in title:
+            return [TABLES[prog]]
+    return list(TABLES.values())
 
 
 def hand_row_mismatches(doc: str) -> list[str]:
     """Every hand-written ``| `--flag` (`ENV`) | default |`` row that the code contradicts."""
     problems = []
-    for name, env, default_cell in HAND_ROW.findall(doc):
-        candidates = [f for f in rows_by_flag(name) if env in f.env_names]
+    for match in HAND_ROW.finditer(doc):
+        name, env, default_cell = match.groups()
+        tables = tables_of_section(doc, match.start())
+        candidates = [f for f in rows_by_flag(name, tables) if env in f.env_names]
         if not candidates:
             problems.append(f"--{name} ({env}): no binary has that flag and variable")
         written = default_cell.strip().split()[0].strip("`")
@@ -83,7 +97,11 @@ def test_feature_gate_table_matches_the_gates() -> None:
 
 
 def test_logging_section_names_each_binarys_verbosity_variable() -> None:
-    text = section("Logs and verbosity")
-    assert f"env `{PLUGIN_FLAGS.verbosity_env}` for the plugin and the daemon" in text
-    assert DAEMON_FLAGS.verbosity_env == PLUGIN_FLAGS.verbosity_env
-    assert f"`{CONTROLLER_FLAGS.verbosity_env}` for the controller" in text
+    """``V`` first everywhere, as upstream's; the plugin and the daemon fall back to
+    ``LOG_VERBOSITY`` (what the charts set)."""
+    text = " ".join(section("Logs and verbosity").split())
+    assert CONTROLLER_FLAGS.flag("v").env_names == ("V",)
+    assert PLUGIN_FLAGS.flag("v").env_names == DAEMON_FLAGS.flag("v").env_names
+    assert PLUGIN_FLAGS.flag("v").env_names == ("V", "LOG_VERBOSITY")
+    assert "env `V` in all three binaries" in text
+    assert "the plugin and the daemon also read `LOG_VERBOSITY` when `V` is unset" in text

@@ -88,9 +88,13 @@ def test_go_driver_gates_are_accepted() -> None:
 
 def test_shared_flag_rules() -> None:
     """The daemon's table is on the shared mechanism: -v spellings, Go booleans, labels."""
-    for argv in (["-v", "5"], ["--v=5"], ["--verbosity", "5"], ["-v=5"]):
+    for argv in (["-v", "5"], ["--v=5"], ["--verbosity", "5"], ["-v=5"], ["-verbosity=5"]):
         assert parse([*argv, "run"], ENV).verbosity == 5
     assert parse(["run"], {**ENV, "LOG_VERBOSITY": "3"}).verbosity == 3
+    # V is upstream's variable of -v; it wins over LOG_VERBOSITY, a flag over both.
+    assert parse(["run"], {**ENV, "V": "4", "LOG_VERBOSITY": "3"}).verbosity == 4
+    assert parse(["run"], {**ENV, "V": "4"}).verbosity == 4
+    assert parse(["-v=6", "run"], {**ENV, "V": "4", "LOG_VERBOSITY": "3"}).verbosity == 6
     assert parse(["run"], ENV).verbosity == 2
     assert parse(["run"], {**ENV, "CLIQUE_JOIN_BY_CONTROLLER": "T"}).join_by_controller
     with pytest.raises(OptionsError, match=r'^CLIQUE_JOIN_BY_CONTROLLER: invalid boolean "yes"'):
@@ -105,3 +109,12 @@ def test_start_up_dump_has_every_row() -> None:
     dump = dict(parse(["run"], ENV).flag_values)
     assert dump["node_name"] == "node-1" and dump["v"] == 2
     assert dump["max_nodes_per_imex_domain"] == 18 and dump["feature_gates"] == ""
+
+
+def test_repeated_feature_gates_are_laid_over_the_env_as_upstreams() -> None:
+    env = {**ENV, "FEATURE_GATES": "MPSSupport=true,DynamicMIG=true"}
+    argv = ["--feature-gates=MPSSupport=false", "--feature-gates=TimeSlicingSettings=true"]
+    opts = parse([*argv, "run"], env)
+    assert opts.gates.overrides == {
+        "MPSSupport": False, "DynamicMIG": True, "TimeSlicingSettings": True,
+    }  # fmt: skip

@@ -44,6 +44,8 @@ from pkg.reconcilers.flags import parse_options
 
 # Labels the chart adds to every templated top-level object (never to pod templates or
 # selectors; not to the CRDs, which Helm installs from crds/ verbatim).
+# Upstream's chart defaults, GPUs off: an operator's existing values file.
+UPSTREAM_VALUES = CHART / "ci" / "upstream-operator-values.yaml"
 HELM_ONLY_LABELS = {"app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart"}
 # Env the chart always renders (upstream's chart does), with the binaries' defaults; config/
 # renders them too once it sets them, and then they must be equal.
@@ -289,7 +291,6 @@ REFUSED = [
     (("controller.metrics.profilePath=/debug/pprof",), "controller.metrics.profilePath"),
     (("controller.networkPolicy.enabled=true",), "controller.networkPolicy.enabled=true"),
     (("kubeletPlugin.networkPolicy.enabled=true",), "kubeletPlugin.networkPolicy.enabled=true"),
-    (("kubeletPlugin.metrics.metricsPath=/m",), "kubeletPlugin.metrics.metricsPath=/m"),
     (("kubeletPlugin.containers.computeDomains.healthcheckPort=-1",),
      "kubeletPlugin.containers.computeDomains.healthcheckPort"),
     (("namespace=x",), "namespace=x"),
@@ -427,6 +428,14 @@ def test_upstream_value_names_reach_the_objects(tmp_path: Path) -> None:
     assert pod["spec"]["affinity"] == values["kubeletPlugin"]["affinity"]
 
 
+def test_plugin_metrics_path_reaches_the_plugin() -> None:
+    plug = env(container(template("kubeletPlugin.metrics.metricsPath=/m"), "DaemonSet",
+                         "compute-domain-kubelet-plugin"))  # fmt: skip
+    assert plug["METRICS_PATH"]["value"] == "/m"
+    default = env(container(template(), "DaemonSet", "compute-domain-kubelet-plugin"))
+    assert "METRICS_PATH" not in default  # the plugin's own default, /metrics
+
+
 def test_plugin_metrics_off_drops_endpoint_and_port() -> None:
     plug = container(template("kubeletPlugin.metrics.enabled=false"), "DaemonSet",
                      "compute-domain-kubelet-plugin")  # fmt: skip
@@ -435,71 +444,11 @@ def test_plugin_metrics_off_drops_endpoint_and_port() -> None:
 
 
 def upstream_operator_values() -> Obj:
-    """A values file an operator of upstream's chart (v0.5) runs the ComputeDomain half with:
-    every key of upstream's values.yaml at upstream's default, GPUs off, one control-plane node.
-    Written here from upstream's documented key names and defaults (nothing of upstream's is
-    copied into this repository)."""
-    return {
-        "nvidiaDriverRoot": "/", "nvidiaCDIHookPath": "", "altProcDevices": "",
-        "nameOverride": "", "fullnameOverride": "", "namespaceOverride": "",
-        "selectorLabelsOverride": {}, "gpuResourcesEnabledOverride": False,
-        "consumableShares": "", "allowDefaultNamespace": False, "resourceApiVersion": "",
-        "imagePullSecrets": [],
-        "image": {"repository": "registry.example/compute-domain", "pullPolicy": "IfNotPresent",
-                  "tag": ""},
-        "serviceAccount": {"create": True, "annotations": {}, "name": ""},
-        "resources": {"gpus": {"enabled": False}, "computeDomains": {"enabled": True, "imex": {
-            "mode": "driverManaged", "isolation": "domain",
-            "hostSocketPath": "/etc/nvidia-imex/imex_ctrl.sock"}}},
-        "featureGates": {}, "logVerbosity": "4",
-        "webhook": {"enabled": False, "replicas": 1, "servicePort": 443, "containerPort": 443,
-                    "priorityClassName": "system-cluster-critical", "podAnnotations": {},
-                    "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
-                    "failurePolicy": "Fail", "tls": {"mode": "cert-manager", "certManager": {
-                        "issuerType": "selfsigned", "issuerName": "", "dnsNames": []}}},
-        "controller": {
-            "replicas": 1,
-            "leaderElection": {"enabled": False, "leaseDuration": "15s", "renewDeadline": "10s",
-                               "retryPeriod": "2s"},
-            "metrics": {"enabled": True, "httpEndpoint": ":8080", "metricsPath": "/metrics",
-                        "profilePath": ""},
-            "priorityClassName": "system-node-critical", "podAnnotations": {},
-            "podSecurityContext": {}, "nodeSelector": {},
-            "tolerations": [{"key": "node-role.kubernetes.io/control-plane",
-                             "operator": "Exists", "effect": "NoSchedule"},
-                            {"key": "CriticalAddonsOnly", "operator": "Exists"}],
-            "containers": {"computeDomain": {"securityContext": {}, "env": [], "resources": {}}},
-            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 100, "podAffinityTerm": {"labelSelector": {"matchLabels": {
-                    "dra-driver-nvidia-gpu-component": "controller"}},
-                    "topologyKey": "kubernetes.io/hostname"}}]}},
-            "networkPolicy": {"enabled": False},
-        },
-        "kubeletPlugin": {
-            "metrics": {"enabled": True, "gpuHttpEndpoint": ":8080",
-                        "computeDomainHttpEndpoint": ":8081", "metricsPath": "/metrics"},
-            "priorityClassName": "system-node-critical",
-            "updateStrategy": {"type": "RollingUpdate",
-                               "rollingUpdate": {"maxUnavailable": "100%"}},
-            "podAnnotations": {}, "podSecurityContext": {}, "nodeSelector": {},
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
-                             "effect": "NoSchedule"}],
-            "kubeletRegistrarDirectoryPath": "/var/lib/kubelet/plugins_registry",
-            "kubeletPluginsDirectoryPath": "/var/lib/kubelet/plugins",
-            "containers": {
-                "init": {"securityContext": {}, "resources": {}},
-                "computeDomains": {"env": [], "securityContext": {"privileged": True},
-                                   "resources": {}, "healthcheckPort": 51515,
-                                   "gpuCliqueLabelEnabled": False},
-                "gpus": {"env": [], "securityContext": {"privileged": True}, "resources": {},
-                         "healthcheckPort": 51516},
-            },
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [{
-                    "key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}},
-            "networkPolicy": {"enabled": False},
-        },
-    }  # fmt: skip
+    """A values file an operator of upstream's chart (v0.5) runs the ComputeDomain half with
+    (``ci/upstream-operator-values.yaml``; the real-node lane installs with it too), fresh on
+    every call."""
+    loaded: Obj = yaml.safe_load(UPSTREAM_VALUES.read_text())
+    return loaded
 
 
 def test_an_upstream_operators_values_file_renders(tmp_path: Path) -> None:

@@ -30,9 +30,11 @@ def get(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def start(api: FakeApiServer, root: Path, *, debug: bool) -> KubeletPlugin:
+def start(
+    api: FakeApiServer, root: Path, *, debug: bool, metrics_path: str = "/metrics"
+) -> KubeletPlugin:
     config = dataclasses.replace(make_config(root), metrics_port=0, metrics_host="127.0.0.1",
-                                 debug_endpoints=debug)  # fmt: skip
+                                 debug_endpoints=debug, metrics_path=metrics_path)  # fmt: skip
     devices = NodeDevices(driver_version="580.65.06", gpus=(), clique_id="")
     plugin = KubeletPlugin(config=config, client=api.client(), devices=devices)
     plugin.start()
@@ -105,3 +107,18 @@ def test_flag_and_env(capsys: pytest.CaptureFixture[str]) -> None:
         parse_args(["--node-name", "n"], {"DEBUG_ENDPOINTS": "maybe"})
     assert exc.value.code == 2
     assert "DEBUG_ENDPOINTS" in capsys.readouterr().err
+
+
+def test_metrics_are_served_at_the_metrics_path(api: FakeApiServer, root: Path) -> None:
+    """``--metrics-path`` moves the metrics as upstream's does; the probes stay."""
+    path = parse_args(["--node-name", "n", "--metrics-path=plugin/metrics"], {}).metrics_path
+    plugin = start(api, root, debug=False, metrics_path=path)
+    try:
+        assert plugin.http is not None
+        base = f"http://127.0.0.1:{plugin.http.port}"
+        code, body = get(base + "/plugin/metrics")
+        assert code == 200 and b"nvidia_dra_requests_total" in body
+        assert get(base + "/metrics")[0] == 404
+        assert get(base + "/healthz") == (200, b"ok")
+    finally:
+        plugin.stop()

@@ -7,9 +7,18 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from kubernetes import client as k8s_client
 
+from pkg.featuregates import FeatureGates
 from pkg.imex.mode import DEFAULT_HOST_SOCKET_PATH, ImexModeConfig
-from pkg.kubeletplugin.options import PLUGIN_FLAGS, PluginOptions, parse_args, plugin_config
+from pkg.kube.config import Connection
+from pkg.kubeletplugin.options import (
+    PLUGIN_FLAGS,
+    PluginOptions,
+    api_client_of,
+    parse_args,
+    plugin_config,
+)
 
 NODE = ["--node-name", "n1"]
 
@@ -67,7 +76,7 @@ def test_empty_env_is_unset_except_for_the_imex_settings() -> None:
          '--gpu-clique-label-enabled (or GPU_CLIQUE_LABEL_ENABLED): invalid boolean "yes"'),
         ([*NODE, "--device-discovery=gpu"], {}, '--device-discovery (or DEVICE_DISCOVERY): '
          'invalid choice "gpu"'),
-        (NODE, {"LOG_VERBOSITY": "high"}, '-v (or LOG_VERBOSITY): "high" is not an integer'),
+        (NODE, {"LOG_VERBOSITY": "high"}, '--v (or V, LOG_VERBOSITY): "high" is not an integer'),
     ],
     ids=["no-node", "bool-yes", "bad-discovery", "bad-verbosity"],
 )  # fmt: skip
@@ -101,3 +110,60 @@ def test_dump_names_every_flag() -> None:
     dump = parse_args(NODE, {}).dump()
     assert list(dump) == sorted(dump) and dump["node_name"] == "n1" and dump["v"] == 0
     assert set(dump) == {f.dest for f in PLUGIN_FLAGS.all_flags}
+
+
+def test_v_is_read_first_as_upstreams_then_log_verbosity() -> None:
+    """Upstream's plugin reads ``V`` for ``-v``; ``LOG_VERBOSITY`` still works when it is unset."""
+    assert parse_args(NODE, {"V": "5"}).v == 5
+    assert parse_args(NODE, {"V": "5", "LOG_VERBOSITY": "3"}).v == 5
+    assert parse_args(NODE, {"V": "", "LOG_VERBOSITY": "3"}).v == 3
+    assert parse_args([*NODE, "-v", "1"], {"V": "5", "LOG_VERBOSITY": "3"}).v == 1
+
+
+def test_repeated_namespaces_and_gates_accumulate_as_upstreams() -> None:
+    opts = parse_args([*NODE, "--additional-namespaces=a", "--additional-namespaces", "b,c"],
+                      {"ADDITIONAL_NAMESPACES": "from-env"})  # fmt: skip
+    assert plugin_config(opts, imex=ImexModeConfig()).additional_namespaces == ("a", "b", "c")
+    opts = parse_args([*NODE, "--feature-gates=MPSSupport=false", "--feature-gates",
+                       "CrashOnNVLinkFabricErrors=false"], {"FEATURE_GATES": "MPSSupport=true,"
+                       "FabricManagerPartitioning=true"})  # fmt: skip
+    assert FeatureGates.parse(opts.feature_gates).overrides == {
+        "MPSSupport": False, "FabricManagerPartitioning": True, "CrashOnNVLinkFabricErrors": False,
+    }  # fmt: skip
+
+
+def test_host_driver_root_is_upstreams_other_name_of_nvidia_driver_root() -> None:
+    for spelling in (["--host_driver-root", "/run/nvidia/driver"], ["-host_driver-root=/r"]):
+        opts = parse_args([*NODE, *spelling], {"NVIDIA_DRIVER_ROOT": "/env"})
+        assert opts.nvidia_driver_root == spelling[-1].rpartition("=")[2]
+
+
+def test_metrics_path_reaches_the_plugin_config() -> None:
+    imex = ImexModeConfig()
+    assert plugin_config(parse_args(NODE, {}), imex=imex).metrics_path == "/metrics"
+    opts = parse_args([*NODE, "--metrics-path=custom/"], {"METRICS_PATH": "/env"})
+    assert plugin_config(opts, imex=imex).metrics_path == "/custom"
+    assert parse_args(NODE, {"METRICS_PATH": "/env"}).metrics_path == "/env"
+
+
+def test_api_client_has_upstreams_client_side_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5 QPS and a burst of 10 per API group by default, as upstream's plugin client."""
+    slept: list[float] = []
+    monkeypatch.setattr("pkg.kube.client.time.sleep", slept.append)
+    connection = Connection(k8s_client.Configuration())
+    opts = parse_args(NODE, {})
+    assert (opts.kube_api_qps, opts.kube_api_burst) == (5.0, 10)
+    client = api_client_of(opts, connection)
+    core, resource = (
+        client._throttle_for("/api/v1/nodes/n"),
+        client._throttle_for("/apis/resource.k8s.io/v1/resourceslices"),
+    )
+    for _ in range(10):
+        core.wait()
+        resource.wait()  # another group: its own bucket
+    assert slept == []
+    core.wait()
+    assert len(slept) == 1 and slept[0] == pytest.approx(1 / 5.0, abs=0.05)
+    opts = parse_args([*NODE, "--kube-api-qps=50"], {"KUBE_API_BURST": "2", "KUBE_API_QPS": "1"})
+    assert (opts.kube_api_qps, opts.kube_api_burst) == (50.0, 2)
+    assert api_client_of(parse_args([*NODE, "--kube-api-qps=0"], {}), connection)._throttle is None

@@ -128,6 +128,31 @@ def test_additional_namespaces_from_flag_or_env() -> None:
     assert parse_options(["--image-name=x"], {}).controller.additional_namespaces == ()
 
 
+def test_repeated_namespace_and_gate_flags_accumulate_as_upstreams() -> None:
+    """``--additional-namespaces`` is urfave/cli's string slice (repeats add up and replace the
+    env's list); ``--feature-gates`` component-base's map (each repeat and the env set keys)."""
+    opts = parse_options(
+        ["--image-name=x", "--additional-namespaces=a", "--additional-namespaces", "b,c"],
+        {"ADDITIONAL_NAMESPACES": "ignored"},
+    )
+    assert opts.controller.additional_namespaces == ("a", "b", "c")
+    opts = parse_options(
+        ["--image-name=x", "--feature-gates=ComputeDomainCliques=false",
+         "--feature-gates", "IMEXDaemonsWithDNSNames=false"],
+        {"FEATURE_GATES": "HostManagedIMEXDaemon=true,ComputeDomainCliques=true"},
+    )  # fmt: skip
+    assert not opts.gates.enabled("ComputeDomainCliques")
+    assert not opts.gates.enabled("IMEXDaemonsWithDNSNames")
+    assert opts.gates.enabled("HostManagedIMEXDaemon")
+
+
+@pytest.mark.parametrize(("given", "served"), [("/m", "/m"), ("m", "/m"), ("/m/", "/m"), ("", "")])
+def test_metrics_path_is_rooted_and_cleaned_as_upstreams(given: str, served: str) -> None:
+    assert parse_options(["--image-name=x", f"--metrics-path={given}"], {}).metrics_path == served
+    assert parse_options(["--image-name=x"], {"METRICS_PATH": given or "/metrics"}) \
+        .metrics_path == (served or "/metrics")  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

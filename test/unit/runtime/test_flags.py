@@ -1,6 +1,6 @@
 """The shared flag mechanism (`pkg.runtime.flags`) and the one boolean parser
 (`pkg.base.strconv`): env fallback, empty-env override, Go's boolean spellings, error labels,
-``--version``, the shared logging flags and the docs table."""
+repeated flags, aliases, ``--version``, the shared logging flags and the docs table."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from pkg.runtime.flags import (
     Flag,
     FlagError,
     FlagTable,
+    Repeat,
     choice,
     doc_default,
     parse_duration,
+    parse_http_path,
     parse_int,
     with_doc_table,
 )
@@ -179,3 +181,89 @@ def test_doc_region_is_replaced_by_the_table_and_missing_markers_are_an_error() 
     assert with_doc_table(fresh, TABLE) == fresh
     with pytest.raises(ValueError, match="BEGIN FLAGS demo"):
         with_doc_table("<!-- END FLAGS demo -->\n<!-- BEGIN FLAGS demo -->\n", TABLE)
+
+
+REPEATS = FlagTable(
+    prog="demo",
+    verbosity_env=("V", "LOG_VERBOSITY"),
+    flags=(
+        Flag("one", "ONE", str, "", "last wins"),
+        Flag("names", "NAMES", str, "", "a list", repeat=Repeat.LIST),
+        Flag("gates", "GATES", str, "", "a map", repeat=Repeat.MAP),
+        Flag("root", ("NEW_ROOT", "OLD_ROOT"), str, "/", "", aliases=("--old_root",)),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "names"),
+    [
+        (["--names=a", "--names", "b,c", "-names=d"], {}, "a,b,c,d"),
+        (["--names=a", "--names=b"], {"NAMES": "env1,env2"}, "a,b"),
+        ([], {"NAMES": "env1,env2"}, "env1,env2"),
+        (["--names=a"], {}, "a"),
+    ],
+    ids=["repeats-collect", "flags-replace-env", "env-alone", "once"],
+)
+def test_a_list_row_collects_every_occurrence_and_replaces_the_env(
+    argv: list[str], env: dict[str, str], names: str
+) -> None:
+    """urfave/cli's string slice: ``--x=a --x=b,c`` is a, b, c; given flags drop the env's."""
+    assert REPEATS.parse(argv, env)["names"] == names
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "gates", "merged"),
+    [
+        (["--gates=MPSSupport=true", "--gates", "DynamicMIG=true"], {},
+         "MPSSupport=true,DynamicMIG=true", {"MPSSupport": True, "DynamicMIG": True}),
+        (["--gates=MPSSupport=false"], {"GATES": "MPSSupport=true,DynamicMIG=true"},
+         "MPSSupport=true,DynamicMIG=true,MPSSupport=false",
+         {"MPSSupport": False, "DynamicMIG": True}),
+        ([], {"GATES": "DynamicMIG=true"}, "DynamicMIG=true", {"DynamicMIG": True}),
+        (["--gates=MPSSupport=true"], {"GATES": ""}, "MPSSupport=true", {"MPSSupport": True}),
+    ],
+    ids=["repeats-merge", "env-first-then-flags", "env-alone", "empty-env-is-unset"],
+)  # fmt: skip
+def test_a_map_row_lays_each_occurrence_over_the_env(
+    argv: list[str], env: dict[str, str], gates: str, merged: dict[str, bool]
+) -> None:
+    """component-base's ``--feature-gates``: the env's keys, then each flag's, later wins."""
+    spec = REPEATS.parse(argv, env)["gates"]
+    assert spec == gates
+    assert FeatureGates.parse(str(spec)).overrides == merged
+
+
+def test_other_rows_keep_the_last_occurrence() -> None:
+    assert REPEATS.parse(["--one=a", "--one=b"], {"ONE": "e"})["one"] == "b"
+
+
+def test_several_verbosity_variables_are_tried_in_order() -> None:
+    assert REPEATS.parse([], {"V": "3", "LOG_VERBOSITY": "5"})["v"] == 3
+    assert REPEATS.parse([], {"V": "", "LOG_VERBOSITY": "5"})["v"] == 5
+    assert REPEATS.parse(["-v=1"], {"V": "3", "LOG_VERBOSITY": "5"})["v"] == 1
+    with pytest.raises(FlagError, match=r"^--v \(or V, LOG_VERBOSITY\): "):
+        REPEATS.parse([], {"V": "x"})
+
+
+def test_an_alias_takes_one_or_two_dashes_like_the_name() -> None:
+    for spelling in ("--old_root=/a", "-old_root=/a", "--root=/a"):
+        assert REPEATS.parse([spelling], {"NEW_ROOT": "/env"})["root"] == "/a"
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [("/metrics", "/metrics"), ("metrics", "/metrics"), ("/metrics/", "/metrics"),
+     ("//a//b/../c", "/a/c"), ("/", "/"), ("", "")],
+)  # fmt: skip
+def test_http_paths_are_rooted_and_cleaned_as_gos_path_join(text: str, path: str) -> None:
+    assert parse_http_path(text) == path
+
+
+def test_markdown_names_aliases_and_repeat_rules() -> None:
+    rows = {r.split(" | ")[0]: r for r in REPEATS.markdown().splitlines()[2:]}
+    assert "| `--root`, `--old_root`" in rows
+    assert "the flags' values together replace the env variable's" in rows["| `--names`"]
+    assert "each flag's keys are laid over the env variable's" in rows["| `--gates`"]
+    assert "repeatable" not in rows["| `--one`"]
+    assert rows["| `-v`, `--v`"].split(" | ")[1] == "`V`, `LOG_VERBOSITY`"
