@@ -11,7 +11,9 @@ configuration validation failed: ...`` line, and host-managed IMEX mode skips th
 driver-version check (the host's IMEX, not ours, runs). Tracing follows the standard ``OTEL_*``
 env (`pkg.runtime.tracing`); pending spans are flushed on exit. The metrics path
 (``--metrics-path``, ``/metrics``) serves `BUILD_INFO_METRIC` from the start. The API client
-keeps upstream's client-side limit, ``--kube-api-qps``/``--kube-api-burst`` per API group.
+keeps upstream's client-side limit, ``--kube-api-qps``/``--kube-api-burst`` per API group, and
+speaks the ``resource.k8s.io`` version the cluster serves (`pkg.kube.resourceapi`, discovered
+before the plugin starts and logged once; none supported exits 1 with ``cannot start: ...``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ except ImportError:  # run as a script from a checkout: make the repo root impor
 
 from prometheus_client import CollectorRegistry
 
+from pkg.base.clock import RealClock
 from pkg.featuregates import IMEX_DAEMONS_WITH_DNS_NAMES, FeatureGateError, FeatureGates
 from pkg.imex.mode import ImexModeConfig, validate_or_exit
 from pkg.kube.config import load_api_client
+from pkg.kube.errors import ApiError
+from pkg.kube.resourceapi import UnsupportedResourceApiError, wait_for_resource_api
 from pkg.kubeletplugin.clique import CliqueLabelError
 from pkg.kubeletplugin.discovery import DiscoveryError
 from pkg.kubeletplugin.discovery.base import check_driver_version
@@ -96,6 +101,17 @@ def main(argv: list[str]) -> int:
         log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "(in-cluster)", err)
         return 1
     client = api_client_of(args, api_client)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        resource_api = wait_for_resource_api(client, clock=RealClock(), stop=stop)
+    except (UnsupportedResourceApiError, ApiError) as err:
+        log.error("cannot start: %s", err)
+        return 1
+    if resource_api is None:
+        return 0
+    client.use_resource_api(resource_api)
     tracing = setup_tracing(PROG, env=os.environ)
     plugin = KubeletPlugin(config=config, client=client, devices=devices, registry=registry,
                            tracer=tracing.tracer, discovery=discovery)  # fmt: skip
@@ -107,9 +123,6 @@ def main(argv: list[str]) -> int:
         return 1
     log.info("started on node %s (clique %r, %d GPUs)", config.node_name, devices.clique_id,
              len(devices.gpus))  # fmt: skip
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     log.info("shutting down")
     plugin.stop()

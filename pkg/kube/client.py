@@ -9,6 +9,10 @@ Invariants:
   as JSON patch silently becomes strategic merge) can never apply.
 * Every request has a client-side timeout; watches get one longer than their server timeout so a
   half-dead TCP connection cannot hang a reflector forever.
+* Callers always use the v1 ``resource.k8s.io`` resources and shapes; a cluster serving an older
+  version is spoken to through the `ResourceApi` given to `RestClient.use_resource_api` (paths,
+  bodies, answers and watch events converted here, at the edge). Without one, or with v1,
+  requests go out unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Literal, Protocol
 from urllib.parse import urlencode
 
@@ -25,6 +30,7 @@ import urllib3
 from pkg.base.types import JSON
 from pkg.base.verbosity import V
 from pkg.kube.errors import ConnectionFailedError, error_from_status
+from pkg.kube.resourceapi import ResourceApi
 from pkg.kube.resources import Resource
 from pkg.kube.watch import HttpWatchStream, WatchEvent, WatchStream
 
@@ -262,6 +268,22 @@ class RestClient:
         self._group_limits: dict[str, _Throttle] | None = {} if qps and per_group_limit else None
         self._qps, self._burst = qps or 0.0, burst
         self._watch_idle = watch_idle_timeout
+        self._resource_api = ResourceApi()
+
+    def use_resource_api(self, api: ResourceApi) -> None:
+        """Speak ``api``'s resource.k8s.io version from now on (`pkg.kube.resourceapi`); call
+        it before other threads use this client (at start, after discovery)."""
+        self._resource_api = api
+
+    @property
+    def resource_api(self) -> ResourceApi:
+        """The resource.k8s.io version in use (v1 unless `use_resource_api` said otherwise)."""
+        return self._resource_api
+
+    def api_group(self, group: str) -> JSON:
+        """See `pkg.kube.resourceapi.GroupDiscovery.api_group`."""
+        out: JSON = self._call("GET", f"/apis/{group}")
+        return out
 
     def close(self) -> None:
         """Close pooled connections (open watches are ended by their own `stop()`)."""
@@ -371,8 +393,9 @@ class RestClient:
         subresource: str | None = None,
     ) -> JSON:
         """See `KubeClient.get`."""
-        out: JSON = self._call("GET", resource.path(namespace, name, subresource))
-        return out
+        wire = self._resource_api.wire(resource)
+        out: JSON = self._call("GET", wire.path(namespace, name, subresource))
+        return self._resource_api.incoming(resource, out)
 
     def list(
         self,
@@ -395,21 +418,26 @@ class RestClient:
         if resource_version is not None:
             query["resourceVersion"] = resource_version
         accept = PARTIAL_OBJECT_METADATA_LIST if metadata_only else "application/json"
-        out: JSON = self._call("GET", resource.path(namespace), query=query, accept=accept)
-        return out
+        wire = self._resource_api.wire(resource)
+        out: JSON = self._call("GET", wire.path(namespace), query=query, accept=accept)
+        return out if metadata_only else self._resource_api.incoming(resource, out)
 
     def create(self, resource: Resource, obj: JSON, *, namespace: str | None = None) -> JSON:
         """See `KubeClient.create`."""
         ns = namespace if namespace is not None else obj.get("metadata", {}).get("namespace")
-        out: JSON = self._call("POST", resource.path(ns if resource.namespaced else None), body=obj)
-        return out
+        api, wire = self._resource_api, self._resource_api.wire(resource)
+        path = wire.path(ns if resource.namespaced else None)
+        out: JSON = self._call("POST", path, body=api.outgoing(resource, obj))
+        return api.incoming(resource, out)
 
     def update(self, resource: Resource, obj: JSON, *, subresource: str | None = None) -> JSON:
         """See `KubeClient.update`."""
         meta = obj.get("metadata", {})
         ns = meta.get("namespace") if resource.namespaced else None
-        out: JSON = self._call("PUT", resource.path(ns, meta["name"], subresource), body=obj)
-        return out
+        api, wire = self._resource_api, self._resource_api.wire(resource)
+        path = wire.path(ns, meta["name"], subresource)
+        out: JSON = self._call("PUT", path, body=api.outgoing(resource, obj))
+        return api.incoming(resource, out)
 
     def patch(
         self,
@@ -423,7 +451,8 @@ class RestClient:
         field_manager: str | None = None,
         force: bool = False,
     ) -> JSON:
-        """See `KubeClient.patch`."""
+        """See `KubeClient.patch`. The body goes out as given (no resource.k8s.io conversion:
+        the project patches no such object); the answer comes back in v1 shape."""
         query: dict[str, str] = {}
         if field_manager:
             query["fieldManager"] = field_manager
@@ -435,12 +464,12 @@ class RestClient:
             raise ValueError("apply patches need a field_manager")
         out: JSON = self._call(
             "PATCH",
-            resource.path(namespace, name, subresource),
+            self._resource_api.wire(resource).path(namespace, name, subresource),
             query=query,
             body=body,
             content_type=_PATCH_CONTENT_TYPES[patch_type],
         )
-        return out
+        return self._resource_api.incoming(resource, out)
 
     def delete(
         self,
@@ -462,10 +491,11 @@ class RestClient:
             opts["propagationPolicy"] = propagation_policy
         if grace_period_seconds is not None:
             opts["gracePeriodSeconds"] = grace_period_seconds
-        out = self._call("DELETE", resource.path(namespace, name), body=opts)
+        path = self._resource_api.wire(resource).path(namespace, name)
+        out = self._call("DELETE", path, body=opts)
         # The server answers with the object (finalizers pending or deleted) or a Status.
         if isinstance(out, dict) and out.get("kind") != "Status":
-            return out
+            return self._resource_api.incoming(resource, out)
         return None
 
     def watch(
@@ -494,7 +524,7 @@ class RestClient:
         if send_initial_events:
             query["sendInitialEvents"] = "true"
             query["resourceVersionMatch"] = "NotOlderThan"
-        path = resource.path(namespace)
+        path = self._resource_api.wire(resource).path(namespace)
         accept = PARTIAL_OBJECT_METADATA if metadata_only else "application/json"
         # The read deadline is per read: with bookmarks a healthy stream is never silent for
         # long, so a silent one is dropped after `watch_idle_timeout` (see WATCH_IDLE_TIMEOUT).
@@ -513,4 +543,27 @@ class RestClient:
             self._raise_for_status(resp)
             return resp
 
-        return HttpWatchStream(opener, path=path, timeout_seconds=timeout_seconds)
+        stream = HttpWatchStream(opener, path=path, timeout_seconds=timeout_seconds)
+        if metadata_only or not self._resource_api.converts(resource):
+            return stream
+        return _ConvertingWatchStream(stream, self._resource_api, resource)
+
+
+class _ConvertingWatchStream:
+    """A `WatchStream` whose event objects come back in v1 shape (`ResourceApi.incoming`)."""
+
+    def __init__(self, inner: WatchStream, api: ResourceApi, resource: Resource) -> None:
+        self._inner, self._api, self._resource = inner, api, resource
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        event = next(self._inner)
+        if event.type in ("ADDED", "MODIFIED", "DELETED"):
+            return WatchEvent(event.type, self._api.incoming(self._resource, event.object))
+        return event
+
+    def stop(self) -> None:
+        """See `WatchStream.stop`."""
+        self._inner.stop()

@@ -197,8 +197,9 @@ def plugin_config(opts: PluginOptions, *, imex: ImexModeConfig) -> PluginConfig:
 def api_client_of(opts: PluginOptions, connection: ApiConnection) -> RestClient:
     """The plugin's API client over ``connection`` (`pkg.kube.config.load_api_client`) with
     upstream's client-side limit: ``--kube-api-qps`` and ``--kube-api-burst`` for each API group,
-    one token bucket per group as in a client-go clientset (and the controller's client); a QPS
-    of 0 or less sets no limit."""
+    one token bucket per group as in the controller's client (upstream's two clientsets share
+    one bucket each: the Kubernetes groups, and resource.nvidia.com); a QPS of 0 or less sets
+    no limit."""
     qps = opts.kube_api_qps
     return RestClient(
         connection,

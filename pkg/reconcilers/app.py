@@ -19,6 +19,9 @@ Owns the process lifecycle around :class:`ControllerManager`. Invariants:
   revision=... buildDate=...``), and the process registry serves
   ``nvidia_dra_compute_domain_controller_build_info`` (`pkg.runtime.buildinfometric`) from
   the start, leader or not;
+* before campaigning it asks the API server which ``resource.k8s.io`` version it serves
+  (`pkg.kube.resourceapi`; v1 > v1beta2 > v1beta1, retried while the server is away), logs the
+  choice once and has its client speak it; none supported → :func:`run` returns 1;
 * ``stop`` set (SIGTERM) → workers stop, the lease is released, :func:`run` returns 0; caches
   that never sync → :func:`run` returns 1 so the pod restarts.
 """
@@ -37,7 +40,9 @@ from pkg.base.clock import Clock, RealClock
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
+from pkg.kube.errors import ApiError
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
+from pkg.kube.resourceapi import UnsupportedResourceApiError, wait_for_resource_api
 from pkg.reconcilers.flags import Options
 from pkg.reconcilers.formation import FormationTracer
 from pkg.reconcilers.hostmanaged import HostManagedManager
@@ -217,6 +222,15 @@ def run(
         options.controller.imex.isolation,
     )
     try:
+        if isinstance(client, RestClient):
+            try:
+                api = wait_for_resource_api(client, clock=clock, stop=stop)
+            except (UnsupportedResourceApiError, ApiError) as err:
+                log.error("cannot start: %s", err)
+                return 1
+            if api is None:
+                return 0
+            client.use_resource_api(api)
         if options.leader_election:
             elector = LeaderElector(
                 client,

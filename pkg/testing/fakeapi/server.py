@@ -7,6 +7,11 @@ answered; `stop()` closes every open connection and joins the handler threads.
 Error injection verbs are HTTP methods plus "LIST" and "WATCH" (GETs on a collection). An
 outage (:meth:`FakeApiServer.set_available`) drops every connection, like an API server that is
 restarting; a stall (:meth:`FakeApiServer.inject_stall`) holds a request so the client times out.
+``resource.k8s.io`` is served in the versions given as ``resource_api_versions`` (default v1
+only, as Kubernetes 1.34+ with the beta versions off); each version is a separate store (no
+conversion between them), writes are checked against that version's shape
+(`pkg.testing.fakeapi.draschema`), and ``GET /apis/<group>`` answers the group's discovery
+document (APIGroup).
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -28,6 +33,7 @@ from pkg.kube.client import RestClient
 from pkg.kube.config import Connection
 from pkg.kube.errors import ApiError, BadRequestError, GoneError, NotFoundError, error_from_status
 from pkg.kube.resources import Resource
+from pkg.testing.fakeapi.draschema import check_shape
 from pkg.testing.fakeapi.handlers import decode_body, handle_write
 from pkg.testing.fakeapi.httpd import Handler, Httpd
 from pkg.testing.fakeapi.selectors import parse_field_selector, parse_label_selector
@@ -42,6 +48,7 @@ from pkg.testing.fakeapi.watch import (
 __all__ = ["FakeApiServer", "LoggedRequest"]
 
 
+_DRA_GROUP = "resource.k8s.io"
 _STATUS_RESOURCES = (
     res.PODS,
     res.NODES,
@@ -95,10 +102,16 @@ class FakeApiServer:
         bookmark_interval: float = 1.0,
         page_snapshots: int = 64,
         now: Callable[[], float] = time.time,
+        resource_api_versions: Sequence[str] = ("v1",),
     ) -> None:
         self.store = ObjectStore(now=now, gc=gc)
         for r in res.WELL_KNOWN:
-            self.register(r, status_subresource=r in _STATUS_RESOURCES)
+            status = r in _STATUS_RESOURCES
+            if r.group != _DRA_GROUP:
+                self.register(r, status_subresource=status)
+                continue
+            for version in resource_api_versions:
+                self.register(replace(r, version=version), status_subresource=status)
         self.bookmark_interval = bookmark_interval
         # Streaming watch-list (sendInitialEvents) served; False answers such watches 400,
         # as an API server without the WatchList feature does.
@@ -275,6 +288,29 @@ class FakeApiServer:
             rest[2] if len(rest) > 2 else None,
         )
 
+    def _api_group(self, path: str) -> JSON | None:
+        """The APIGroup document for ``/apis/<group>``, None for any other path; `NotFoundError`
+        for a group nothing is registered in."""
+        segs = [s for s in path.split("/") if s]
+        if len(segs) != 2 or segs[0] != "apis":
+            return None
+        versions: list[str] = []
+        for r in self.store.resources():
+            if r.group == segs[1] and r.version not in versions:
+                versions.append(r.version)
+        if not versions:
+            raise NotFoundError(404, "NotFound", f"the server could not find {path}")
+        order = {v: i for i, v in enumerate(("v1", "v1beta2", "v1beta1", "v1alpha3"))}
+        versions.sort(key=lambda v: order.get(v, len(order)))
+        entries = [{"groupVersion": f"{segs[1]}/{v}", "version": v} for v in versions]
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": segs[1],
+            "versions": entries,
+            "preferredVersion": entries[0],
+        }
+
     def handle(self, h: Handler) -> None:
         split = urlsplit(h.path)
         query = dict(parse_qsl(split.query, keep_blank_values=True))
@@ -287,6 +323,10 @@ class FakeApiServer:
             h.drop()
             return
         try:
+            group_doc = self._api_group(split.path) if h.command == "GET" else None
+            if group_doc is not None:
+                h.reply(200, group_doc)
+                return
             route = self._route(split.path)
             verb = h.command
             if verb == "GET" and route.name is None:
@@ -303,6 +343,8 @@ class FakeApiServer:
                     raise GoneError(410, "Expired", "too old resource version (injected)")
                 raise error_from_status(injected, {"reason": "Injected", "message": "injected"})
             body = decode_body(raw, h.headers.get("Content-Type"))
+            if verb in ("POST", "PUT") and route.subresource is None:
+                check_shape(route.resource, body)
             metadata_only = _wants_metadata(h.headers.get("Accept"), verb)
             if verb == "WATCH":
                 self._watch(h, route, query, generation, metadata_only=metadata_only)

@@ -25,6 +25,7 @@ from helmchart import (
     CHART,
     CONFIG,
     NS,
+    RELEASE,
     REPO,
     Obj,
     container,
@@ -148,6 +149,50 @@ def test_host_managed_renders_config_default_with_the_host_managed_component(
         "components": [os.path.relpath(CONFIG / "components" / "host-managed-imex", tmp_path)],
     }))  # fmt: skip
     assert_same_objects(template(*HOST_MANAGED), kustomize(tmp_path))
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
+def test_resource_api_version_renders_config_default_with_its_component(
+    tmp_path: Path, version: str
+) -> None:
+    """``resourceApiVersion=resource.k8s.io/<version>`` (Kubernetes 1.32/1.33) is config/default
+    with config/components/resource-<version>: the DeviceClasses in that version, nothing else
+    changed."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(CONFIG / "default", tmp_path)],
+        "components": [os.path.relpath(CONFIG / "components" / f"resource-{version}", tmp_path)],
+    }))  # fmt: skip
+    chart = template(f"resourceApiVersion=resource.k8s.io/{version}")
+    assert_same_objects(chart, kustomize(tmp_path))
+    classes = [o for o in chart if o["kind"] == "DeviceClass"]
+    assert len(classes) == 2
+    assert {o["apiVersion"] for o in classes} == {f"resource.k8s.io/{version}"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ((), "resource.k8s.io/v1"),  # helm's default capabilities include v1
+        (("--api-versions", "resource.k8s.io/v1beta2"), "resource.k8s.io/v1"),
+    ],
+)
+def test_empty_resource_api_version_picks_the_newest_the_cluster_reports(
+    extra: tuple[str, ...], expected: str
+) -> None:
+    args = ["template", RELEASE, str(CHART), "--namespace", NS, *extra]
+    result = run_helm(*args)
+    assert result.rc == 0, result.err
+    classes = [o for o in yaml.safe_load_all(result.out) if o and o["kind"] == "DeviceClass"]
+    assert {o["apiVersion"] for o in classes} == {expected}
+
+
+def test_chart_kube_version_is_upstreams() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">=1.32.0-0"
+    ok = run_helm("template", RELEASE, str(CHART), "--namespace", NS, "--kube-version", "1.32.0")
+    assert ok.rc == 0, ok.err
+    old = run_helm("template", RELEASE, str(CHART), "--namespace", NS, "--kube-version", "1.31.9")
+    assert old.rc != 0 and "kubeVersion" in old.err
 
 
 def test_crds_are_installed_from_crds_folder_only() -> None:
@@ -284,7 +329,8 @@ REFUSED = [
     (("serviceAccount.name=x",), "serviceAccount.name"),
     (("image.repository=registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu",),
      "image.repository=registry.k8s.io/dra-driver-nvidia/dra-driver-nvidia-gpu"),
-    (("resourceApiVersion=resource.k8s.io/v1beta1",), "resourceApiVersion=resource.k8s.io/v1beta1"),
+    (("resourceApiVersion=resource.k8s.io/v1alpha3",),
+     "resourceApiVersion=resource.k8s.io/v1alpha3"),
     (("controller.leaderElection.enabled=false",), "controller.leaderElection.enabled=false"),
     (("controller.metrics.enabled=false",), "controller.metrics.enabled=false"),
     (("controller.metrics.httpEndpoint=localhost",), "controller.metrics.httpEndpoint=localhost"),

@@ -4,6 +4,23 @@ release per cluster: the DeviceClasses are cluster-scoped and the admission poli
 ServiceAccount usernames system:serviceaccount:<namespace>:compute-domain-*.
 */}}
 
+{{/*
+The resource.k8s.io version of the DeviceClasses: resourceApiVersion when set, else the newest of
+v1, v1beta2, v1beta1 in .Capabilities.APIVersions (Kubernetes 1.34+, 1.33, 1.32), "" when none
+(validation.yaml then fails). The driver's binaries discover the same choice themselves at start.
+*/}}
+{{- define "cdd.resourceApiVersion" -}}
+{{- if .Values.resourceApiVersion -}}
+{{- .Values.resourceApiVersion -}}
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1" -}}
+resource.k8s.io/v1
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta2" -}}
+resource.k8s.io/v1beta2
+{{- else if .Capabilities.APIVersions.Has "resource.k8s.io/v1beta1" -}}
+resource.k8s.io/v1beta1
+{{- end -}}
+{{- end -}}
+
 {{/* The driver namespace: namespaceOverride, else the release namespace. */}}
 {{- define "cdd.namespace" -}}
 {{- default .Release.Namespace .Values.namespaceOverride -}}
