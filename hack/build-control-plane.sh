@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the local e2e control plane from the Go module proxy:
 #   kube-apiserver, kube-scheduler, kube-controller-manager,
-#   kubelet, kube-proxy                                      (hack/kube/go.mod)
+#   kubelet, kube-proxy                                      (hack/kube/go.mod;
+#                                   K8S_VERSION=v1.32.9: hack/kube-1.32/go.mod, see below)
 #   etcd                                                     (hack/etcd/go.mod)
 #   cdi-resolve                                              (hack/cdi/go.mod)
 #   containerd, containerd-shim-runc-v2, ctr                 (hack/containerd/go.mod)
@@ -28,6 +29,9 @@
 #   hack/build-control-plane.sh                 # build what is missing; last stdout line = bin dir
 #   hack/build-control-plane.sh --print-bin-dir # only print the bin dir (no build)
 #   hack/build-control-plane.sh --check         # exit 0 iff everything is built and fresh
+#   K8S_VERSION=v1.32.9 hack/build-control-plane.sh  # the same for another pinned release
+#     (its own hack/kube-<minor>/ module and its own k8s-<version>/bin; etcd, cdi-resolve and
+#     containerd are the same pins, rebuilt there from the warm Go build cache)
 #
 # Progress goes to stderr; stdout carries only the bin dir path.
 # See docs/e2e-build.md for timings and disk usage.
@@ -45,12 +49,25 @@ mod_version() { # <go.mod> <module path>
   awk -v m="$2" '$1 == "require" && $2 == m { print $3 } $1 == m && $2 ~ /^v/ { print $2 }' "$1" | head -n1
 }
 
-K8S_VERSION="$(mod_version "$HACK_DIR/kube/go.mod" k8s.io/kubernetes)"
+# Kubernetes: hack/kube (the default, what `make test` builds), or with K8S_VERSION set
+# (v1.32.9, 1.32.9 or 1.32) the hack/kube* module that pins that release (hack/kube-1.32:
+# the 1.32 lane of docs/operators.md "Kubernetes versions"; made by hack/kube/update-go-mod.sh).
+KUBE_DIR="$HACK_DIR/kube"
+if [[ -n "${K8S_VERSION:-}" ]]; then
+  want="v${K8S_VERSION#v}" KUBE_DIR="" pinned=()
+  for d in "$HACK_DIR"/kube "$HACK_DIR"/kube-*; do
+    [[ -f "$d/go.mod" ]] || continue
+    v="$(mod_version "$d/go.mod" k8s.io/kubernetes)"; pinned+=("$v (hack/${d##*/})")
+    [[ "$v" == "$want" || "$v" == "$want".* ]] && KUBE_DIR="$d"
+  done
+  [[ -n "$KUBE_DIR" ]] || die "K8S_VERSION=$K8S_VERSION: no hack/kube* module pins it; pinned: ${pinned[*]}"
+fi
+K8S_VERSION="$(mod_version "$KUBE_DIR/go.mod" k8s.io/kubernetes)"
 ETCD_VERSION="$(mod_version "$HACK_DIR/etcd/go.mod" go.etcd.io/etcd/server/v3)"
 CDI_VERSION="$(mod_version "$HACK_DIR/cdi/go.mod" tags.cncf.io/container-device-interface)"
 CTRD_VERSION="$(mod_version "$HACK_DIR/containerd/go.mod" github.com/containerd/containerd/v2)"
 [[ -n "$K8S_VERSION" && -n "$ETCD_VERSION" && -n "$CDI_VERSION" && -n "$CTRD_VERSION" ]] ||
-  die "could not read pinned versions from hack/{kube,etcd,cdi,containerd}/go.mod"
+  die "could not read pinned versions from hack/{${KUBE_DIR##*/},etcd,cdi,containerd}/go.mod"
 
 CACHE_ROOT="${CD_E2E_CACHE:-$HOME/.cache/compute-domain-e2e}"
 BIN_DIR="$CACHE_ROOT/k8s-$K8S_VERSION/bin"
@@ -72,7 +89,7 @@ CTRD_BINS=(containerd containerd-shim-runc-v2 ctr)
 CTRD_FOREIGN_ARCHES=(arm64)
 CTRD_FOREIGN_BINS=(containerd)
 foreign_bins() { local b; for b in "${CTRD_FOREIGN_BINS[@]}"; do echo "linux-$1/$b"; done; }
-KUBE_STAMP="$(stamp_of "$HACK_DIR/kube" "$K8S_VERSION")"
+KUBE_STAMP="$(stamp_of "$KUBE_DIR" "$K8S_VERSION")"
 ETCD_STAMP="$(stamp_of "$HACK_DIR/etcd" "$ETCD_VERSION")"
 CDI_STAMP="$(stamp_of "$HACK_DIR/cdi" "$CDI_VERSION")"
 CTRD_STAMP="$(stamp_of "$HACK_DIR/containerd" "$CTRD_VERSION")"
@@ -132,10 +149,10 @@ if fresh kube "$KUBE_STAMP" "${KUBE_BINS[@]}"; then
 else
   need_go
   log "kubernetes $K8S_VERSION: downloading modules"
-  download "$HACK_DIR/kube"
+  download "$KUBE_DIR"
   minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   # buildDate = the release's publication time from the proxy (reproducible, unlike `date`).
-  build_date="$(cd "$HACK_DIR/kube" && go list -m -json k8s.io/kubernetes |
+  build_date="$(cd "$KUBE_DIR" && go list -m -json k8s.io/kubernetes |
     python3 -c 'import json,sys; print(json.load(sys.stdin).get("Time",""))' 2>/dev/null || true)"
   ld="-s -w"
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -144,7 +161,7 @@ else
   done
   log "kubernetes $K8S_VERSION: go build ${KUBE_BINS[*]} (cold: ~20 min on 2 cores)"
   t=$SECONDS; tmp="$(mktemp -d "$BIN_DIR/.build.XXXXXX")"
-  (cd "$HACK_DIR/kube" && go build -trimpath -ldflags "$ld" -o "$tmp/" \
+  (cd "$KUBE_DIR" && go build -trimpath -ldflags "$ld" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubelet \
     k8s.io/kubernetes/cmd/kube-proxy) || { rm -rf "$tmp"; die "go build of kubernetes failed"; }

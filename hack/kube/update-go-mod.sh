@@ -8,19 +8,30 @@
 # cannot break us), and copy its `go` and `godebug` lines (only the main
 # module's godebug settings apply at runtime).
 #
+# The default module is hack/kube (what `make test` builds). A second pinned
+# version lives in hack/kube-<major.minor>/ (hack/build-control-plane.sh picks it
+# with K8S_VERSION=v<major.minor>.<patch>); a second argument names that folder,
+# which gets a copy of tools.go and the module path .../hack/kube-<major.minor>.
+#
 # Usage: hack/kube/update-go-mod.sh 1.37.2
+#        hack/kube/update-go-mod.sh 1.32.9 hack/kube-1.32
 set -euo pipefail
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod
-V="${1:?usage: $0 <k8s version, e.g. 1.37.2>}"
+V="${1:?usage: $0 <k8s version, e.g. 1.37.2> [module dir]}"
 V="${V#v}"
-cd "$(dirname "$0")"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+DIR="${2:-$HERE}"
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+[[ "$DIR" == "$HERE" ]] || cp "$HERE/tools.go" "$DIR/tools.go"
+cd "$DIR"
 
 UPSTREAM_MOD=$(go mod download -json "k8s.io/kubernetes@v$V" |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
 
 # Start from a clean go.mod each time.
 rm -f go.mod go.sum
-go mod init github.com/compute-domain/e2e/hack/kube >/dev/null 2>&1
+go mod init "github.com/compute-domain/e2e/hack/$(basename "$DIR")" >/dev/null 2>&1
 
 go mod edit -json "$UPSTREAM_MOD" | python3 -c '
 import json, subprocess, sys
@@ -41,4 +52,4 @@ print("derived %d staging replace directives" % n, file=sys.stderr)
 ' "$V"
 
 go mod tidy
-echo "hack/kube/go.mod now pins k8s.io/kubernetes v$V" >&2
+echo "hack/$(basename "$DIR")/go.mod now pins k8s.io/kubernetes v$V" >&2

@@ -5,6 +5,8 @@ directly; templates through ``pod.status.resourceClaimStatuses``) and checking t
 allocated and reserved for the pod, (2) the prepared-claim cache with per-pod reference counts
 (a shared claim is prepared once and unprepared after its last pod on the node is gone) and
 (3) its checkpoint file ``kubelet/dra_manager_state.json``, so tests can look for leaks.
+Claims are read in v1 shape whatever resource.k8s.io version the cluster serves: the node's
+client converts (`SimulatedNode.start` discovers the version, `pkg.kube.resourceapi`).
 """
 
 from __future__ import annotations

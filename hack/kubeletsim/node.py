@@ -28,6 +28,7 @@ from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
 from pkg.kube.errors import ApiError
 from pkg.kube.events import EventRecorder
+from pkg.kube.resourceapi import discover_resource_api
 from pkg.kube.resources import NODES
 
 from .cdi import CdiResolver
@@ -36,7 +37,7 @@ from .kubelet import Kubelet
 from .layout import GPU_CLIQUE_LABEL, NodeDirs, NodeSpec
 from .nodestatus import NodeAgent
 from .podworker import NodeContext
-from .registration import DraPlugin, PluginWatcher
+from .registration import DraPlugin, PluginWatcher, kubelet_dra_services
 from .runtime import REPO_ROOT, LocalCommands, driver_commands
 from .tokens import TokenMinter, cluster_of
 
@@ -89,7 +90,8 @@ class SimulatedNode:
         self.dirs = NodeDirs(config.root, spec, logs=config.log_dir / f"node-{spec.name}",
                              zipapp_interpreter=config.zipapp_interpreter)  # fmt: skip
         node_api = load_api_client(str(config.node_kubeconfig(spec.name)))
-        self.client: KubeClient = RestClient(node_api, user_agent=f"kubeletsim/{spec.name}")
+        self._rest = RestClient(node_api, user_agent=f"kubeletsim/{spec.name}")
+        self.client: KubeClient = self._rest
         server, ca_data = cluster_of(config.admin_kubeconfig)
         admin = RestClient(load_api_client(str(config.admin_kubeconfig)), user_agent="kubeletsim")
         self._admin_tokens = TokenMinter(admin, server=server, ca_data=ca_data)
@@ -151,6 +153,11 @@ class SimulatedNode:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self, *, plugin: bool = True) -> SimulatedNode:
+        # The kubelet of the API server's release: its resource.k8s.io version (claims are
+        # read in v1 shape whatever it serves) and its DRA gRPC services (1.32/1.33: v1beta1).
+        api = discover_resource_api(self._rest)
+        self._rest.use_resource_api(api)
+        self.plugins.services = kubelet_dra_services(api.version)
         self.dirs.create()
         self.agent.start()
         self.plugins.start()

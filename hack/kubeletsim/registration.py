@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
 KUBELET_DRA_SERVICES = tuple(DRA_SERVICES)
+# A kubelet of Kubernetes 1.32 or 1.33 speaks DRA gRPC v1beta1 only (1.32 also v1alpha4, which
+# the plugin does not serve); v1.DRAPlugin came with 1.34, as resource.k8s.io/v1 did.
+KUBELET_DRA_SERVICES_BEFORE_1_34 = ("v1beta1.DRAPlugin",)
+
+
+def kubelet_dra_services(resource_api_version: str) -> tuple[str, ...]:
+    """The DRA services of a kubelet of the API server's release, told by the resource.k8s.io
+    version it serves (`pkg.kube.resourceapi`): v1 means 1.34+."""
+    if resource_api_version == "v1":
+        return KUBELET_DRA_SERVICES
+    return KUBELET_DRA_SERVICES_BEFORE_1_34
 
 
 @dataclass(frozen=True)
@@ -148,8 +159,10 @@ class PluginWatcher:
         *,
         interval: float = 0.2,
         on_change: Callable[[], None] | None = None,
+        services: tuple[str, ...] = KUBELET_DRA_SERVICES,
     ) -> None:
         self._dir = registry_dir
+        self.services = services  # the DRA services this kubelet speaks, preferred first
         self._interval = interval
         self._on_change = on_change
         self._lock = threading.Lock()
@@ -238,7 +251,7 @@ class PluginWatcher:
             except grpc.RpcError as e:
                 self._note_failure(sock, f"GetInfo: {rpc_error_text(e)}")
                 return None
-            error = _validate(info)
+            error = _validate(info, self.services)
             try:
                 client.notify_registration_status(
                     registered=not error, error=error, timeout=NOTIFY_TIMEOUT
@@ -251,7 +264,7 @@ class PluginWatcher:
                 return None
         endpoint = info.endpoint or str(sock)
         # Like kubelet 1.34+: the first entry of the plugin's list that the kubelet supports.
-        service = next(v for v in info.supported_versions if v in KUBELET_DRA_SERVICES)
+        service = next(v for v in info.supported_versions if v in self.services)
         log.info("registered DRA plugin %s endpoint=%s service=%s", info.name, endpoint, service)
         return DraPlugin(info.name, endpoint, sock, service=service)
 
@@ -262,7 +275,7 @@ class PluginWatcher:
             self._failed[sock] = error
 
 
-def _validate(info: reg.PluginInfo) -> str:
+def _validate(info: reg.PluginInfo, services: tuple[str, ...] = KUBELET_DRA_SERVICES) -> str:
     """The kubelet's checks; returns an error message or ``""``."""
     if info.type != DRA_PLUGIN_TYPE:
         return f"unsupported plugin type {info.type!r}"
@@ -270,10 +283,10 @@ def _validate(info: reg.PluginInfo) -> str:
         return "plugin name is empty"
     if not info.supported_versions:
         return "empty list of supported versions"
-    if not any(v in KUBELET_DRA_SERVICES for v in info.supported_versions):
+    if not any(v in services for v in info.supported_versions):
         return (
             f"none of services supported by the plugin {list(info.supported_versions)} are "
-            f"supported by the kubelet {list(KUBELET_DRA_SERVICES)}"
+            f"supported by the kubelet {list(services)}"
         )
     if info.endpoint and not _is_socket(Path(info.endpoint)):
         return f"endpoint {info.endpoint} is not a Unix socket"

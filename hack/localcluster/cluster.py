@@ -22,8 +22,10 @@ import atexit
 import contextlib
 import functools
 import json
+import re
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,6 +63,27 @@ class Ports:
     apiserver: int
     scheduler: int
     controller_manager: int
+
+
+def kube_minor(bin_dir: Path) -> int:
+    """The minor version of ``<bin_dir>/kube-apiserver`` (``Kubernetes v1.32.9`` -> 32)."""
+    out = subprocess.run([str(bin_dir / "kube-apiserver"), "--version"], capture_output=True,
+                         text=True, check=True, timeout=60).stdout  # fmt: skip
+    match = re.search(r"v1\.(\d+)\.", out)
+    if match is None:
+        raise ClusterError(f"cannot read the version of {bin_dir / 'kube-apiserver'}: {out!r}")
+    return int(match.group(1))
+
+
+def dra_settings(minor: int) -> tuple[dict[str, bool], str]:
+    """Feature gates and ``--runtime-config`` that turn DRA on in Kubernetes 1.<minor>: nothing
+    from 1.34 (GA, resource.k8s.io/v1 on by default); before, DRA is beta and off by default,
+    so the gate and the beta API versions (1.32: v1beta1; 1.33: v1beta1 and v1beta2)."""
+    if minor >= 34:
+        return {}, ""
+    versions = ["v1beta1"] + (["v1beta2"] if minor >= 33 else [])
+    return ({"DynamicResourceAllocation": True},
+            ",".join(f"resource.k8s.io/{v}=true" for v in versions))  # fmt: skip
 
 
 def _gates(feature_gates: Mapping[str, bool]) -> list[str]:
@@ -161,6 +184,9 @@ class Cluster:
         service-account, token and node-lifecycle controllers run: pods then authenticate with
         real projected tokens and a node whose kubelet stops turns NotReady. ``controllers``
         is ignored then (all controllers run).
+
+        Before Kubernetes 1.34 (read from ``kube-apiserver --version``) DRA is turned on as
+        `dra_settings` says, in addition to ``feature_gates`` and ``runtime_config``.
         """
         bin_dir = Path(bin_dir).resolve()
         workdir = Path(workdir).resolve()
@@ -219,7 +245,9 @@ class Cluster:
         for ident in identities.values():
             write_kubeconfig(cluster.kubeconfig_path(ident.name), cluster.server, pki.ca_pem, ident)
         admin_kc = str(cluster.kubeconfig("admin"))
-        gates = _gates(feature_gates or {})
+        dra_gates, dra_runtime = dra_settings(kube_minor(bin_dir))
+        gates = _gates({**dra_gates, **(feature_gates or {})})
+        runtime_config = ",".join(x for x in (dra_runtime, runtime_config) if x) or None
         etcd_url = f"http://127.0.0.1:{ports.etcd_client}"
         peer_url = f"http://127.0.0.1:{ports.etcd_peer}"
 

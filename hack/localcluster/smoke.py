@@ -35,6 +35,7 @@ if __name__ == "__main__" and not __package__:  # run as a file: re-enter as loc
 from pkg.kube.client import RestClient
 from pkg.kube.config import load_api_client
 from pkg.kube.errors import ForbiddenError, NotFoundError
+from pkg.kube.resourceapi import discover_resource_api
 from pkg.kube.resources import (
     DAEMONSETS,
     DEVICE_CLASSES,
@@ -59,8 +60,11 @@ TIMEOUT = 60.0
 
 
 def client(c: Cluster, identity: str) -> RestClient:
-    """The project's client with ``identity``'s credentials."""
-    return RestClient(load_api_client(str(c.kubeconfig(identity))), user_agent="localcluster-smoke")
+    """The project's client with ``identity``'s credentials, speaking the served
+    resource.k8s.io version (v1 shapes here; converted on Kubernetes 1.32/1.33)."""
+    api = RestClient(load_api_client(str(c.kubeconfig(identity))), user_agent="localcluster-smoke")
+    api.use_resource_api(discover_resource_api(api))
+    return api
 
 
 def wait_for(what: str, fn: Callable[[], Any]) -> Any:

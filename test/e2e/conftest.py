@@ -35,6 +35,7 @@ from localcluster.processes import teardown_on_sigterm
 
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
+from pkg.kube.resourceapi import discover_resource_api
 from pkg.kube.resources import NAMESPACES
 
 REQUIRED = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "cdi-resolve")
@@ -96,7 +97,10 @@ def _fresh_controllers_after_apiserver_restarts(
 
 @pytest.fixture(scope="session")
 def admin(cluster: Cluster) -> KubeClient:
-    return RestClient(load_api_client(str(cluster.kubeconfig("admin"))), user_agent="e2e")
+    client = RestClient(load_api_client(str(cluster.kubeconfig("admin"))), user_agent="e2e")
+    # Tests speak v1 shapes; on Kubernetes 1.32/1.33 the client converts (pkg.kube.resourceapi).
+    client.use_resource_api(discover_resource_api(client))
+    return client
 
 
 @pytest.fixture(scope="session")

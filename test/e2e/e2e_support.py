@@ -19,6 +19,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable
@@ -34,6 +35,7 @@ from localcluster import Cluster
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import NotFoundError
+from pkg.kube.resourceapi import choose_version
 from pkg.kube.resources import (
     COMPUTE_DOMAIN_CLIQUES,
     COMPUTE_DOMAINS,
@@ -106,12 +108,36 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool 
     return done.stdout + (done.stderr if not check else "")
 
 
-def render_config(kustomization: Path = REPO / "config" / "default") -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [str(KUBECTL), "kustomize", str(kustomization)],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
+def render_config(
+    kustomization: Path = REPO / "config" / "default", components: Iterable[str] = ()
+) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` of ``kustomization``, plus ``config/components/<name>`` for each
+    of ``components`` (the way operators add one: a kustomization of both)."""
+    with tempfile.TemporaryDirectory(prefix="kustomize-") as scratch:
+        target = kustomization
+        if components:
+            (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump({
+                "resources": [os.path.relpath(kustomization, scratch)],
+                "components": [os.path.relpath(REPO / "config" / "components" / name, scratch)
+                               for name in components],
+            }))  # fmt: skip
+            target = Path(scratch)
+        out = subprocess.run(
+            [str(KUBECTL), "kustomize", str(target)],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout  # fmt: skip
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+# The kustomize component that renders the DeviceClasses in a served version older than v1
+# (docs/operators.md "Kubernetes versions").
+RESOURCE_API_COMPONENTS = {"v1beta2": "resource-v1beta2", "v1beta1": "resource-v1beta1"}
+
+
+def served_resource_api(admin_kubeconfig: Path) -> str:
+    """The resource.k8s.io version the driver's binaries will choose on this cluster."""
+    doc = json.loads(kubectl(admin_kubeconfig, "get", "--raw", "/apis/resource.k8s.io"))
+    return choose_version([v["version"] for v in doc.get("versions") or []])
 
 
 @dataclass
@@ -127,7 +153,8 @@ class Driver:
 
     @classmethod
     def deploy(cls, admin_kubeconfig: Path) -> Driver:
-        docs = render_config()
+        component = RESOURCE_API_COMPONENTS.get(served_resource_api(admin_kubeconfig))
+        docs = render_config(components=[component] if component else [])
         applied = [d for d in docs if d["kind"] not in LOCAL_KINDS] + [
             {**d, "spec": {**d["spec"], "replicas": 0}} for d in docs if d["kind"] in PARKED_KINDS
         ]

@@ -449,8 +449,8 @@ def test_tenant_cannot_claim_the_daemon_device(admin: KubeClient, scene: Scene) 
     failed = {case: done for case, done in results.items() if not _refused(
         done, 403, DAEMON_RULE, f"ValidatingAdmissionPolicy '{DAEMON_POLICY}'")}  # fmt: skip
     assert not failed, json.dumps(failed, indent=1)
-    # The same through every older served version of resource.k8s.io (matchPolicy Equivalent
-    # converts the request to v1 for the policy).
+    # The same through every older served version of resource.k8s.io (the policy lists v1,
+    # v1beta2 and v1beta1 and reads both request shapes: test/unit/config/test_admission_cel.py).
     status, text = t.request("GET", "/apis/resource.k8s.io")
     assert status == 200, text
     served = [v["version"] for v in json.loads(text)["versions"] if v["version"] != "v1"]

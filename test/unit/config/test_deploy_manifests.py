@@ -545,11 +545,13 @@ def test_daemon_device_policy_binds_outside_the_driver_namespace_only(rel: str) 
     }
     assert policy["failurePolicy"] == "Fail" and "matchConditions" not in policy
     constraints = policy["matchConstraints"]
-    assert constraints["matchPolicy"] == "Equivalent"  # v1beta1/v1beta2 requests are converted
+    # Every version the driver runs on (1.32: v1beta1 only), each checked as sent; Equivalent
+    # converts only to a served version (test_admission_cel.py evaluates the CEL in each).
+    assert constraints["matchPolicy"] == "Equivalent"
     assert constraints["resourceRules"] == [
         {
             "apiGroups": ["resource.k8s.io"],
-            "apiVersions": ["v1"],
+            "apiVersions": ["v1", "v1beta2", "v1beta1"],
             "operations": ["CREATE", "UPDATE"],
             "resources": ["resourceclaims", "resourceclaimtemplates"],
         }
@@ -564,13 +566,15 @@ def test_daemon_device_policy_checks_both_request_forms_and_the_config() -> None
     # Templates nest the claim spec one level deeper.
     assert variables["devices"] == (
         'request.resource.resource == "resourceclaimtemplates" ? '
-        "object.spec.spec.?devices.orValue({}) : object.spec.?devices.orValue({})"
+        "dyn(object.spec.spec).?devices.orValue({}) : dyn(object.spec).?devices.orValue({})"
     )
     # The class the rule protects is the shipped daemon DeviceClass.
     assert variables["daemonClass"] == f"'{c.DAEMON_DEVICE_CLASS}'"
     find(render("default"), "DeviceClass", c.DAEMON_DEVICE_CLASS)
     requests = variables["requestsDaemonClass"]
-    assert 'r.?exactly.deviceClassName.orValue("") == variables.daemonClass' in requests
+    # v1/v1beta2 nest the class in `exactly`, v1beta1 has it flat.
+    class_of_request = 'r.?exactly.deviceClassName.orValue(r.?deviceClassName.orValue(""))'
+    assert f"{class_of_request} == variables.daemonClass" in requests
     assert (
         "r.?firstAvailable.orValue([]).exists(s, s.deviceClassName == variables.daemonClass)"
         in requests
