@@ -169,9 +169,12 @@ class CheckpointStore:
         record sharing: it refuses the whole file while they exist."""
         if self._compatibility.keeps_share_id:
             return
-        shared = sorted(
-            e.uid for e in entries.values() for g in e.groups for d in g.devices if d.share_id
-        )
+        holders: dict[tuple[str, str], set[str]] = {}
+        for e in entries.values():
+            for g in e.groups:
+                for d in g.devices:
+                    holders.setdefault((d.pool_name, d.device_name), set()).add(e.uid)
+        shared = sorted(uid for uids in holders.values() if len(uids) > 1 for uid in uids)
         if shared:
             log.warning(
                 "checkpoint compatibility %s cannot record devices shared by several claims; "

@@ -34,7 +34,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -487,12 +487,28 @@ def _claim_to_wire(entry: ClaimEntry) -> dict[str, Any]:
 def persisted(
     entries: Mapping[str, ClaimEntry], compatibility: CheckpointCompatibility
 ) -> dict[str, ClaimEntry]:
-    """The entries a file of ``compatibility`` holds (without tombstones it cannot hold)."""
-    return {
+    """The entries a file of ``compatibility`` holds: without tombstones it cannot hold, and
+    without devices' ``ShareID`` where its Go plugin has no such field (v25.12.0 would drop it
+    on re-marshalling and then fail the checksum: `checkpoint is corrupted` on every Unprepare
+    of the node, seen on real nodes for claims allocated while channel-0 was shareable)."""
+    kept = {
         uid: e
         for uid, e in entries.items()
         if compatibility.keeps_aborted or e.state != ClaimState.PREPARE_ABORTED
     }
+    if compatibility.keeps_share_id:
+        return kept
+    return {uid: _without_share_ids(e) for uid, e in kept.items()}
+
+
+def _without_share_ids(entry: ClaimEntry) -> ClaimEntry:
+    if not any(d.share_id for g in entry.groups for d in g.devices):
+        return entry
+    groups = tuple(
+        replace(g, devices=tuple(replace(d, share_id=None) for d in g.devices))
+        for g in entry.groups
+    )
+    return replace(entry, groups=groups)
 
 
 def encode_checkpoint(

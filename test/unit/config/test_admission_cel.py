@@ -223,8 +223,21 @@ def test_rules_list_every_version_the_driver_runs_on(name: str) -> None:
             templates_only = name == TEMPLATE_POLICY and resource == "resourceclaims"
             want = None if templates_only else SENT[release]
             for operation in ("CREATE", "UPDATE"):
+                # The daemon-device policy matches CREATE only (a claim's spec is immutable).
+                create_only = name == DAEMON_POLICY and operation == "UPDATE"
                 got = _matched_version(policy, SERVED[release], SENT[release], resource, operation)
-                assert got == want, (release, resource, operation)
+                assert got == (None if create_only else want), (release, resource, operation)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_daemon_template_elsewhere_can_lose_its_finalizer(release: str) -> None:
+    """Upstream's daemon claim template, left in its namespace by `helm uninstall`: our
+    controller removes its finalizer (an UPDATE) so that its ComputeDomain can go. The policy
+    refuses creating such a template there, never updating one (seen on real nodes: matching
+    UPDATE kept the ComputeDomain Terminating forever)."""
+    upstream = _template(_exactly(c.DAEMON_DEVICE_CLASS), ns="nvidia-dra-driver-gpu")
+    assert admit(DAEMON_POLICY, release, upstream, user=CONTROLLER, operation="UPDATE") is None
+    assert admit(DAEMON_POLICY, release, upstream, user=CONTROLLER)  # CREATE: refused
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -552,7 +552,8 @@ def test_daemon_device_policy_binds_outside_the_driver_namespace_only(rel: str) 
         {
             "apiGroups": ["resource.k8s.io"],
             "apiVersions": ["v1", "v1beta2", "v1beta1"],
-            "operations": ["CREATE", "UPDATE"],
+            # CREATE only: the spec is immutable, and an UPDATE may be a finalizer's removal.
+            "operations": ["CREATE"],
             "resources": ["resourceclaims", "resourceclaimtemplates"],
         }
     ]

@@ -6,6 +6,7 @@ README there); every test that reads them would fail with the previous, driver-p
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -246,6 +247,22 @@ LACKS = {
     CheckpointCompatibility.V0_4_0: ((), ("abortedAt",)),
     CheckpointCompatibility.V25_12_0: (("nodeBootID",), ("abortedAt",)),
 }
+# And in each prepared device (`CheckpointedDevice`): v25.12.0's has no ShareID.
+LACKS_IN_DEVICE = {CheckpointCompatibility.V25_12_0: ("ShareID",)}
+
+
+def _without_device_fields(claim: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
+    """``claim`` (wire form) without ``fields`` in each prepared device."""
+    if not fields or not claim.get("preparedDevices"):
+        return claim
+    claim = copy.deepcopy(claim)
+    for group in claim["preparedDevices"]:
+        for typed in group.get("devices") or []:
+            for kind in typed.values():
+                if kind and kind.get("device"):
+                    for name in fields:
+                        kind["device"].pop(name, None)
+    return claim
 
 
 def verifies_as(data: bytes, level: CheckpointCompatibility) -> bool:
@@ -253,8 +270,11 @@ def verifies_as(data: bytes, level: CheckpointCompatibility) -> bool:
     v2 = gojson.loads(data)["v2"]
     top_fields, claim_fields = LACKS[level]
     known = {k: v for k, v in v2.items() if k not in top_fields}
+    device_fields = LACKS_IN_DEVICE.get(level, ())
     known["preparedClaims"] = {
-        uid: {k: v for k, v in claim.items() if k not in claim_fields}
+        uid: _without_device_fields(
+            {k: v for k, v in claim.items() if k not in claim_fields}, device_fields
+        )
         for uid, claim in (v2.get("preparedClaims") or {}).items()
     }
     if not known["preparedClaims"]:
@@ -296,23 +316,55 @@ def test_below_v0_4_1_tombstones_live_in_memory(tmp_path: Path) -> None:
     assert verifies_as(store.path.read_bytes(), level)
 
 
+def with_share_id(entry: ClaimEntry, share_id: str, uid: str | None = None) -> ClaimEntry:
+    """``entry`` (as claim ``uid``), its channel device allocated with ``share_id``."""
+    [group] = entry.groups
+    shared = dataclasses.replace(group.devices[0], share_id=share_id)
+    return dataclasses.replace(
+        entry, uid=uid or entry.uid, groups=(dataclasses.replace(group, devices=(shared,)),)
+    )
+
+
+def test_a_share_id_is_left_out_where_the_go_plugin_lacks_it(tmp_path: Path) -> None:
+    """A claim allocated while channel-0 was shareable holds a ShareID even alone; v25.12.0
+    would drop the field and fail the checksum (every Unprepare: `checkpoint is corrupted`,
+    seen on real nodes). At its level the file leaves it out; at the others it stays."""
+    entries = decode_checkpoint(fixture("v2-aborted.json")).entries
+    entries[CHANNEL_UID] = with_share_id(entries[CHANNEL_UID], "share-1")
+    for level in CheckpointCompatibility:
+        data = encode_checkpoint(entries, boot_id="boot-1", compatibility=level)
+        assert verifies_as(data, level), level
+        assert ('"ShareID":"share-1"' in data.decode()) == level.keeps_share_id, level
+        back = decode_checkpoint(data).entries[CHANNEL_UID]
+        assert back == persisted(entries, level)[CHANNEL_UID]
+    assert not verifies_as(
+        encode_checkpoint(entries, boot_id="", compatibility=CheckpointCompatibility.V0_4_1),
+        CheckpointCompatibility.V25_12_0,
+    )
+
+
 def test_a_shared_claim_at_v25_12_is_named_in_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     entries = decode_checkpoint(fixture("v2-aborted.json")).entries
-    channel = entries[CHANNEL_UID]
-    [group] = channel.groups
-    shared = dataclasses.replace(group.devices[0], share_id="share-1")
-    entries[CHANNEL_UID] = dataclasses.replace(
-        channel, groups=(dataclasses.replace(group, devices=(shared,)),)
-    )
-    (tmp_path / "checkpoint.json").write_bytes(encode_checkpoint(entries, boot_id="boot-1"))
+    entries[CHANNEL_UID] = with_share_id(entries[CHANNEL_UID], "share-1")
     level = CheckpointCompatibility.V25_12_0
+    # One claim holding channel-0 with a ShareID shares nothing: no warning.
+    (tmp_path / "checkpoint.json").write_bytes(encode_checkpoint(entries, boot_id="boot-1"))
+    with caplog.at_level("WARNING"):
+        CheckpointStore(directory=tmp_path, boot_id="boot-1", compatibility=level).open()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    # A second claim on the same device: both named.
+    sibling = "0b6f3c1e-0000-4000-8000-000000000042"
+    entries[sibling] = with_share_id(entries[CHANNEL_UID], "share-2", uid=sibling)
+    (tmp_path / "checkpoint.json").write_bytes(encode_checkpoint(entries, boot_id="boot-1"))
+    caplog.clear()
     store = CheckpointStore(directory=tmp_path, boot_id="boot-1", compatibility=level)
     with caplog.at_level("WARNING"):
         store.open()
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert CHANNEL_UID in warning and "v25.12.0" in warning and "drain" in warning
+    assert CHANNEL_UID in warning and sibling in warning
+    assert "v25.12.0" in warning and "drain" in warning
     default = CheckpointStore(directory=tmp_path, boot_id="boot-1")
     caplog.clear()
     with caplog.at_level("WARNING"):
