@@ -37,7 +37,7 @@ from pkg.featuregates import IMEX_DAEMONS_WITH_DNS_NAMES, FeatureGateError, Feat
 from pkg.imex.mode import ImexModeConfig, validate_or_exit
 from pkg.kube.config import load_api_client
 from pkg.kube.errors import ApiError
-from pkg.kube.resourceapi import UnsupportedResourceApiError, wait_for_resource_api
+from pkg.kube.resourceapi import UnsupportedResourceApiError, use_served_resource_api
 from pkg.kubeletplugin.clique import CliqueLabelError
 from pkg.kubeletplugin.discovery import DiscoveryError
 from pkg.kubeletplugin.discovery.base import check_driver_version
@@ -105,13 +105,11 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        resource_api = wait_for_resource_api(client, clock=RealClock(), stop=stop)
+        if not use_served_resource_api(client, clock=RealClock(), stop=stop):
+            return 0
     except (UnsupportedResourceApiError, ApiError) as err:
         log.error("cannot start: %s", err)
         return 1
-    if resource_api is None:
-        return 0
-    client.use_resource_api(resource_api)
     tracing = setup_tracing(PROG, env=os.environ)
     plugin = KubeletPlugin(config=config, client=client, devices=devices, registry=registry,
                            tracer=tracing.tracer, discovery=discovery)  # fmt: skip

@@ -42,6 +42,7 @@ __all__ = [
     "UnsupportedResourceApiError",
     "choose_version",
     "discover_resource_api",
+    "use_served_resource_api",
     "wait_for_resource_api",
 ]
 
@@ -67,6 +68,14 @@ class GroupDiscovery(Protocol):
         """``GET /apis/<group>``: the APIGroup (``versions[].version``). `NotFoundError` when
         the server does not serve the group; other `ApiError`s or `ConnectionFailedError` on
         failure."""
+        ...
+
+
+class ResourceApiClient(GroupDiscovery, Protocol):
+    """A client that discovers the version and then speaks it (`pkg.kube.client.RestClient`)."""
+
+    def use_resource_api(self, api: ResourceApi) -> None:
+        """Speak ``api``'s version from now on; called before other threads use the client."""
         ...
 
 
@@ -159,3 +168,15 @@ def wait_for_resource_api(
         log.info("using %s/%s", GROUP, api.version)
         return api
     return None
+
+
+def use_served_resource_api(
+    client: ResourceApiClient, *, clock: Clock, stop: threading.Event
+) -> bool:
+    """`wait_for_resource_api`, then make ``client`` speak the version found. False when
+    ``stop`` was set first (nothing applied); raises as `wait_for_resource_api` does."""
+    api = wait_for_resource_api(client, clock=clock, stop=stop)
+    if api is None:
+        return False
+    client.use_resource_api(api)
+    return True

@@ -42,7 +42,7 @@ from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
 from pkg.kube.errors import ApiError
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
-from pkg.kube.resourceapi import UnsupportedResourceApiError, wait_for_resource_api
+from pkg.kube.resourceapi import UnsupportedResourceApiError, use_served_resource_api
 from pkg.reconcilers.flags import Options
 from pkg.reconcilers.formation import FormationTracer
 from pkg.reconcilers.hostmanaged import HostManagedManager
@@ -224,13 +224,11 @@ def run(
     try:
         if isinstance(client, RestClient):
             try:
-                api = wait_for_resource_api(client, clock=clock, stop=stop)
+                if not use_served_resource_api(client, clock=clock, stop=stop):
+                    return 0
             except (UnsupportedResourceApiError, ApiError) as err:
                 log.error("cannot start: %s", err)
                 return 1
-            if api is None:
-                return 0
-            client.use_resource_api(api)
         if options.leader_election:
             elector = LeaderElector(
                 client,

@@ -17,7 +17,6 @@ from kp_harness import (  # type: ignore[import-not-found, unused-ignore]
     make_config,
     seed_domain,
     seed_world,
-    short_tmpdir,
 )
 
 from pkg.api import constants as c
@@ -36,12 +35,6 @@ def api(request: pytest.FixtureRequest) -> Iterator[FakeApiServer]:
     with FakeApiServer(resource_api_versions=(request.param,)) as server:
         seed_world(server)
         yield server
-
-
-@pytest.fixture
-def root() -> Iterator[Path]:
-    with short_tmpdir() as path:
-        yield path
 
 
 def served_claim(api: FakeApiServer, version: str, cd_uid: str) -> JSON:
