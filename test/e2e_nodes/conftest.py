@@ -42,6 +42,7 @@ from realsupport import (
     REAL_NODES,
     Kubectl,
     deploy_driver,
+    pod_ready,
     prepare_node,
 )
 
@@ -149,6 +150,34 @@ def pytest_runtest_makereport(
         report.sections.append(
             ("events", k("get", "events", "-A", "--sort-by=.lastTimestamp", check=False))
         )
+        # Last, because CI keeps only the end of the output: the pods that are not Ready.
+        report.sections.append(("pods not ready", _unready_pods(k)))
+
+
+def _unready_pods(k: Kubectl, *, lines: int = 15, limit: int = 6) -> str:
+    """Up to ``limit`` pods that are neither Ready nor Succeeded, each with its node, phase,
+    container states and last ``lines`` log lines: the short form of the sections above."""
+    try:
+        listed = k.items("pods", "-A")
+    except AssertionError as err:
+        return f"cannot list pods: {err}"
+    unready = [p for p in listed
+               if not pod_ready(p) and p.get("status", {}).get("phase") != "Succeeded"]  # fmt: skip
+    parts = []
+    for pod in unready[:limit]:
+        meta, status = pod["metadata"], pod.get("status", {})
+        states = [
+            f"{cs.get('name')}: restarts={cs.get('restartCount', 0)} {list(cs.get('state', {}))}"
+            for cs in status.get("containerStatuses", [])
+        ]
+        log = k("logs", "-n", meta["namespace"], meta["name"], "--all-containers",
+                f"--tail={lines}", check=False)  # fmt: skip
+        parts.append(
+            f"== {meta['namespace']}/{meta['name']} on {pod['spec'].get('nodeName')} "
+            f"({status.get('phase')}; {'; '.join(states) or 'no containers'})\n{log.rstrip()}"
+        )
+    more = f"\n({len(unready) - limit} more)" if len(unready) > limit else ""
+    return ("\n".join(parts) or "every pod is Ready or Succeeded") + more
 
 
 def _container_logs(k: Kubectl, *, pods: int = 30, lines: int = 80) -> str:

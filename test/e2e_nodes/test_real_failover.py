@@ -57,6 +57,20 @@ def _running_workers(kubectl: Kubectl, ns: str) -> list[dict[str, Any]] | None:
     return pods
 
 
+def _pod_summary(pod: dict[str, Any]) -> str:
+    """One line on where a pod is: node, phase, readiness, each container's restarts and state."""
+    meta, status = pod["metadata"], pod.get("status", {})
+    containers = [
+        f"{cs.get('name')} restarts={cs.get('restartCount', 0)} {cs.get('state', {})}"
+        for cs in status.get("containerStatuses", [])
+    ]
+    deleting = " deleting" if meta.get("deletionTimestamp") else ""
+    return (
+        f"{meta['name']} on {pod['spec'].get('nodeName')}: {status.get('phase')}{deleting}, "
+        f"ready={pod_ready(pod)}, {'; '.join(containers) or 'no container status'}"
+    )
+
+
 def _start(kubectl: Kubectl, ns: str) -> list[dict[str, Any]]:
     kubectl("apply", "-f", "-", stdin=sample_workload(ns, WORKLOAD_CMD))
     pods = wait_for("both workers running with their channel",
@@ -102,13 +116,19 @@ def test_force_deleted_daemons_come_back_under_a_running_job(
     kubectl("-n", driver, "delete", "pod", "-l", f"{CD_LABEL}={uid}", "--force",
             "--grace-period=0", "--wait=false")  # fmt: skip
 
+    seen: list[str] = []  # the new pods as last polled: the failure message says where each was
+
     def new_daemons_ready() -> list[dict[str, Any]] | None:
         pods = kubectl.items("pods", "-n", driver, "-l", f"{CD_LABEL}={uid}")
         fresh = [p for p in pods if p["metadata"]["uid"] not in old]
+        seen[:] = [_pod_summary(p) for p in fresh]
         ok = len(fresh) == len(REAL_NODES) and all(pod_ready(p) for p in fresh)
         return fresh if ok else None
 
-    wait_for("new daemon pods Ready on both nodes", new_daemons_ready, 240, 1)
+    try:
+        wait_for("new daemon pods Ready on both nodes", new_daemons_ready, 240, 1)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; new daemon pods: {seen}") from None
     wait_for("the domain Ready with both nodes again", lambda: _ready_on_both(kubectl, ns), 180)
     after = _running_workers(kubectl, ns)
     assert after is not None, "a worker stopped running while the daemons were replaced"
