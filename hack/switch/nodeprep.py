@@ -23,11 +23,6 @@ plugin also needs, and gets from :func:`prepare_node_for_both`:
   built with ``upstream.PROC_PATCHES`` (v25.12.0), which read it there.
 * ``driver-root/usr/bin/nvidia-smi`` answering ``--version``: upstream's init container waits
   until ``nvidia-smi --version`` (with the NVML preloaded) exits 0. Ours never runs it.
-* ``driver-root/usr/bin/nvidia-imex``: the IMEX simulator behind a shim (:func:`imex_shim`).
-  Upstream's daemon writes ``BIND_INTERFACE_IP=`` (empty: real IMEX binds every address) and
-  puts the pod IP in ``IMEX_CMD_BIND_INTERFACE_IP``; the simulator refuses an empty
-  ``BIND_INTERFACE_IP``. The shim copies such a config next to the original with the pod IP
-  filled in and runs the simulator on the copy; a config that sets it (ours) runs unchanged.
 * ``/var/lib/compute-domain-fake/nvidia-cdi-hook``, a no-op: upstream's CDI specs carry
   ``nvidia-cdi-hook`` OCI hooks (``update-ldcache``, ``create-symlinks``), which runc runs on
   the node; NVIDIA's container toolkit is not installed here. The chart's
@@ -36,23 +31,16 @@ plugin also needs, and gets from :func:`prepare_node_for_both`:
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import stat
-import zipfile
 from pathlib import Path
 
 import yaml
 from localcluster.realnode import RealNode
 from realsupport import FAKE_GPUS, prepare_node
 
-from pkg.testing.fakedriverroot import (
-    DEFAULT_DRIVER_VERSION,
-    DEFAULT_PYTHON,
-    PKG_ROOT,
-    SIM_MODULES,
-)
+from pkg.testing.fakedriverroot import DEFAULT_DRIVER_VERSION
 
 FAKE_DIR = "/var/lib/compute-domain-fake"
 DRIVER_ROOT = f"{FAKE_DIR}/driver-root"
@@ -71,42 +59,6 @@ DEV_NODES = (
     *((f"nvidia-caps-imex-channels/channel{i}", 235, i) for i in range(CHANNELS)),
 )
 NOOP_HOOK = "#!/bin/sh\n# no-op stand-in for nvidia-cdi-hook (hack/switch/nodeprep.py)\nexit 0\n"
-
-
-SHIM_MAIN = """import os, sys
-from pkg.imex.sim.imexd import main
-from pkg.imex.config import read_config
-
-# hack/switch/nodeprep.py: fill an empty BIND_INTERFACE_IP (upstream's daemon) with the pod IP.
-argv = sys.argv[1:]
-cfg_path = argv[argv.index("-c") + 1] if "-c" in argv else ""
-if cfg_path:
-    cfg = read_config(cfg_path)
-    pod_ip = cfg.get("IMEX_CMD_BIND_INTERFACE_IP") or os.environ.get("POD_IP", "")
-    if not cfg.get("BIND_INTERFACE_IP") and pod_ip:
-        with open(cfg_path) as f:
-            lines = f.read().splitlines()
-        lines = [
-            f"BIND_INTERFACE_IP={pod_ip}" if line.startswith("BIND_INTERFACE_IP=") else line
-            for line in lines
-        ]
-        shim_path = os.path.join(os.path.dirname(cfg_path), "imexd.sim.cfg")
-        with open(shim_path, "w") as f:
-            f.write("\\n".join(lines) + "\\n")
-        argv[argv.index("-c") + 1] = shim_path
-sys.exit(main(argv))
-"""
-
-
-def imex_shim(python: str = DEFAULT_PYTHON) -> bytes:
-    """The simulator's zipapp (``fakedriverroot.zipapp_bytes``) with :data:`SHIM_MAIN`."""
-    buffer = io.BytesIO()
-    buffer.write(f"#!{python}\n".encode())
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for rel in SIM_MODULES:
-            archive.write(PKG_ROOT / rel, f"pkg/{rel}")
-        archive.writestr("__main__.py", SHIM_MAIN)
-    return buffer.getvalue()
 
 
 def mock_profile(profile: Path) -> str:
@@ -138,9 +90,6 @@ def prepare_node_for_both(node: RealNode, *, library: Path, profile: Path) -> No
         os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
     # For upstream versions with PROC_PATCHES (hack/switch/upstream.py): /driver-root/proc/devices.
     shutil.copy2(node.ns.path(PROC_DEVICES), root / "proc" / "devices")
-    imex = root / "usr" / "bin" / "nvidia-imex"
-    imex.write_bytes(imex_shim())
-    imex.chmod(0o755)
     smi = root / "usr" / "bin" / "nvidia-smi"
     smi.write_text(SMI)
     smi.chmod(0o755)

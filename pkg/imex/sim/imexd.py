@@ -3,9 +3,12 @@
 What it really does, so a bad configuration fails tests the way it would fail real IMEX:
 
 - reads ``imexd.cfg`` (:func:`pkg.imex.config.parse_config`) and the nodes config it names;
-  a missing file, an empty ``BIND_INTERFACE_IP`` or a bad port exits 1;
-- binds ``BIND_INTERFACE_IP:SERVER_PORT`` and ``IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT``;
-  an address not on this host or a port in use exits 1 with the OS error;
+  a missing file or a bad port exits 1;
+- binds ``BIND_INTERFACE_IP:SERVER_PORT`` and ``IMEX_CMD_BIND_INTERFACE_IP:IMEX_CMD_PORT``
+  (an empty command address: the server's); an address not on this host or a port in use
+  exits 1 with the OS error. An empty ``BIND_INTERFACE_IP`` is taken, as IMEX documents, from
+  the nodes config: the first entry (an IP, or a name through the hosts file) that is an
+  address of this host; none exits 1;
 - resolves nodes-config names through a hosts file (env ``IMEX_HOSTS_FILE``, default
   ``/etc/hosts``) at start and on SIGUSR1 only -- like IMEX, a changed mapping is not seen
   without a reload. An unresolvable name is retried every round and shown as ``unresolvable``;
@@ -41,6 +44,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,12 +122,11 @@ def load_settings(config_path: str, env: dict[str, str]) -> Settings:
         cfg = read_config(config_path)
     except (OSError, ImexConfigError) as err:
         raise SimError(f"cannot read config {config_path}: {err}") from err
-    bind_ip = cfg.get("BIND_INTERFACE_IP", "")
-    if not bind_ip:
-        raise SimError("BIND_INTERFACE_IP is empty: no interface to bind (simulator needs it set)")
     nodes = cfg.get("IMEX_NODE_CONFIG_FILE", "")
     if not nodes:
         raise SimError("IMEX_NODE_CONFIG_FILE is not set")
+    hosts_path = Path(env.get(HOSTS_FILE_ENV) or DEFAULT_HOSTS_FILE)
+    bind_ip = cfg.get("BIND_INTERFACE_IP", "") or local_node_address(Path(nodes), hosts_path)
     return Settings(
         bind_ip=bind_ip,
         server_port=_port(cfg, "SERVER_PORT", DEFAULT_SERVER_PORT),
@@ -131,7 +134,7 @@ def load_settings(config_path: str, env: dict[str, str]) -> Settings:
         cmd_port=_port(cfg, "IMEX_CMD_PORT", DEFAULT_CMD_PORT),
         cmd_enabled=cfg.get("IMEX_CMD_ENABLED", "1") == "1",
         nodes_path=Path(nodes),
-        hosts_path=Path(env.get(HOSTS_FILE_ENV) or DEFAULT_HOSTS_FILE),
+        hosts_path=hosts_path,
         domain=env.get(DOMAIN_ID_ENV, ""),
         probe_interval=float(env.get("IMEX_SIM_PROBE_INTERVAL") or 0.5),
         ready_delay=float(env.get("IMEX_SIM_READY_DELAY") or 0),
@@ -142,6 +145,47 @@ def load_settings(config_path: str, env: dict[str, str]) -> Settings:
         hold_file=Path(
             env.get("IMEX_SIM_HOLD_FILE") or os.path.join(os.path.dirname(config_path), HOLD_FILE)
         ),
+    )
+
+
+def _is_local(address: str) -> bool:
+    """Whether ``address`` is one of this host's (network namespace's): it can be bound."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+    except ValueError:
+        return False
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def local_node_address(
+    nodes_path: Path, hosts_path: Path, *, is_local: Callable[[str], bool] = _is_local
+) -> str:
+    """The bind address of an empty ``BIND_INTERFACE_IP``: the first nodes-config entry (an IP
+    literal, or a name resolved through ``hosts_path``) that ``is_local``; `SimError` if the
+    nodes config cannot be read or no entry is local (the IMEX guide's rule)."""
+    try:
+        entries = nodesconfig.parse_nodes_config(nodes_path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise SimError(f"cannot read nodes config {nodes_path}: {err}") from err
+    try:
+        text = hosts_path.read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    for entry in entries:
+        try:
+            address: str | None = str(ipaddress.ip_address(entry))
+        except ValueError:
+            address = hosts.resolve(text, entry)
+        if address and address != nodesconfig.SENTINEL_ADDRESS and is_local(address):
+            return address
+    raise SimError(
+        f"BIND_INTERFACE_IP is empty and no entry of the nodes config {nodes_path} is an "
+        "address of this host: nothing to bind"
     )
 
 

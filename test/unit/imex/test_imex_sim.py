@@ -137,6 +137,65 @@ def test_missing_nodes_config_fails(tmp_path: Path, nodes: list[SimNode]) -> Non
     assert b"cannot read nodes config" in err
 
 
+def _upstream_shape(node: SimNode, cmd_ip: str) -> None:
+    """Rewrite ``node``'s config as upstream's daemon writes it: ``BIND_INTERFACE_IP`` empty,
+    the pod IP in ``IMEX_CMD_BIND_INTERFACE_IP``."""
+    lines = [
+        "BIND_INTERFACE_IP=" if line.startswith("BIND_INTERFACE_IP=")
+        else f"IMEX_CMD_BIND_INTERFACE_IP={cmd_ip}"
+        if line.startswith("IMEX_CMD_BIND_INTERFACE_IP=") else line
+        for line in node.cfg.read_text().splitlines()
+    ]  # fmt: skip
+    node.cfg.write_text("\n".join(lines) + "\n")
+
+
+def test_empty_bind_address_comes_from_the_nodes_config(
+    tmp_path: Path, nodes: list[SimNode]
+) -> None:
+    """IMEX's rule for an empty BIND_INTERFACE_IP: the first nodes-config entry (here a name,
+    through the hosts file) that is an address of this host; entries before it that are not
+    (a foreign IP, the empty-slot sentinel) are passed over."""
+    ip, uid = "127.0.0.26", "uid-e"
+    names = nc.node_names(uid, max_nodes=3)
+    node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain=uid,
+                   entries=["192.0.2.77", *names])  # fmt: skip
+    nodes.append(node)
+    node.hosts.update(nc.dns_mapping(uid, {2: ip}, max_nodes=3))  # slots 0, 1: the sentinel
+    _upstream_shape(node, ip)
+    node.start()
+    eventually(lambda: node.ctl("-q").stdout == "READY\n")
+    assert node.status()["address"] == ip
+
+
+def test_empty_bind_address_without_a_local_entry_fails(
+    tmp_path: Path, nodes: list[SimNode]
+) -> None:
+    ip = "127.0.0.27"
+    node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain="d",
+                   entries=["192.0.2.77", "unmapped-name"])  # fmt: skip
+    nodes.append(node)
+    _upstream_shape(node, ip)
+    proc = node.start()
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 1
+    assert b"BIND_INTERFACE_IP is empty and no entry of the nodes config" in err
+
+
+def test_local_node_address_takes_the_first_local_entry(tmp_path: Path) -> None:
+    nodes_cfg, hosts_file = tmp_path / "nodes.cfg", tmp_path / "hosts"
+    nodes_cfg.write_text("# comment\n10.0.0.1\nnode-b\nnode-c\n")
+    hosts_file.write_text("10.0.0.2 node-b\n10.0.0.3 node-c\n")
+    local = {"10.0.0.2", "10.0.0.3"}
+    assert imexd.local_node_address(nodes_cfg, hosts_file, is_local=local.__contains__) == (
+        "10.0.0.2"
+    )
+    hosts_file.unlink()  # no hosts file: names resolve to nothing, IPs still count
+    with pytest.raises(imexd.SimError, match="no entry of the nodes config"):
+        imexd.local_node_address(nodes_cfg, hosts_file, is_local=local.__contains__)
+    with pytest.raises(imexd.SimError, match="cannot read nodes config"):
+        imexd.local_node_address(tmp_path / "absent", hosts_file, is_local=local.__contains__)
+
+
 def test_ctl_without_daemon_is_not_ready(tmp_path: Path) -> None:
     node = SimNode(tmp_path, ip="127.0.0.1", port=free_port(["127.0.0.1"]), domain="d", entries=[])
     done = node.ctl("-q")
