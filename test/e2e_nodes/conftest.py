@@ -43,6 +43,7 @@ from realsupport import (
     Kubectl,
     deploy_driver,
     pod_ready,
+    pod_summary,
     prepare_node,
 )
 
@@ -155,8 +156,8 @@ def pytest_runtest_makereport(
 
 
 def _unready_pods(k: Kubectl, *, lines: int = 15, limit: int = 6) -> str:
-    """Up to ``limit`` pods that are neither Ready nor Succeeded, each with its node, phase,
-    container states and last ``lines`` log lines: the short form of the sections above."""
+    """Up to ``limit`` pods that are neither Ready nor Succeeded, each as `pod_summary` says
+    with its last ``lines`` log lines: the short form of the sections above."""
     try:
         listed = k.items("pods", "-A")
     except AssertionError as err:
@@ -165,17 +166,10 @@ def _unready_pods(k: Kubectl, *, lines: int = 15, limit: int = 6) -> str:
                if not pod_ready(p) and p.get("status", {}).get("phase") != "Succeeded"]  # fmt: skip
     parts = []
     for pod in unready[:limit]:
-        meta, status = pod["metadata"], pod.get("status", {})
-        states = [
-            f"{cs.get('name')}: restarts={cs.get('restartCount', 0)} {list(cs.get('state', {}))}"
-            for cs in status.get("containerStatuses", [])
-        ]
+        meta = pod["metadata"]
         log = k("logs", "-n", meta["namespace"], meta["name"], "--all-containers",
                 f"--tail={lines}", check=False)  # fmt: skip
-        parts.append(
-            f"== {meta['namespace']}/{meta['name']} on {pod['spec'].get('nodeName')} "
-            f"({status.get('phase')}; {'; '.join(states) or 'no containers'})\n{log.rstrip()}"
-        )
+        parts.append(f"== {pod_summary(pod)}\n{log.rstrip()}")
     more = f"\n({len(unready) - limit} more)" if len(unready) > limit else ""
     return ("\n".join(parts) or "every pod is Ready or Succeeded") + more
 

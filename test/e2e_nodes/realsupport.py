@@ -319,6 +319,22 @@ def pod_ready(pod: dict[str, Any] | None) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
 
+def pod_summary(pod: dict[str, Any]) -> str:
+    """One line on where a pod is: namespace/name, node, phase, readiness, and each container's
+    restarts and state (what a failure message needs when a pod did not get Ready)."""
+    meta, status = pod["metadata"], pod.get("status", {})
+    containers = [
+        f"{cs.get('name')} restarts={cs.get('restartCount', 0)} {cs.get('state', {})}"
+        for cs in status.get("containerStatuses", [])
+    ]
+    deleting = " deleting" if meta.get("deletionTimestamp") else ""
+    return (
+        f"{meta.get('namespace')}/{meta['name']} on {pod['spec'].get('nodeName')}: "
+        f"{status.get('phase')}{deleting}, ready={pod_ready(pod)}, "
+        f"{'; '.join(containers) or 'no container status'}"
+    )
+
+
 def ready_daemon(kubectl: Kubectl, driver: str, uid: str, node: str) -> dict[str, Any] | None:
     """The daemon pod of domain ``uid`` on ``node`` if it is Ready, else None."""
     d = daemon_pod(kubectl, driver, uid, node)

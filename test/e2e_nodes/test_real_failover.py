@@ -21,6 +21,7 @@ from realsupport import (
     REAL_NODES,
     Kubectl,
     pod_ready,
+    pod_summary,
     sample_workload,
     wait_for,
 )
@@ -55,20 +56,6 @@ def _running_workers(kubectl: Kubectl, ns: str) -> list[dict[str, Any]] | None:
         if "channel0" not in kubectl("-n", ns, "logs", p["metadata"]["name"], check=False):
             return None
     return pods
-
-
-def _pod_summary(pod: dict[str, Any]) -> str:
-    """One line on where a pod is: node, phase, readiness, each container's restarts and state."""
-    meta, status = pod["metadata"], pod.get("status", {})
-    containers = [
-        f"{cs.get('name')} restarts={cs.get('restartCount', 0)} {cs.get('state', {})}"
-        for cs in status.get("containerStatuses", [])
-    ]
-    deleting = " deleting" if meta.get("deletionTimestamp") else ""
-    return (
-        f"{meta['name']} on {pod['spec'].get('nodeName')}: {status.get('phase')}{deleting}, "
-        f"ready={pod_ready(pod)}, {'; '.join(containers) or 'no container status'}"
-    )
 
 
 def _start(kubectl: Kubectl, ns: str) -> list[dict[str, Any]]:
@@ -121,7 +108,7 @@ def test_force_deleted_daemons_come_back_under_a_running_job(
     def new_daemons_ready() -> list[dict[str, Any]] | None:
         pods = kubectl.items("pods", "-n", driver, "-l", f"{CD_LABEL}={uid}")
         fresh = [p for p in pods if p["metadata"]["uid"] not in old]
-        seen[:] = [_pod_summary(p) for p in fresh]
+        seen[:] = [pod_summary(p) for p in fresh]
         ok = len(fresh) == len(REAL_NODES) and all(pod_ready(p) for p in fresh)
         return fresh if ok else None
 
