@@ -148,10 +148,15 @@ def load_settings(config_path: str, env: dict[str, str]) -> Settings:
     )
 
 
+def _family(ip: str) -> socket.AddressFamily:
+    """The socket family of IP literal ``ip``; ValueError if it is not one."""
+    return socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+
+
 def _is_local(address: str) -> bool:
     """Whether ``address`` is one of this host's (network namespace's): it can be bound."""
     try:
-        family = socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
+        family = _family(address)
     except ValueError:
         return False
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -160,6 +165,23 @@ def _is_local(address: str) -> bool:
         except OSError:
             return False
     return True
+
+
+def _read_hosts(path: Path) -> str:
+    """The hosts file's text; empty when it cannot be read (every name is then unresolved)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError:
+        return ""
+
+
+def _resolve(hosts_text: str, entry: str) -> str | None:
+    """A nodes-config entry's address: an IP literal as it is, a name through ``hosts_text``."""
+    try:
+        ipaddress.ip_address(entry)
+    except ValueError:
+        return hosts.resolve(hosts_text, entry)
+    return entry
 
 
 def local_node_address(
@@ -172,15 +194,9 @@ def local_node_address(
         entries = nodesconfig.parse_nodes_config(nodes_path.read_text(encoding="utf-8"))
     except OSError as err:
         raise SimError(f"cannot read nodes config {nodes_path}: {err}") from err
-    try:
-        text = hosts_path.read_text(encoding="utf-8")
-    except OSError:
-        text = ""
+    text = _read_hosts(hosts_path)
     for entry in entries:
-        try:
-            address: str | None = str(ipaddress.ip_address(entry))
-        except ValueError:
-            address = hosts.resolve(text, entry)
+        address = _resolve(text, entry)
         if address and address != nodesconfig.SENTINEL_ADDRESS and is_local(address):
             return address
     raise SimError(
@@ -191,7 +207,7 @@ def local_node_address(
 
 def _listen(ip: str, port: int, what: str) -> socket.socket:
     try:
-        family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+        family = _family(ip)
     except ValueError as err:
         raise SimError(f"cannot bind {what}: {ip!r} is not an IP address") from err
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -235,19 +251,11 @@ class Node:
         self._resolve_missing()
 
     def _resolve_missing(self) -> None:
-        try:
-            text = self.s.hosts_path.read_text(encoding="utf-8")
-        except OSError:
-            text = ""
+        text = _read_hosts(self.s.hosts_path)
         with self._lock:
             for entry in self._entries:
-                if self._resolved.get(entry) is not None:
-                    continue
-                try:
-                    ipaddress.ip_address(entry)
-                    self._resolved[entry] = entry
-                except ValueError:
-                    self._resolved[entry] = hosts.resolve(text, entry)
+                if self._resolved.get(entry) is None:
+                    self._resolved[entry] = _resolve(text, entry)
 
     def peer_addresses(self) -> set[str]:
         with self._lock:
