@@ -262,14 +262,12 @@ class DeviceState:
         self._tracer = tracer or trace.NoOpTracer()
         self._now = now
         self._base_cdi_id = qualified_name("device", "all")
-        # Claims prepared in a previous boot whose entries the checkpoint dropped (`recover`).
-        self._previous_boot: dict[str, ClaimEntry] = {}
 
     # -- start-up -------------------------------------------------------------------------------
 
     def recover(self, report: OpenReport) -> None:
-        """Delete the CDI specs of entries a previous boot left behind (see checkpoint docs),
-        and remember those entries (in memory) for their Unprepare.
+        """Delete the CDI specs of entries a previous boot left behind (see checkpoint docs);
+        the store keeps those entries, on disk, for their Unprepare (`take_previous_boot`).
 
         A reboot empties ``/run`` (devices, CDI specs) but not what those claims set up outside
         it: the node label (API state) and the per-domain dir (under ``/var/lib``). The kubelet
@@ -280,8 +278,6 @@ class DeviceState:
         """
         for entry in report.dropped_other_boot:
             self._cdi.delete_claim_spec(entry.uid)
-            if entry.state != ClaimState.PREPARE_ABORTED:
-                self._previous_boot[entry.uid] = entry
 
     def entries(self) -> dict[str, ClaimEntry]:
         """A snapshot of the checkpoint entries, read under the node lock."""
@@ -600,7 +596,7 @@ class DeviceState:
         text = str(ref)
         entries = self._store.entries()
         entry = entries.pop(ref.uid, None)
-        before_reboot = self._previous_boot.pop(ref.uid, None)
+        before_reboot = self._store.take_previous_boot(ref.uid)
         if entry is None:
             if before_reboot is not None:  # its label and domain dir outlived the reboot
                 self._undo_targets(ref, before_reboot.targets, entries.values())

@@ -17,6 +17,8 @@ import pytest
 from pkg.imex.mode import ImexModeConfig
 from pkg.kubeletplugin import gojson
 from pkg.kubeletplugin.checkpoint import (
+    PREVIOUS_BOOT_FILE,
+    TOMBSTONES_FILE,
     CheckpointStore,
     ClaimEntry,
     ClaimState,
@@ -436,3 +438,81 @@ def test_unusable_checkpoint_never_crashes(tmp_path: Path, content: bytes) -> No
     assert (tmp_path / "checkpoint.json.corrupt-1").read_bytes() == content
     assert store.entries() == {}
     assert decode_checkpoint(store.path.read_bytes()).problems == ()
+
+
+# -- what checkpoint.json cannot hold survives restarts (side files) ------------------------------
+
+
+def reopen(directory: Path, boot_id: str, level: CheckpointCompatibility) -> CheckpointStore:
+    """A new plugin process's store: nothing carried over in memory."""
+    store = CheckpointStore(directory=directory, boot_id=boot_id, compatibility=level)
+    assert not store.open().corrupt
+    return store
+
+
+@pytest.mark.parametrize("level", list(CheckpointCompatibility))
+def test_tombstones_survive_two_restarts_at_every_level(
+    tmp_path: Path, level: CheckpointCompatibility
+) -> None:
+    """Below v0.4.1 the file cannot hold a tombstone; two more restarts in the same boot still
+    find it (a Prepare retry in flight must keep meeting it), and the Go plugin of that level
+    still verifies checkpoint.json."""
+    install(tmp_path, "v2-aborted.json")
+    reopen(tmp_path, "boot-1", level)
+    for _ in range(2):
+        store = reopen(tmp_path, "boot-1", level)
+        assert store.entries()[STARTED_UID].state == ClaimState.PREPARE_ABORTED
+        assert verifies_as(store.path.read_bytes(), level)
+    assert (tmp_path / TOMBSTONES_FILE).exists() == (not level.keeps_aborted)
+    store.remove(STARTED_UID)  # the cleanup expires it
+    assert STARTED_UID not in reopen(tmp_path, "boot-1", level).entries()
+    assert not (tmp_path / TOMBSTONES_FILE).exists()
+
+
+def test_tombstones_of_another_boot_are_dropped(tmp_path: Path) -> None:
+    level = CheckpointCompatibility.V0_4_0
+    install(tmp_path, "v2-aborted.json")
+    reopen(tmp_path, "boot-1", level)
+    assert STARTED_UID not in reopen(tmp_path, "boot-2", level).entries()
+
+
+def test_previous_boot_entries_survive_restarts_until_taken(tmp_path: Path) -> None:
+    """Entries dropped for another boot are kept in the previous-boot file: a second restart
+    before their Unprepare still knows what they set up; taking one removes it for good; a
+    later reboot adds to them, and tombstones are never kept (nothing to undo)."""
+    install(tmp_path, "v2-aborted.json")
+    store = reopen(tmp_path, "boot-2", CheckpointCompatibility.V0_4_1)
+    assert store.entries() == {}
+    kept = {CHANNEL_UID, DAEMON_UID}
+    assert set(store.previous_boot()) == kept
+    again = reopen(tmp_path, "boot-2", CheckpointCompatibility.V0_4_1)
+    assert set(again.previous_boot()) == kept
+    taken = again.take_previous_boot(CHANNEL_UID)
+    assert taken is not None and taken.targets == (("channel", CD),)
+    assert again.take_previous_boot(CHANNEL_UID) is None
+    third = reopen(tmp_path, "boot-3", CheckpointCompatibility.V0_4_1)
+    assert set(third.previous_boot()) == {DAEMON_UID}
+    assert third.take_previous_boot(DAEMON_UID) is not None
+    assert not (tmp_path / PREVIOUS_BOOT_FILE).exists()
+
+
+def test_another_instance_sees_what_one_took(tmp_path: Path) -> None:
+    """Two plugin instances (rolling update) under the node lock share the previous-boot file."""
+    install(tmp_path, "v2-completed-started.json")
+    first = reopen(tmp_path, "boot-2", CheckpointCompatibility.V0_4_1)
+    second = reopen(tmp_path, "boot-2", CheckpointCompatibility.V0_4_1)
+    assert second.take_previous_boot(CHANNEL_UID) is not None
+    assert first.take_previous_boot(CHANNEL_UID) is None
+    assert set(first.previous_boot()) == {DAEMON_UID, STARTED_UID}
+
+
+@pytest.mark.parametrize("name", [PREVIOUS_BOOT_FILE, TOMBSTONES_FILE])
+def test_a_side_file_that_does_not_verify_is_ignored_with_an_error(
+    tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    install(tmp_path, "v2-completed-started.json")
+    (tmp_path / name).write_bytes(b'{"checksum": 1, "v1": {}}')
+    store = reopen(tmp_path, "boot-1", CheckpointCompatibility.V0_4_0)
+    assert set(store.entries()) == {CHANNEL_UID, DAEMON_UID, STARTED_UID}
+    assert store.previous_boot() == {}
+    assert any(name in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
