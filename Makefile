@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test venv check unit e2e chaos chaos-real badinput demo bench bench-upstream control-plane images clean flake-check
+.PHONY: test venv check unit e2e chaos chaos-real badinput demo bench bench-upstream control-plane images clean flake-check flake
 
 ## test: set up the venv, lint, type-check, check import layers, run unit and e2e tests
 test: venv
@@ -53,6 +53,12 @@ chaos-real: venv control-plane
 ## Results -> docs/reliability.md "Flake check".
 flake-check: venv control-plane
 	hack/flake-check.sh
+
+## flake: one test (pytest node id) N (20) times beside LOAD (2) busy loops, e.g.
+## make flake TEST=test/unit/daemon/test_loop.py::test_x N=50; every failing run's log is kept.
+flake: venv
+	@test -n "$(TEST)" || { echo "usage: make flake TEST=<pytest node id> [N=20] [LOAD=2]"; exit 2; }
+	TEST="$(TEST)" N=$(or $(N),20) LOAD=$(or $(LOAD),2) hack/flake-check.sh
 
 ## badinput: the bad-input suites (opaque configs, claims, checkpoint files, gRPC requests,
 ## ComputeDomain specs on the real apiserver) with BADINPUT_SCALE (default 5) times their

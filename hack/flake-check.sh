@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make flake-check: the test suites, again and again, beside CPU hogs (issue 28 item 3).
+# make flake-check: the test suites, again and again, beside CPU hogs.
 #
 # Runs the unit suite UNIT_RUNS times (default 10) and the simulated-node e2e lane E2E_RUNS times
 # (default 3) while LOAD busy loops (default 2, one per core of the reference machine) compete for
@@ -7,12 +7,23 @@
 # the machine is. Every failing run's output is kept under $OUT (default
 # /tmp/flake-check-<time>) for reading. The hogs are this script's children and are killed on
 # every exit path (trap), so nothing is left running.
+#
+# make flake TEST=<pytest node id> [N=20]: the same for one test (or one module, or `-k`-free
+# node ids separated by spaces), N times beside the same busy loops, stopping at nothing: every
+# run is counted and every failing run's log kept. The cheap way to show a fix holds before it
+# lands (docs/development.md "Flaky tests").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VENV:-.venv}/bin/python
 UNIT_RUNS=${UNIT_RUNS:-10}
 E2E_RUNS=${E2E_RUNS:-3}
 LOAD=${LOAD:-2}
+TEST=${TEST:-}
+N=${N:-20}
+if [[ -n "$TEST" && ! "$N" =~ ^[1-9][0-9]*$ ]]; then
+  echo "flake: N must be a positive count of runs, not '$N'" >&2
+  exit 2
+fi
 OUT=${OUT:-/tmp/flake-check-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 
@@ -35,7 +46,11 @@ for _ in $(seq 1 "$LOAD"); do
   ( while :; do :; done ) &
   hogs+=("$!")
 done
-echo "==> flake-check: $UNIT_RUNS unit runs, $E2E_RUNS simulated-lane runs, $LOAD busy loops; logs in $OUT"
+if [[ -n "$TEST" ]]; then
+  echo "==> flake: $TEST, $N runs, $LOAD busy loops; logs in $OUT"
+else
+  echo "==> flake-check: $UNIT_RUNS unit runs, $E2E_RUNS simulated-lane runs, $LOAD busy loops; logs in $OUT"
+fi
 
 failed=0
 run() {  # run <label> <log> <command...>
@@ -55,6 +70,15 @@ run() {  # run <label> <log> <command...>
     echo "$label: FAILED in $((SECONDS - t0))s; $(grep -E '^(FAILED|ERROR) ' "$log" | head -5 | tr '\n' ';')"
   fi
 }
+if [[ -n "$TEST" ]]; then
+  read -r -a ids <<<"$TEST"
+  for i in $(seq 1 "$N"); do
+    run "run $i" "$OUT/run-$i.log" "$PY" -m pytest "${ids[@]}" -q -p no:cacheprovider
+  done
+  echo "==> flake: $failed failed run(s) of $N"
+  [[ $failed -eq 0 ]]
+  exit
+fi
 for i in $(seq 1 "$UNIT_RUNS"); do
   run "unit run $i" "$OUT/unit-$i.log" "$PY" -m pytest test/unit test/hack -q -p no:cacheprovider
 done
