@@ -56,7 +56,7 @@ class ComputeDomain:
 def validate_name(value: str, *, field: str) -> None:
     if not value:
         raise InvalidComputeDomainError(f"{field}: Required value")
-    if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+    if len(value) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(value):
         raise InvalidComputeDomainError(
             f'{field}: Invalid value "{value}": must be a lowercase RFC 1123 subdomain '
             "(lowercase alphanumerics, '-' or '.', at most 253 characters)"

@@ -51,7 +51,7 @@ _CLIQUE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def valid_clique_id(clique_id: str) -> bool:
     """Whether ``clique_id`` may be placed in a CEL string literal (and is not empty)."""
-    return bool(_CLIQUE_ID.match(clique_id))
+    return bool(_CLIQUE_ID.fullmatch(clique_id))
 
 
 def clique_selector(clique_id: str) -> JSON:

@@ -83,7 +83,7 @@ class CliqueLabelReconciler:
             )
             return Result()
         desired = next(iter(ids), "")
-        if desired and (len(desired) > 63 or not _LABEL_VALUE.match(desired)):
+        if desired and (len(desired) > 63 or not _LABEL_VALUE.fullmatch(desired)):
             self._events.event(
                 node,
                 WARNING,

@@ -47,13 +47,13 @@ def _bad(kind: str, selector: str) -> BadRequestError:
 
 
 def _label_requirement(req: str, selector: str) -> Callable[[dict[str, str]], bool]:
-    eq = _EQ_RE.match(req)
+    eq = _EQ_RE.fullmatch(req)
     if eq:
         key, op, val = eq.groups()
         if op == "!=":
             return lambda labels: labels.get(key) != val
         return lambda labels: labels.get(key) == val
-    m = _SET_RE.match(req)
+    m = _SET_RE.fullmatch(req)
     if not m:
         raise _bad("label", selector)
     neg, key, op, values = m.groups()
@@ -99,7 +99,7 @@ def parse_field_selector(selector: str | None) -> Matcher:
         return lambda _obj: True
     reqs: list[tuple[str, bool, str]] = []
     for req in _split(selector):
-        m = _EQ_RE.match(req)
+        m = _EQ_RE.fullmatch(req)
         if not m:
             raise _bad("field", selector)
         path, op, val = m.groups()
