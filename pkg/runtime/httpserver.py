@@ -8,10 +8,15 @@ check names (as controller-runtime's healthz handler does); a check or debug doc
 raises answers 503/500 and never takes the server down; ``stop()`` is idempotent and closes the
 listening socket so a restarted process can bind the same port at once.
 
-While no request comes the serving thread is blocked with no timer (issue 32: no idle wakeups):
-it waits in a selector on the listening socket and one end of a socketpair, and ``stop()`` wakes
-it by writing to the other end. (``socketserver``'s ``serve_forever`` instead wakes every
+While no request comes the serving thread is blocked with no timer (no idle wakeups): it waits
+in a selector on the listening socket and one end of a socketpair, and ``stop()`` wakes it by
+writing to the other end. (``socketserver``'s ``serve_forever`` instead wakes every
 ``poll_interval``, 0.5 s, to look at its shutdown flag.)
+
+Anyone who can reach the port (other pods, unless a NetworkPolicy keeps them out) must not be
+able to starve the kubelet's probes or pile up threads: a connection that sends no complete
+request within ``read_timeout`` seconds is closed, and at most ``max_connections`` are served at
+once -- one beyond that is answered 503 and closed at once, without a thread.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ log = logging.getLogger(__name__)
 
 Check = Callable[[], bool]
 DebugDocument = Callable[[], object]  # returns something json.dumps can render
+
+READ_TIMEOUT = 10.0
+"""Seconds a connection may take to send its request (probes and scrapes send it at once)."""
+MAX_CONNECTIONS = 16
+"""Connections served at once: the kubelet's probes and a scraper need a few."""
+_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -78,8 +89,15 @@ class _WakeableHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
         self.socket.setblocking(False)  # a connection reset before accept() must not block
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -117,11 +135,26 @@ class _WakeableHTTPServer(ThreadingHTTPServer):
         if not self.verify_request(request, client_address):
             self.shutdown_request(request)
             return
+        if not self._slots.acquire(blocking=False):
+            log.debug("http connection refused: %s connections busy", client_address)
+            request.setblocking(False)
+            with contextlib.suppress(OSError):  # the peer is gone, or its window is full
+                request.send(_BUSY)
+            self.shutdown_request(request)
+            return
         try:
             self.process_request(request, client_address)
         except Exception:
+            self._slots.release()
             self.handle_error(request, client_address)
             self.shutdown_request(request)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        """Serve one connection on its own thread, then give its slot back."""
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def stop_serving(self, timeout: float) -> None:
         """Wake `serve_until_stopped` and wait (at most ``timeout``) until it returned, if it
@@ -150,8 +183,15 @@ class ObservabilityServer:
         liveness: HealthChecks,
         readiness: HealthChecks,
         debug: Mapping[str, DebugDocument] | None = None,
+        read_timeout: float = READ_TIMEOUT,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        """``debug``: path (``/debug/...``) -> document served as JSON; none by default."""
+        """``debug``: path (``/debug/...``) -> document served as JSON; none by default.
+        ``read_timeout`` and ``max_connections`` bound what one client can hold (module doc)."""
+        if read_timeout <= 0 or max_connections < 1:
+            raise ValueError("read_timeout must be > 0 and max_connections >= 1")
+        self._read_timeout = read_timeout
+        self._max_connections = max_connections
         self._address = parse_endpoint(endpoint)
         self._debug = dict(debug or {})
         bad = [p for p in self._debug if not p.startswith("/debug/")]
@@ -174,6 +214,9 @@ class ObservabilityServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            # The connection's socket timeout: a read that waits longer ends the connection.
+            timeout = outer._read_timeout
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == outer._metrics_path:
@@ -219,7 +262,9 @@ class ObservabilityServer:
 
     def start(self) -> None:
         """Bind the endpoint and serve on a daemon thread; `OSError` if it cannot be bound."""
-        server = _WakeableHTTPServer(self._address, self._handler())
+        server = _WakeableHTTPServer(
+            self._address, self._handler(), max_connections=self._max_connections
+        )
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_until_stopped, name="http-server", daemon=True

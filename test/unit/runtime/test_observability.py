@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer, parse_endpoint
 from pkg.runtime.tracing import setup_tracing
+from pkg.testing.eventually import eventually
 
 
 def fetch(url: str) -> tuple[int, str]:
@@ -145,6 +147,73 @@ def test_idle_server_thread_blocks_without_a_timer_and_stops_on_stop() -> None:
     finally:
         server.stop()
     assert not thread.is_alive()  # stop woke the blocked loop and it returned
+
+
+def _server(**limits: float) -> ObservabilityServer:
+    server = ObservabilityServer(
+        "127.0.0.1:0",
+        registry=CollectorRegistry(),
+        liveness=HealthChecks(),
+        readiness=HealthChecks(),
+        **limits,  # type: ignore[arg-type]
+    )
+    server.start()
+    return server
+
+
+def _closed_by_server(conn: socket.socket) -> bytes:
+    """What the server sent before it closed ``conn``; fails if it keeps it open for 30 s."""
+    conn.settimeout(30)
+    data = b""
+    while chunk := conn.recv(4096):
+        data += chunk
+    return data
+
+
+def test_a_connection_that_sends_no_request_is_closed_after_the_read_timeout() -> None:
+    """A client that connects and sends nothing (or half a request) must not hold a thread."""
+    server = _server(read_timeout=0.2)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as idle:
+            assert _closed_by_server(idle) == b""
+        with socket.create_connection(("127.0.0.1", server.port)) as half:
+            half.sendall(b"GET /healthz HTTP/1.0\r\n")  # headers never end
+            assert _closed_by_server(half) == b""
+        assert fetch(f"http://127.0.0.1:{server.port}/healthz") == (200, "ok")
+    finally:
+        server.stop()
+
+
+def test_connections_beyond_the_cap_are_answered_503_without_a_thread() -> None:
+    """Two idle connections hold both slots (accepted in connect order); the third is answered
+    503 at once; once one idle client leaves, probes are served again."""
+    server = _server(max_connections=2)
+    try:
+        first = socket.create_connection(("127.0.0.1", server.port))
+        second = socket.create_connection(("127.0.0.1", server.port))
+        with socket.create_connection(("127.0.0.1", server.port)) as third:
+            assert _closed_by_server(third).startswith(b"HTTP/1.0 503 ")
+        first.close()
+        eventually(
+            lambda: fetch(f"http://127.0.0.1:{server.port}/healthz") == (200, "ok"),
+            timeout=30,
+            what="a probe served once a slot is free",
+        )
+        second.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("limits", [{"read_timeout": 0}, {"max_connections": 0}])
+def test_limits_must_be_positive(limits: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="read_timeout must be > 0"):
+        ObservabilityServer(
+            "127.0.0.1:0",
+            registry=CollectorRegistry(),
+            liveness=HealthChecks(),
+            readiness=HealthChecks(),
+            **limits,  # type: ignore[arg-type]
+        )
 
 
 @pytest.mark.parametrize(
