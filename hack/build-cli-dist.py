@@ -34,8 +34,14 @@ ENTRY = "pkg.cli.computedomain"
 EXTRA_REQUIREMENTS = ("pyyaml>=6",)
 # Imports the wheel must never carry (the driver's stacks); a module of ``pkg`` that pulls one
 # in makes the build fail rather than ship a CLI that cannot start without them.
-FORBIDDEN_TOP_LEVEL = ("grpc", "google.protobuf", "pynvml", "prometheus_client", "opentelemetry",
-                       "cachetools")  # fmt: skip
+FORBIDDEN_TOP_LEVEL = (
+    "grpc",
+    "google.protobuf",
+    "pynvml",
+    "prometheus_client",
+    "opentelemetry",
+    "cachetools",
+)
 
 _PROBE = """
 import json, sys
@@ -55,8 +61,13 @@ class BuildError(RuntimeError):
 def cli_modules() -> list[tuple[str, Path]]:
     """``(module, source file)`` of every ``pkg`` module the CLI imports, by a child
     interpreter run from the checkout; raises `BuildError` when a forbidden stack is loaded."""
-    done = subprocess.run([sys.executable, "-c", _PROBE.format(entry=ENTRY)], cwd=REPO,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(entry=ENTRY)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise BuildError(f"importing {ENTRY} failed:\n{done.stderr}")
     first, second = done.stdout.splitlines()[-2:]
@@ -125,10 +136,22 @@ def build(out: Path) -> Path:
         src = Path(tmp) / "src"
         stage(src)
         done = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-             "--no-index", "--wheel-dir", str(out), str(src)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "--wheel-dir",
+                str(out),
+                str(src),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if done.returncode != 0:
             raise BuildError(f"pip wheel failed:\n{done.stdout}\n{done.stderr}")
     version, _ = project_metadata()

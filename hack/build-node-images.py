@@ -22,9 +22,8 @@ HACK = Path(__file__).resolve().parent
 VENV_PY = HACK.parent / ".venv" / "bin" / "python"
 if VENV_PY.exists() and Path(sys.prefix).resolve() != VENV_PY.parent.parent.resolve():
     os.execv(str(VENV_PY), [str(VENV_PY), __file__, *sys.argv[1:]])
-sys.path.insert(0, str(HACK))
 
-from nodeimages import (  # noqa: E402
+from nodeimages import (  # noqa: E402  (after the re-exec under the venv)
     BuildError,
     DebError,
     build_all,

@@ -44,8 +44,11 @@ def fetch_document(endpoint: str, timeout: float = 5.0) -> dict[str, Any]:
 def slice_name(inf: Mapping[str, Any]) -> str:
     """``resource.group[ns=..,labels=..,fields=..,metadata]`` of one informer entry."""
     res = f"{inf['resource']}.{inf['group']}" if inf["group"] else str(inf["resource"])
-    parts = [f"{k}={inf[f]}" for k, f in (("ns", "namespace"), ("labels", "labelSelector"),
-                                           ("fields", "fieldSelector")) if inf.get(f)]  # fmt: skip
+    parts = [
+        f"{k}={inf[f]}"
+        for k, f in (("ns", "namespace"), ("labels", "labelSelector"), ("fields", "fieldSelector"))
+        if inf.get(f)
+    ]
     if inf.get("metadataOnly"):
         parts.append("metadata-only")
     return f"{res}[{','.join(parts)}]" if parts else res
@@ -54,15 +57,24 @@ def slice_name(inf: Mapping[str, Any]) -> str:
 def list_slice(client: KubeClient, inf: Mapping[str, Any]) -> tuple[dict[str, str], str]:
     """``{key: resourceVersion}`` of a fresh (consistent) LIST of the informer's slice, and
     the LIST's resourceVersion."""
-    resource = Resource(str(inf["group"]), str(inf["version"]), str(inf["resource"]),
-                        str(inf["kind"]), bool(inf["namespaced"]))  # fmt: skip
+    resource = Resource(
+        str(inf["group"]),
+        str(inf["version"]),
+        str(inf["resource"]),
+        str(inf["kind"]),
+        bool(inf["namespaced"]),
+    )
     out: dict[str, str] = {}
     token: str | None = None
     while True:
         page = client.list(
-            resource, namespace=inf.get("namespace"), label_selector=inf.get("labelSelector"),
-            field_selector=inf.get("fieldSelector"), limit=500, continue_token=token,
-        )  # fmt: skip
+            resource,
+            namespace=inf.get("namespace"),
+            label_selector=inf.get("labelSelector"),
+            field_selector=inf.get("fieldSelector"),
+            limit=500,
+            continue_token=token,
+        )
         for obj in page.get("items") or []:
             meta = obj["metadata"]
             key = f"{meta['namespace']}/{meta['name']}" if meta.get("namespace") else meta["name"]
@@ -89,8 +101,10 @@ def diff(cached: Mapping[str, str], listed: Mapping[str, str]) -> list[str]:
     if stale:
         out.append("stale in the cache (not listed): " + show(stale, lambda k: f"{k}@{cached[k]}"))
     if changed:
-        out.append("resourceVersion differs (cache != list): "
-                   + show(changed, lambda k: f"{k} {cached[k]} != {listed[k]}"))  # fmt: skip
+        out.append(
+            "resourceVersion differs (cache != list): "
+            + show(changed, lambda k: f"{k} {cached[k]} != {listed[k]}")
+        )
     return out
 
 
@@ -134,9 +148,13 @@ def not_ready(endpoint: str) -> list[str]:
 
 
 def check_process(
-    client: KubeClient, endpoint: str, *, timeout: float = TIMEOUT,
-    ready_timeout: float = READY_TIMEOUT, every: float = 0.25,
-) -> list[str]:  # fmt: skip
+    client: KubeClient,
+    endpoint: str,
+    *,
+    timeout: float = TIMEOUT,
+    ready_timeout: float = READY_TIMEOUT,
+    every: float = 0.25,
+) -> list[str]:
     """[] once the process's caches equal a fresh LIST; else the differences of the last
     attempt. First waits up to ``ready_timeout`` for the process to serve synced caches (a
     restarted controller waits for its predecessor's lease to expire), then tries for up to
@@ -155,16 +173,22 @@ def check_process(
 
 
 def check_processes(
-    client: KubeClient, endpoints: Mapping[str, str], *, timeout: float = TIMEOUT,
+    client: KubeClient,
+    endpoints: Mapping[str, str],
+    *,
+    timeout: float = TIMEOUT,
     ready_timeout: float = READY_TIMEOUT,
-) -> dict[str, list[str]]:  # fmt: skip
+) -> dict[str, list[str]]:
     """:func:`check_process` for every ``name -> endpoint``, in parallel; only the processes
     whose caches differ are in the result (empty = every cache equals a fresh LIST)."""
     if not endpoints:
         return {}
     with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
-        futures = {name: pool.submit(check_process, client, ep, timeout=timeout,
-                                     ready_timeout=ready_timeout)
-                   for name, ep in endpoints.items()}  # fmt: skip
+        futures = {
+            name: pool.submit(
+                check_process, client, ep, timeout=timeout, ready_timeout=ready_timeout
+            )
+            for name, ep in endpoints.items()
+        }
         results = {name: f.result() for name, f in futures.items()}
     return {name: problems for name, problems in results.items() if problems}

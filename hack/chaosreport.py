@@ -3,9 +3,9 @@
 Owns the record of a lifecycle (:class:`Lifecycle`: its target, phase, what was hit, the
 recovery time, stuck pods, leaks, crashes, cache comparisons and problems) and the Markdown
 report ``docs/reliability.md`` holds (:func:`report`, written between a suite's markers by
-:func:`write_report`). The simulated-node suite (``test/e2e/chaos.py``, ``make chaos``) and the
-real-node suite (``test/e2e_nodes/chaosreal.py``, ``make chaos-real``) inject different faults;
-each passes its own targets and phases.
+:func:`write_report`). The simulated-node suite (``hack/testsupport/chaos.py``, ``make chaos``)
+and the real-node suite (``hack/testsupport/chaosreal.py``, ``make chaos-real``) inject
+different faults; each passes its own targets and phases.
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ class Lifecycle:
     def line(self) -> str:
         """One progress line (what the suites print per lifecycle)."""
         rec = f"{self.recovery:.1f}s" if self.recovery is not None else "-"
-        return (f"#{self.index}: {self.target}@{self.phase} hit={self.fault or '(none found)'} "
-                f"recovery={rec} caches={self.cache_seconds:.1f}s took={self.seconds:.0f}s "
-                f"problems={self.problems}")  # fmt: skip
+        return (
+            f"#{self.index}: {self.target}@{self.phase} hit={self.fault or '(none found)'} "
+            f"recovery={rec} caches={self.cache_seconds:.1f}s took={self.seconds:.0f}s "
+            f"problems={self.problems}"
+        )
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -49,9 +51,15 @@ def pct(values: Sequence[float], q: float) -> float:
 
 
 def report(
-    results: Sequence[Lifecycle], *, targets: Sequence[str], phases: Sequence[str], seed: int,
-    command: str, wall: float, missed_note: str = "e.g. no `nvidia-imex` yet",
-) -> str:  # fmt: skip
+    results: Sequence[Lifecycle],
+    *,
+    targets: Sequence[str],
+    phases: Sequence[str],
+    seed: int,
+    command: str,
+    wall: float,
+    missed_note: str = "e.g. no `nvidia-imex` yet",
+) -> str:
     """The figures of a chaos run as Markdown: counts, faults by target and phase, recovery
     p50/p99/max per target, and every problem."""
     by = Counter((r.target, r.phase) for r in results)
@@ -59,10 +67,14 @@ def report(
     checked = [r for r in results if r.caches_checked]
     equal = sum(1 for r in checked if not r.cache_diffs)
     waits = [r.cache_seconds for r in checked]
-    took = (f"the check took p50 {pct(waits, 0.5):.1f} s, max {max(waits):.1f} s" if waits
-            else "none checked")  # fmt: skip
+    took = (
+        f"the check took p50 {pct(waits, 0.5):.1f} s, max {max(waits):.1f} s"
+        if waits
+        else "none checked"
+    )
     lines = [
-        f"- command: `{command}`", f"- seed: {seed}",
+        f"- command: `{command}`",
+        f"- seed: {seed}",
         f"- lifecycles: {len(results)} (wall time {wall / 60:.1f} min)",
         f"- faults injected: {len(results) - missed} ({missed} found no such process at that "
         f"moment, {missed_note})",
@@ -72,26 +84,36 @@ def report(
         f"- crashes (unexpected exits): {sum(len(r.crashes) for r in results)}",
         f"- caches equal to a fresh LIST after each fault: {equal}/{len(checked)} (controller and "
         f"every kubelet plugin, each informer's keys and resourceVersions; {took})",
-        "", "Faults by target and phase:", "",
+        "",
+        "Faults by target and phase:",
+        "",
         "| target | " + " | ".join(phases) + " | total |",
         "|---|" + "---|" * (len(phases) + 1),
-    ]  # fmt: skip
+    ]
     for t in targets:
         row = [by[(t, p)] for p in phases]
         lines.append(f"| {t} | " + " | ".join(map(str, row)) + f" | {sum(row)} |")
-    lines += ["", "Recovery (s) from the fault (a fault that lasts: from its end) to the phase's "
-              "goal (Ready; pods and daemons gone; domain gone and nothing left):", "",
-              "| target | n | p50 | p99 | max |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "Recovery (s) from the fault (a fault that lasts: from its end) to the phase's "
+        "goal (Ready; pods and daemons gone; domain gone and nothing left):",
+        "",
+        "| target | n | p50 | p99 | max |",
+        "|---|---|---|---|---|",
+    ]
     for t in targets:
         rec = [r.recovery for r in results if r.target == t and r.recovery is not None]
         if rec:
-            lines.append(f"| {t} | {len(rec)} | {pct(rec, 0.5):.1f} | {pct(rec, 0.99):.1f} | "
-                         f"{max(rec):.1f} |")  # fmt: skip
+            lines.append(
+                f"| {t} | {len(rec)} | {pct(rec, 0.5):.1f} | {pct(rec, 0.99):.1f} | "
+                f"{max(rec):.1f} |"
+            )
     bad = [r for r in results if r.problems]
     if bad:
         lines += ["", "Problems:", ""]
-        lines += [f"- #{r.index} {r.target}@{r.phase} ({r.fault}): {'; '.join(r.problems)}"
-                  for r in bad]  # fmt: skip
+        lines += [
+            f"- #{r.index} {r.target}@{r.phase} ({r.fault}): {'; '.join(r.problems)}" for r in bad
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -38,12 +38,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from pkg.api import constants as c  # noqa: E402
-from pkg.kubeletplugin.checkpointformat import (  # noqa: E402
+from pkg.api import constants as c
+from pkg.kubeletplugin.checkpointformat import (
     CheckpointCompatibility,
     ClaimEntry,
     ClaimState,
@@ -55,6 +51,8 @@ from pkg.kubeletplugin.checkpointformat import (  # noqa: E402
     go_time,
     persisted,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 PLUGIN_PKG = "./cmd/compute-domain-kubelet-plugin/"
 NODE = "gpu-node-1"
@@ -118,21 +116,40 @@ def _status(kind: str, request: str, device: str, pod: str) -> dict[str, Any]:
             "allocation": {
                 "devices": {
                     "results": [
-                        {"request": request, "driver": c.DRIVER_NAME, "pool": NODE,
-                         "device": device}
+                        {
+                            "request": request,
+                            "driver": c.DRIVER_NAME,
+                            "pool": NODE,
+                            "device": device,
+                        }
                     ],
                     "config": [
-                        {"source": "FromClaim", "requests": [request],
-                         "opaque": {"driver": c.DRIVER_NAME, "parameters": params}}
+                        {
+                            "source": "FromClaim",
+                            "requests": [request],
+                            "opaque": {"driver": c.DRIVER_NAME, "parameters": params},
+                        }
                     ],
                 },
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [NODE]}
+                            ]
+                        }
+                    ]
+                },
             },
-            "reservedFor": [{"resource": "pods", "name": pod,
-                             "uid": f"0d000000-0000-4000-8000-00000000{pod[-4:]}"}],
+            "reservedFor": [
+                {
+                    "resource": "pods",
+                    "name": pod,
+                    "uid": f"0d000000-0000-4000-8000-00000000{pod[-4:]}",
+                }
+            ],
         }
-    )  # fmt: skip
+    )
 
 
 def _entry(uid: str, kind: str, state: ClaimState, *, share: str | None = None) -> ClaimEntry:
@@ -245,11 +262,23 @@ def run_ref(source: Path, ref: str, files: Path, work: Path) -> dict[str, Any]:
         "CD_COMPAT_OUT": str(out),
     }
     done = subprocess.run(
-        ["go", "test", "-vet=off", f"-overlay={overlay}", "-run", "TestCheckpointCompat",
-         "-count=1", PLUGIN_PKG],
-        cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            "go",
+            "test",
+            "-vet=off",
+            f"-overlay={overlay}",
+            "-run",
+            "TestCheckpointCompat",
+            "-count=1",
+            PLUGIN_PKG,
+        ],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         check=False,
-    )  # fmt: skip
+    )
     if done.returncode != 0 or not out.exists():
         raise RuntimeError(f"go test at {ref} failed:\n{done.stdout[-4000:]}")
     shutil.rmtree(tree, ignore_errors=True)
@@ -276,10 +305,17 @@ def main() -> int:
                 written[f"{level}--{name}"] = persisted(entries, level)
         for ref in args.ref:
             commit = subprocess.run(
-                ["git", f"--git-dir={_git_dir(args.source)}", "rev-parse", "--short",
-                 f"{ref}^{{commit}}"],
-                check=True, stdout=subprocess.PIPE, text=True,
-            ).stdout.strip()  # fmt: skip
+                [
+                    "git",
+                    f"--git-dir={_git_dir(args.source)}",
+                    "rev-parse",
+                    "--short",
+                    f"{ref}^{{commit}}",
+                ],
+                check=True,
+                stdout=subprocess.PIPE,
+                text=True,
+            ).stdout.strip()
             report = run_ref(args.source, ref, files, work)
             for level in CheckpointCompatibility:
                 bad = []

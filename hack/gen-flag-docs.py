@@ -14,13 +14,12 @@ import argparse
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from pkg.daemon.options import DAEMON_FLAGS
+from pkg.kubeletplugin.options import PLUGIN_FLAGS
+from pkg.reconcilers.flags import CONTROLLER_FLAGS
+from pkg.runtime.flags import with_doc_table
 
-from pkg.daemon.options import DAEMON_FLAGS  # noqa: E402
-from pkg.kubeletplugin.options import PLUGIN_FLAGS  # noqa: E402
-from pkg.reconcilers.flags import CONTROLLER_FLAGS  # noqa: E402
-from pkg.runtime.flags import with_doc_table  # noqa: E402
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 DOC = ROOT / "docs" / "operators.md"
 

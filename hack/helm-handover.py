@@ -135,8 +135,17 @@ def adopt(t: Tools, release: str, namespace: str, chart: Path, values: Sequence[
     for v in values:
         args += ["-f", v]
     for obj in documents(t.h(*args)):
-        found = t.k("-n", namespace, "get", "-f", "-", "-o", "name", "--ignore-not-found",
-                    stdin=yaml.safe_dump(obj))  # fmt: skip
+        found = t.k(
+            "-n",
+            namespace,
+            "get",
+            "-f",
+            "-",
+            "-o",
+            "name",
+            "--ignore-not-found",
+            stdin=yaml.safe_dump(obj),
+        )
         if not found.strip():
             print(f"absent, helm install creates it: {describe(obj)}")
             continue
@@ -172,8 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--release", required=True, help="the Helm release name")
     p.add_argument("-n", "--namespace", required=True, help="the driver's namespace")
     p.add_argument("--chart", type=Path, default=CHART, help="adopt: the chart (default: ours)")
-    p.add_argument("-f", "--values", action="append", default=[],
-                   help="adopt: a values file, as for helm install (repeatable)")  # fmt: skip
+    p.add_argument(
+        "-f",
+        "--values",
+        action="append",
+        default=[],
+        help="adopt: a values file, as for helm install (repeatable)",
+    )
     p.add_argument("-k", "--kustomize", type=Path, help="release: the kustomize directory")
     p.add_argument("--kubeconfig")
     p.add_argument("--kubectl", default="kubectl")

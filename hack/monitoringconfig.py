@@ -18,10 +18,34 @@ REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "config" / "components" / "monitoring"
 
 FUNCTIONS_AND_KEYWORDS = {
-    "sum", "min", "max", "avg", "count", "rate", "irate", "increase", "histogram_quantile",
-    "clamp_min", "clamp_max", "by", "without", "on", "ignoring", "group_left", "group_right",
-    "bool", "and", "or", "unless", "offset", "topk", "bottomk", "abs", "delta", "le",
-}  # fmt: skip
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "count",
+    "rate",
+    "irate",
+    "increase",
+    "histogram_quantile",
+    "clamp_min",
+    "clamp_max",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "topk",
+    "bottomk",
+    "abs",
+    "delta",
+    "le",
+}
 
 
 def metric_names(expr: str) -> set[str]:

@@ -53,19 +53,16 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (REPO, REPO / "hack", REPO / "test" / "e2e_nodes"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+from localcluster import Cluster, bin_dir
+from localcluster.hostnet import HOST_IP
+from localcluster.realnode import RealNodes
+from nodeimages import PAUSE_IMAGE, build_all
+from switch import drivers, upstream, workload
+from switch.drivers import UPSTREAM_NAMESPACE, Step
+from switch.nodeprep import prepare_node_for_both
+from testsupport.realsupport import DRIVER_NAMESPACE, GPU_NODE_LABELS, REAL_NODES, Kubectl
 
-from localcluster import Cluster, bin_dir  # noqa: E402
-from localcluster.hostnet import HOST_IP  # noqa: E402
-from localcluster.realnode import RealNodes  # noqa: E402
-from nodeimages import PAUSE_IMAGE, build_all  # noqa: E402
-from realsupport import DRIVER_NAMESPACE, GPU_NODE_LABELS, REAL_NODES, Kubectl  # noqa: E402
-from switch import drivers, upstream, workload  # noqa: E402
-from switch.drivers import UPSTREAM_NAMESPACE, Step  # noqa: E402
-from switch.nodeprep import prepare_node_for_both  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 LOCK = Path("/tmp/realnode-session.lock")
 # The checkpoint level our plugin writes before handing a node to each upstream version
@@ -280,9 +277,15 @@ def _exists(kubectl: Kubectl, ns: str) -> bool:
 
 
 def session(
-    up: upstream.Upstream, mock: upstream.MockNvml, images: dict[str, Path], workdir: Path,
-    repeat: int, *, release: bool, level_at_install: bool,
-) -> Run:  # fmt: skip
+    up: upstream.Upstream,
+    mock: upstream.MockNvml,
+    images: dict[str, Path],
+    workdir: Path,
+    repeat: int,
+    *,
+    release: bool,
+    level_at_install: bool,
+) -> Run:
     """One ref's session on fresh nodes (see the module docstring); always tears down."""
     run = Run(up.ref, upstream=up.describe, commit=up.commit, patched=list(up.patched))
     run.ours = ", ".join(r for r in images if "compute-domain" in r)
@@ -375,10 +378,15 @@ def main() -> int:
         with realnode_lock():
             runs.append(
                 session(
-                    up, mock, images, args.workdir / up.ref, args.repeat,
-                    release=not args.keep_leftovers, level_at_install=args.level_at_install,
+                    up,
+                    mock,
+                    images,
+                    args.workdir / up.ref,
+                    args.repeat,
+                    release=not args.keep_leftovers,
+                    level_at_install=args.level_at_install,
                 )
-            )  # fmt: skip
+            )
         print(summary(runs[-1]), flush=True)
         doc = [{**asdict(r), "ratio": r.ratio()} for r in runs]
         args.out.write_text(json.dumps({"mock_nvml": mock.commit, "runs": doc}, indent=1))

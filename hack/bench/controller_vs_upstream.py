@@ -40,20 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-for p in (REPO, REPO / "hack", REPO / "test" / "e2e"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+from localcluster import Cluster, bin_dir, fake_node
+from testsupport.e2e_support import Driver, free_port
 
-from e2e_support import Driver, free_port  # noqa: E402
-from localcluster import Cluster, bin_dir, fake_node  # noqa: E402
-
-from pkg.api import constants as c  # noqa: E402
-from pkg.base.types import JSON  # noqa: E402
-from pkg.kube.client import RestClient  # noqa: E402
-from pkg.kube.config import load_api_client  # noqa: E402
-from pkg.kube.errors import AlreadyExistsError, NotFoundError  # noqa: E402
-from pkg.kube.resources import (  # noqa: E402
+from pkg.api import constants as c
+from pkg.base.types import JSON
+from pkg.kube.client import RestClient
+from pkg.kube.config import load_api_client
+from pkg.kube.errors import AlreadyExistsError, NotFoundError
+from pkg.kube.resources import (
     COMPUTE_DOMAINS,
     DAEMONSETS,
     NAMESPACES,
@@ -61,6 +56,8 @@ from pkg.kube.resources import (  # noqa: E402
     RESOURCE_CLAIM_TEMPLATES,
     Resource,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 POLICY_BINDINGS = Resource(
     "admissionregistration.k8s.io",
@@ -113,10 +110,18 @@ def build_upstream(checkout: Path, out_dir: Path) -> Path:
     env = {**os.environ, "GOFLAGS": "-mod=vendor", "CGO_ENABLED": "0", "GOTOOLCHAIN": "local"}
     log("building upstream compute-domain-controller (vendor/, ~2.5 min cold)")
     subprocess.run(
-        ["go", "build", f"-overlay={overlay_file}", "-o", str(binary),
-         "./cmd/compute-domain-controller"],
-        cwd=checkout, env=env, check=True,
-    )  # fmt: skip
+        [
+            "go",
+            "build",
+            f"-overlay={overlay_file}",
+            "-o",
+            str(binary),
+            "./cmd/compute-domain-controller",
+        ],
+        cwd=checkout,
+        env=env,
+        check=True,
+    )
     return binary
 
 
@@ -207,8 +212,9 @@ class QuietWatcher:
     def __init__(self, client: RestClient) -> None:
         self.last = time.monotonic()
         rv = client.list(NODES, limit=1)["metadata"]["resourceVersion"]
-        self._stream = client.watch(NODES, resource_version=rv, timeout_seconds=3600,
-                                    allow_watch_bookmarks=False)  # fmt: skip
+        self._stream = client.watch(
+            NODES, resource_version=rv, timeout_seconds=3600, allow_watch_bookmarks=False
+        )
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
@@ -229,41 +235,53 @@ class QuietWatcher:
 
 def cd_body(ns: str, name: str) -> dict[str, Any]:
     return {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_KIND,
         "metadata": {"name": name, "namespace": ns},
         "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": f"{name}-chan"}}},
-    }  # fmt: skip
+    }
 
 
 def leftovers(admin: RestClient, driver_ns: str, namespaces: list[str]) -> int:
     n = len(admin.list(COMPUTE_DOMAINS)["items"])
     n += len(admin.list(RESOURCE_CLAIM_TEMPLATES, label_selector=c.COMPUTE_DOMAIN_LABEL)["items"])
-    n += len(admin.list(DAEMONSETS, namespace=driver_ns, label_selector=c.COMPUTE_DOMAIN_LABEL)[
-        "items"
-    ])  # fmt: skip
+    n += len(
+        admin.list(DAEMONSETS, namespace=driver_ns, label_selector=c.COMPUTE_DOMAIN_LABEL)["items"]
+    )
     return n
 
 
 def start_contender(
-    who: str, driver: Driver, cluster: Cluster, *, go_binary: Path, env_extra: dict[str, str],
-    workdir: Path, tag: str,
-) -> subprocess.Popen[bytes]:  # fmt: skip
+    who: str,
+    driver: Driver,
+    cluster: Cluster,
+    *,
+    go_binary: Path,
+    env_extra: dict[str, str],
+    workdir: Path,
+    tag: str,
+) -> subprocess.Popen[bytes]:
     """Start one side of the comparison with the same env: ours through the e2e suite's
     ``Driver.start_controller``; upstream's Go binary, which takes no flags, here."""
     kubeconfig = cluster.kubeconfig("compute-domain-controller")
     log_file = workdir / f"controller-{tag}.log"
     if who == "ours":
-        driver.start_controller(kubeconfig=kubeconfig, log_file=log_file, http_port=free_port(),
-                                extra_env=env_extra)  # fmt: skip
+        driver.start_controller(
+            kubeconfig=kubeconfig, log_file=log_file, http_port=free_port(), extra_env=env_extra
+        )
         assert driver.controller is not None
         return driver.controller
     env = driver.controller_env(kubeconfig=kubeconfig, http_port=free_port())
     env.update(env_extra)
     with log_file.open("ab") as out:
         return subprocess.Popen(
-            [str(go_binary)], env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [str(go_binary)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def stop_controller(proc: subprocess.Popen[bytes]) -> None:
@@ -298,17 +316,29 @@ def all_have_status(admin: RestClient, namespaces: list[str], cds: int) -> bool:
 
 
 def one_run(
-    who: str, qps: str, *, admin: RestClient, driver: Driver, cluster: Cluster, go_binary: Path,
-    namespaces: list[str], cds: int, idle: float, audit_log: Path, workdir: Path, tag: str,
+    who: str,
+    qps: str,
+    *,
+    admin: RestClient,
+    driver: Driver,
+    cluster: Cluster,
+    go_binary: Path,
+    namespaces: list[str],
+    cds: int,
+    idle: float,
+    audit_log: Path,
+    workdir: Path,
+    tag: str,
     quiet_idle: bool = False,
-) -> RunResult:  # fmt: skip
+) -> RunResult:
     env_extra: dict[str, str] = {}
     if qps != "default":
         q, b = qps.split(":")
         env_extra = {"KUBE_API_QPS": q, "KUBE_API_BURST": b}
     suspended = suspend_binding(admin, DAEMONSET_POLICY_BINDING) if who == "go" else None
-    proc = start_contender(who, driver, cluster, go_binary=go_binary, env_extra=env_extra,
-                           workdir=workdir, tag=tag)  # fmt: skip
+    proc = start_contender(
+        who, driver, cluster, go_binary=go_binary, env_extra=env_extra, workdir=workdir, tag=tag
+    )
     result = RunResult(who=who, qps=qps)
     try:
         # warm-up: one CD through its whole life proves the controller is up and leading
@@ -360,8 +390,9 @@ def one_run(
             result.quiet_wait = quiet.wait_quiet(15.0, 900.0)
             cpu0, w0 = proc_cpu_seconds(proc.pid), time.monotonic()
             time.sleep(idle)
-            result.quiet_idle_cpu_pct = 100 * (proc_cpu_seconds(proc.pid) - cpu0) / (
-                time.monotonic() - w0)  # fmt: skip
+            result.quiet_idle_cpu_pct = (
+                100 * (proc_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - w0)
+            )
             quiet.stop()
         d0 = time.time()
 
@@ -403,8 +434,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--qps", default="default,100:200", help="'default' and/or QPS:BURST")
     ap.add_argument("--idle", type=float, default=60.0, help="idle CPU window (s)")
-    ap.add_argument("--quiet-idle", action="store_true",
-                    help="also measure idle CPU once no Node changed for 15 s")  # fmt: skip
+    ap.add_argument(
+        "--quiet-idle",
+        action="store_true",
+        help="also measure idle CPU once no Node changed for 15 s",
+    )
     ap.add_argument("--who", default="ours,go", help="controllers to run: ours and/or go")
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
@@ -421,32 +455,48 @@ def main() -> int:
     policy.write_text(AUDIT_POLICY.format(user=CONTROLLER_USER))
     log(f"starting cluster ({args.nodes} nodes)")
     cluster = Cluster.start(
-        bin_dir(), workdir / "cluster", node_count=0,
-        apiserver_args=[f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}",
-                        "--audit-log-mode=batch", "--audit-log-batch-max-wait=1s"],
-    )  # fmt: skip
+        bin_dir(),
+        workdir / "cluster",
+        node_count=0,
+        apiserver_args=[
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={audit_log}",
+            "--audit-log-mode=batch",
+            "--audit-log-batch-max-wait=1s",
+        ],
+    )
     results: list[RunResult] = []
     try:
         driver = Driver.deploy(cluster.kubeconfig("admin"))
         admin = RestClient(load_api_client(str(cluster.kubeconfig("admin"))))
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: admin.create(NODES, fake_node(f"node-{i}")),
-                          range(args.nodes)))  # fmt: skip
+            list(pool.map(lambda i: admin.create(NODES, fake_node(f"node-{i}")), range(args.nodes)))
         namespaces = [f"bench-{i}" for i in range(args.namespaces)]
         for ns in namespaces:
             with contextlib.suppress(AlreadyExistsError):
-                admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                          "metadata": {"name": ns}})  # fmt: skip
+                admin.create(
+                    NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+                )
         for qps in args.qps.split(","):
             for run in range(args.runs):
                 for who in who_list:
                     tag = f"{who}-{qps.replace(':', '_')}-{run}"
                     log(f"run {tag}")
                     r = one_run(
-                        who, qps, admin=admin, driver=driver, cluster=cluster,
-                        go_binary=go_binary, namespaces=namespaces, cds=args.cds, idle=args.idle,
-                        audit_log=audit_log, workdir=workdir, tag=tag, quiet_idle=args.quiet_idle,
-                    )  # fmt: skip
+                        who,
+                        qps,
+                        admin=admin,
+                        driver=driver,
+                        cluster=cluster,
+                        go_binary=go_binary,
+                        namespaces=namespaces,
+                        cds=args.cds,
+                        idle=args.idle,
+                        audit_log=audit_log,
+                        workdir=workdir,
+                        tag=tag,
+                        quiet_idle=args.quiet_idle,
+                    )
                     log(json.dumps(r.__dict__))
                     results.append(r)
     finally:

@@ -22,12 +22,10 @@ import json
 import multiprocessing as mp
 import random
 import resource
-import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -35,7 +33,6 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes.watch import watch as k8s_watch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pkg.base.clock import RealClock
 from pkg.base.types import JSON
 from pkg.informers.compact import compact as compact_fn
@@ -57,56 +54,123 @@ def make_pod(i: int, rv: int) -> JSON:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": name, "namespace": f"team-{i % 20}", "uid": f"{i:08x}-1b2c-4d5e-8f90-{i:012x}",
-            "resourceVersion": str(rv), "generation": 1,
-            "creationTimestamp": "2026-01-02T03:04:05Z", "generateName": name[:-5],
-            "labels": {"app": f"app-{i % 50}", "pod-template-hash": f"{i * 31 % 99999:x}",
-                       "resource.nvidia.com/computeDomain": f"cd-{i % 40}"},
+            "name": name,
+            "namespace": f"team-{i % 20}",
+            "uid": f"{i:08x}-1b2c-4d5e-8f90-{i:012x}",
+            "resourceVersion": str(rv),
+            "generation": 1,
+            "creationTimestamp": "2026-01-02T03:04:05Z",
+            "generateName": name[:-5],
+            "labels": {
+                "app": f"app-{i % 50}",
+                "pod-template-hash": f"{i * 31 % 99999:x}",
+                "resource.nvidia.com/computeDomain": f"cd-{i % 40}",
+            },
             "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-01-02T03:00:00Z"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                 "name": f"rs-{i % 50}", "uid": f"owner-{i % 50:04d}",
-                                 "controller": True, "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"rs-{i % 50}",
+                    "uid": f"owner-{i % 50:04d}",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
         "spec": {
-            "nodeName": f"node-{i % 500:03d}", "serviceAccountName": "default",
-            "restartPolicy": "Always", "schedulerName": "default-scheduler",
-            "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
-            "containers": [{
-                "name": "main", "image": "nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04",
-                "command": ["/bin/sh", "-c"], "args": ["nvidia-smi -L; sleep infinity"],
-                "env": [{"name": f"ENV_{k}", "value": f"value-{k}-{i}"} for k in range(6)],
-                "resources": {"limits": {"cpu": "2", "memory": "4Gi"},
-                              "requests": {"cpu": "1", "memory": "2Gi"},
-                              "claims": [{"name": "channel"}]},
-                "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
-                "volumeMounts": [{"name": "kube-api-access", "readOnly": True,
-                                  "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
-                "imagePullPolicy": "IfNotPresent", "terminationMessagePolicy": "File",
-                "terminationMessagePath": "/dev/termination-log",
-            }],
+            "nodeName": f"node-{i % 500:03d}",
+            "serviceAccountName": "default",
+            "restartPolicy": "Always",
+            "schedulerName": "default-scheduler",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "nvcr.io/nvidia/cuda:12.9.0-base-ubuntu24.04",
+                    "command": ["/bin/sh", "-c"],
+                    "args": ["nvidia-smi -L; sleep infinity"],
+                    "env": [{"name": f"ENV_{k}", "value": f"value-{k}-{i}"} for k in range(6)],
+                    "resources": {
+                        "limits": {"cpu": "2", "memory": "4Gi"},
+                        "requests": {"cpu": "1", "memory": "2Gi"},
+                        "claims": [{"name": "channel"}],
+                    },
+                    "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
+                    "volumeMounts": [
+                        {
+                            "name": "kube-api-access",
+                            "readOnly": True,
+                            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                        }
+                    ],
+                    "imagePullPolicy": "IfNotPresent",
+                    "terminationMessagePolicy": "File",
+                    "terminationMessagePath": "/dev/termination-log",
+                }
+            ],
             "resourceClaims": [{"name": "channel", "resourceClaimTemplateName": f"cd-{i % 40}"}],
-            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
-                             "effect": "NoExecute", "tolerationSeconds": 300}],
-            "volumes": [{"name": "kube-api-access", "projected": {"sources": [
-                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
-                {"configMap": {"name": "kube-root-ca.crt",
-                               "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}],
+            "tolerations": [
+                {
+                    "key": "node.kubernetes.io/not-ready",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 300,
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "kube-api-access",
+                    "projected": {
+                        "sources": [
+                            {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                            {
+                                "configMap": {
+                                    "name": "kube-root-ca.crt",
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                                }
+                            },
+                        ]
+                    },
+                }
+            ],
         },
         "status": {
-            "phase": "Running", "hostIP": f"10.0.{i % 250}.{i % 200}",
+            "phase": "Running",
+            "hostIP": f"10.0.{i % 250}.{i % 200}",
             "podIP": f"10.244.{i % 250}.7",
-            "startTime": "2026-01-02T03:04:06Z", "qosClass": "Burstable",
-            "conditions": [{"type": t, "status": "True", "lastProbeTime": None,
-                            "lastTransitionTime": "2026-01-02T03:04:09Z"}
-                           for t in ("PodReadyToStartContainers", "Initialized", "Ready",
-                                     "ContainersReady", "PodScheduled")],
-            "containerStatuses": [{"name": "main", "ready": True, "restartCount": 0,
-                                   "started": True, "image": "nvcr.io/nvidia/cuda:12.9.0",
-                                   "imageID": f"sha256:{i:064x}",
-                                   "containerID": f"containerd://{i * 13:064x}",
-                                   "state": {"running": {"startedAt": "2026-01-02T03:04:08Z"}}}],
+            "startTime": "2026-01-02T03:04:06Z",
+            "qosClass": "Burstable",
+            "conditions": [
+                {
+                    "type": t,
+                    "status": "True",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": "2026-01-02T03:04:09Z",
+                }
+                for t in (
+                    "PodReadyToStartContainers",
+                    "Initialized",
+                    "Ready",
+                    "ContainersReady",
+                    "PodScheduled",
+                )
+            ],
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "image": "nvcr.io/nvidia/cuda:12.9.0",
+                    "imageID": f"sha256:{i:064x}",
+                    "containerID": f"containerd://{i * 13:064x}",
+                    "state": {"running": {"startedAt": "2026-01-02T03:04:08Z"}},
+                }
+            ],
         },
-    }  # fmt: skip
+    }
 
 
 def record(n: int) -> tuple[list[bytes], list[bytes], int]:
@@ -117,8 +181,10 @@ def record(n: int) -> tuple[list[bytes], list[bytes], int]:
         meta: JSON = {"resourceVersion": str(list_rv)}
         if start + PAGE < n:
             meta["continue"] = str(start + PAGE)
-        items = [{k: v for k, v in p.items() if k not in ("kind", "apiVersion")}
-                 for p in pods[start : start + PAGE]]  # fmt: skip
+        items = [
+            {k: v for k, v in p.items() if k not in ("kind", "apiVersion")}
+            for p in pods[start : start + PAGE]
+        ]
         body = {"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": items}
         pages.append(json.dumps(body, separators=(",", ":")).encode())
     events = []
@@ -171,10 +237,13 @@ def run_raw(url: str, final_rv: int, out: Any, *, mode: str = "raw") -> None:
 
     cfg = k8s.Configuration()
     cfg.host = url
-    inf = SharedInformer(ResourceListerWatcher(RestClient(k8s.ApiClient(cfg)), PODS),
-                         clock=RealClock(), page_size=PAGE,
-                         transform=compact_fn if mode == "raw+compact" else None,
-                         codec=SerializedCodec() if mode == "serialized" else None)  # fmt: skip
+    inf = SharedInformer(
+        ResourceListerWatcher(RestClient(k8s.ApiClient(cfg)), PODS),
+        clock=RealClock(),
+        page_size=PAGE,
+        transform=compact_fn if mode == "raw+compact" else None,
+        codec=SerializedCodec() if mode == "serialized" else None,
+    )
     t0 = time.perf_counter()
     inf.start()
     while inf.last_sync_resource_version != str(final_rv):
@@ -207,8 +276,9 @@ def run_typed(url: str, final_rv: int, out: Any) -> None:
         rv, token = plist.metadata.resource_version, plist.metadata.var_continue or ""
         if not token:
             break
-    resp = http.request("GET", f"{url}/api/v1/pods?watch=true&resourceVersion={rv}",
-                        preload_content=False)  # fmt: skip
+    resp = http.request(
+        "GET", f"{url}/api/v1/pods?watch=true&resourceVersion={rv}", preload_content=False
+    )
     for line in iter_resp_lines(resp):
         ev = json.loads(line)
         p = api.deserialize(json.dumps(ev["object"]), "V1Pod", "application/json")
@@ -233,8 +303,10 @@ def measure_memory(events: list[bytes], mode: str, out: Any) -> None:
     (for the serialized cache mostly LRU misses), a get of one hot key, a by_index of one
     node's pods, and a full list()."""
 
-    idx = Indexer({BY_NODE_NAME: index_by_node_name},
-                  codec=SerializedCodec() if mode == "serialized" else None)  # fmt: skip
+    idx = Indexer(
+        {BY_NODE_NAME: index_by_node_name},
+        codec=SerializedCodec() if mode == "serialized" else None,
+    )
     json_bytes = 0
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -278,8 +350,10 @@ def main() -> None:
     args = ap.parse_args()
     pages, events, final_rv = record(args.n)
     size = sum(len(e) for e in events) / len(events)
-    print(f"recorded: {args.n} pods, LIST {sum(map(len, pages)) / 1e6:.1f} MB in {len(pages)} "
-          f"pages + WATCH {args.n} events (avg event {size:.0f} B)")  # fmt: skip
+    print(
+        f"recorded: {args.n} pods, LIST {sum(map(len, pages)) / 1e6:.1f} MB in {len(pages)} "
+        f"pages + WATCH {args.n} events (avg event {size:.0f} B)"
+    )
     ctx = mp.get_context("fork")
     port_q: Any = ctx.Queue()
     server = ctx.Process(target=serve, args=(pages, events, port_q), daemon=True)
@@ -290,8 +364,10 @@ def main() -> None:
     for target in (run_raw, run_raw_compact, run_serialized, run_typed):
         kind, dt, n, rss_kb = child(target, url, final_rv)
         results[kind] = dt
-        print(f"{kind:>11}: {total} objects in {dt:6.2f}s = {total / dt:8.0f} obj/s, "
-              f"cached {n}, peak RSS {rss_kb / 1024:.0f} MiB")  # fmt: skip
+        print(
+            f"{kind:>11}: {total} objects in {dt:6.2f}s = {total / dt:8.0f} obj/s, "
+            f"cached {n}, peak RSS {rss_kb / 1024:.0f} MiB"
+        )
     for kind in ("raw", "raw+compact", "serialized"):
         print(f"ratio {kind}/typed throughput: {results['typed'] / results[kind]:.1f}x")
     reads: dict[str, dict[str, float]] = {}

@@ -13,12 +13,8 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test" / "unit" / "kubeletplugin"))
-
-from kp_harness import (
+from testsupport.kp_harness import (
     channel_params,
     running_plugin,
     seed_claim,
@@ -63,9 +59,11 @@ def main() -> int:
                 prep.append((t1 - t0) * 1000)
                 unprep.append((t2 - t1) * 1000)
     for name, values in (("prepare", prep), ("unprepare", unprep)):
-        print(f"{name:9s} n={len(values)} p50={statistics.median(values):.1f}ms "
-              f"p90={pct(values, 0.9):.1f}ms p99={pct(values, 0.99):.1f}ms "
-              f"max={max(values):.1f}ms")  # fmt: skip
+        print(
+            f"{name:9s} n={len(values)} p50={statistics.median(values):.1f}ms "
+            f"p90={pct(values, 0.9):.1f}ms p99={pct(values, 0.99):.1f}ms "
+            f"max={max(values):.1f}ms"
+        )
     return 0
 
 

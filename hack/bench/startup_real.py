@@ -48,16 +48,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-for p in (REPO, REPO / "hack", REPO / "test" / "e2e_nodes"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-from localcluster import Cluster, bin_dir  # noqa: E402
-from localcluster.hostnet import HOST_IP  # noqa: E402
-from localcluster.realnode import RealNodes, missing_prerequisites  # noqa: E402
-from nodeimages import PAUSE_IMAGE, build_all  # noqa: E402
-from realsupport import (  # noqa: E402
+from localcluster import Cluster, bin_dir
+from localcluster.hostnet import HOST_IP
+from localcluster.realnode import RealNodes, missing_prerequisites
+from nodeimages import PAUSE_IMAGE, build_all
+from testsupport.realsupport import (
     DRIVER_NAMESPACE,
     GPU_NODE_LABELS,
     REAL_NODES,
@@ -68,6 +63,8 @@ from realsupport import (  # noqa: E402
     sample_workload,
     wait_for,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 NS = "startup-bench"
 SA = f"system:serviceaccount:{DRIVER_NAMESPACE}:"
@@ -134,8 +131,9 @@ def first_request(events: list[dict[str, Any]], pod: str, *, writes_to: str = ""
         if pod not in (extra.get(POD_NAME) or []):
             continue
         ref = ev.get("objectRef") or {}
-        if writes_to and (ref.get("resource") != writes_to or ev.get("verb") not in
-                          ("create", "update", "patch")):  # fmt: skip
+        if writes_to and (
+            ref.get("resource") != writes_to or ev.get("verb") not in ("create", "update", "patch")
+        ):
             continue
         times.append(wall(ev["requestReceivedTimestamp"]))
     return min(times) if times else None
@@ -214,8 +212,11 @@ def pod_pids(node: str, uid: str, needle: str) -> list[int]:
     """PIDs of pod ``uid`` on ``node`` whose command line contains ``needle`` (the old pod of
     the same name may still be terminating beside it)."""
     marks = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
-    return [pid for pid in container_pids(node, needle)
-            if any(m in Path(f"/proc/{pid}/cgroup").read_text() for m in marks)]  # fmt: skip
+    return [
+        pid
+        for pid in container_pids(node, needle)
+        if any(m in Path(f"/proc/{pid}/cgroup").read_text() for m in marks)
+    ]
 
 
 Stages = dict[str, float | None]
@@ -262,24 +263,38 @@ def main() -> int:
     policy.write_text(AUDIT_POLICY)
     images = build_all()
     cluster = Cluster.start(
-        bin_dir(build=True), workdir / "cluster", node_names=REAL_NODES,
+        bin_dir(build=True),
+        workdir / "cluster",
+        node_names=REAL_NODES,
         advertise_address=HOST_IP,
-        apiserver_args=[f"--audit-policy-file={policy}", f"--audit-log-path={audit}",
-                        "--audit-log-mode=blocking"],
-    )  # fmt: skip
+        apiserver_args=[
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={audit}",
+            "--audit-log-mode=blocking",
+        ],
+    )
     kubectl = Kubectl(cluster.kubeconfig("admin"))
     fleet: RealNodes | None = None
     results: dict[str, dict[str, list[float]]] = {}
     try:
         fleet = RealNodes.start(
-            cluster, workdir / "nodes", REAL_NODES, images=list(images.values()),
-            pause_image=PAUSE_IMAGE, prepare=prepare_node, labels=GPU_NODE_LABELS,
-        )  # fmt: skip
+            cluster,
+            workdir / "nodes",
+            REAL_NODES,
+            images=list(images.values()),
+            pause_image=PAUSE_IMAGE,
+            prepare=prepare_node,
+            labels=GPU_NODE_LABELS,
+        )
         deploy_driver(kubectl)
         kubectl("create", "namespace", NS)
         kubectl("apply", "-f", "-", stdin=sample_workload(NS, "sleep 3600"))
-        wait_for("domain Ready", lambda: " Ready" in kubectl("-n", NS, "get", "computedomains"),
-                 timeout=300, every=1)  # fmt: skip
+        wait_for(
+            "domain Ready",
+            lambda: " Ready" in kubectl("-n", NS, "get", "computedomains"),
+            timeout=300,
+            every=1,
+        )
         offset = boot_offset()
         node = REAL_NODES[0]
 
@@ -289,16 +304,26 @@ def main() -> int:
         def plugin() -> Stages:
             needle = "compute-domain-kubelet-plugin"
             name, t0, t1 = restart(kubectl, nodes, PLUGIN_PODS, node, needle=needle, offset=offset)
-            ready = wait_for("registration", lambda: log_time(kubectl, name,
-                             "kubelet registered plugin"), timeout=120)  # fmt: skip
+            ready = wait_for(
+                "registration",
+                lambda: log_time(kubectl, name, "kubelet registered plugin"),
+                timeout=120,
+            )
             serving = log_time(kubectl, name, "serving DRA on")
             first = first_request(audit_events(audit), name)
-            return stages(t0, t1, {"first API request": first, "serving": serving,
-                                   "registered": ready})  # fmt: skip
+            return stages(
+                t0, t1, {"first API request": first, "serving": serving, "registered": ready}
+            )
 
         def daemon() -> Stages:
-            name, t0, t1 = restart(kubectl, nodes, "resource.nvidia.com/computeDomain", node,
-                                   needle="compute-domain-daemon", offset=offset)  # fmt: skip
+            name, t0, t1 = restart(
+                kubectl,
+                nodes,
+                "resource.nvidia.com/computeDomain",
+                node,
+                needle="compute-domain-daemon",
+                offset=offset,
+            )
 
             def wrote() -> float | None:
                 return first_request(audit_events(audit), name, writes_to="computedomaincliques")
@@ -308,15 +333,23 @@ def main() -> int:
             return stages(t0, t1, {"first API request": first, "clique write": write})
 
         def controller() -> Stages:
-            name, t0, t1 = restart(kubectl, nodes, CONTROLLER_PODS, None,
-                                   needle="compute-domain-controller", offset=offset)  # fmt: skip
-            synced = wait_for("caches synced", lambda: log_time(kubectl, name, "caches synced"),
-                              timeout=120)  # fmt: skip
+            name, t0, t1 = restart(
+                kubectl,
+                nodes,
+                CONTROLLER_PODS,
+                None,
+                needle="compute-domain-controller",
+                offset=offset,
+            )
+            synced = wait_for(
+                "caches synced", lambda: log_time(kubectl, name, "caches synced"), timeout=120
+            )
             first = first_request(audit_events(audit), name)
             return stages(t0, t1, {"first API request": first, "caches synced": synced})
 
-        kubectl("-n", DRIVER_NAMESPACE, "scale", "deployment/compute-domain-controller",
-                "--replicas=1")  # fmt: skip
+        kubectl(
+            "-n", DRIVER_NAMESPACE, "scale", "deployment/compute-domain-controller", "--replicas=1"
+        )
         for what, once in (("plugin", plugin), ("daemon", daemon), ("controller", controller)):
             results[what] = measure(what, args.starts, once)
     finally:
@@ -328,8 +361,10 @@ def main() -> int:
     for what, got in results.items():
         for stage, values in got.items():
             if values:
-                print(f"{what:<11} {stage:<38} {_ms(statistics.median(values)):>8} "
-                      f"{_ms(min(values)):>8} {_ms(max(values)):>8}   ({len(values)})")  # fmt: skip
+                print(
+                    f"{what:<11} {stage:<38} {_ms(statistics.median(values)):>8} "
+                    f"{_ms(min(values)):>8} {_ms(max(values)):>8}   ({len(values)})"
+                )
     return 0
 
 

@@ -45,23 +45,18 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-for p in (REPO, REPO / "hack", REPO / "test" / "e2e"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+from kubeletsim import NodeFleet, config_from_cluster, layout
+from kubeletsim.formation import OWNERS, PodTimes, formations, read_spans, summarize
+from kubeletsim.zygote import ZYGOTE_ENV, Zygote
+from localcluster import Cluster, bin_dir
+from testsupport.e2e_support import Driver, channels_seen, free_port, leak_report, wait_for
+from testsupport.workloads import create_cd, delete_cd, delete_pods, start_pods
 
-from e2e_support import Driver, channels_seen, free_port, leak_report, wait_for  # noqa: E402
-from kubeletsim import NodeFleet, config_from_cluster, layout  # noqa: E402
-from kubeletsim.formation import OWNERS, PodTimes, formations, read_spans, summarize  # noqa: E402
-from kubeletsim.zygote import ZYGOTE_ENV, Zygote  # noqa: E402
-from localcluster import Cluster, bin_dir  # noqa: E402
-from workloads import create_cd, delete_cd, delete_pods, start_pods  # noqa: E402
-
-from pkg.api import constants as c  # noqa: E402
-from pkg.imex.config import DEFAULT_SERVER_PORT  # noqa: E402
-from pkg.kube.client import KubeClient, RestClient  # noqa: E402
-from pkg.kube.config import load_api_client  # noqa: E402
-from pkg.kube.resources import (  # noqa: E402
+from pkg.api import constants as c
+from pkg.imex.config import DEFAULT_SERVER_PORT
+from pkg.kube.client import KubeClient, RestClient
+from pkg.kube.config import load_api_client
+from pkg.kube.resources import (
     COMPUTE_DOMAINS,
     DAEMONSETS,
     NAMESPACES,
@@ -69,7 +64,9 @@ from pkg.kube.resources import (  # noqa: E402
     PODS,
     Resource,
 )
-from pkg.runtime.tracing import FILE_PATH_VAR, parse_traceparent  # noqa: E402
+from pkg.runtime.tracing import FILE_PATH_VAR, parse_traceparent
+
+REPO = Path(__file__).resolve().parents[2]
 
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -119,11 +116,15 @@ class PodWatcher:
         self.daemon_sets: dict[str, float] = {}  # domain UID -> its DaemonSet first seen
         self._lock = threading.Lock()
         self._threads = [
-            threading.Thread(target=self._run, args=(res, ns, observe), name=f"watch-{res.plural}",
-                             daemon=True)
-            for res, ns, observe in ((PODS, "", self._observe), (NODES, "", self._observe_node),
-                                     (DAEMONSETS, driver_ns, self._observe_daemon_set))
-        ]  # fmt: skip
+            threading.Thread(
+                target=self._run, args=(res, ns, observe), name=f"watch-{res.plural}", daemon=True
+            )
+            for res, ns, observe in (
+                (PODS, "", self._observe),
+                (NODES, "", self._observe_node),
+                (DAEMONSETS, driver_ns, self._observe_daemon_set),
+            )
+        ]
 
     def start(self) -> PodWatcher:
         for t in self._threads:
@@ -139,8 +140,9 @@ class PodWatcher:
             try:
                 if not rv:
                     rv = self._admin.list(res, namespace=ns or None)["metadata"]["resourceVersion"]
-                for ev in self._admin.watch(res, namespace=ns or None, resource_version=rv,
-                                            timeout_seconds=60):  # fmt: skip
+                for ev in self._admin.watch(
+                    res, namespace=ns or None, resource_version=rv, timeout_seconds=60
+                ):
                     if self._stop.is_set():
                         return
                     obj = ev.object
@@ -161,7 +163,8 @@ class PodWatcher:
 
     def _observe_daemon_set(self, ds: dict[str, Any], now: float) -> None:
         selector = ((ds.get("spec") or {}).get("template") or {}).get("spec", {}).get(
-            "nodeSelector") or {}  # fmt: skip
+            "nodeSelector"
+        ) or {}
         uid = selector.get(c.COMPUTE_DOMAIN_LABEL)
         if uid:
             with self._lock:
@@ -226,8 +229,11 @@ class LoadSampler:
         self._stop.set()
         busy0, total0 = self._cpu0
         busy1, total1 = _cpu_times()
-        return {"load1_end": os.getloadavg()[0], "load1_max": self.max_load1,
-                "cpu_busy_pct": 100.0 * (busy1 - busy0) / max(1, total1 - total0)}  # fmt: skip
+        return {
+            "load1_end": os.getloadavg()[0],
+            "load1_max": self.max_load1,
+            "cpu_busy_pct": 100.0 * (busy1 - busy0) / max(1, total1 - total0),
+        }
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -282,8 +288,16 @@ def imex_listening(fleet: NodeFleet) -> list[str]:
     return busy
 
 
-def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i: int, *,
-                  pods_seen: PodWatcher, spans_file: Path | None) -> dict[str, Any]:  # fmt: skip
+def one_lifecycle(
+    admin: KubeClient,
+    fleet: NodeFleet,
+    driver_ns: str,
+    n: int,
+    i: int,
+    *,
+    pods_seen: PodWatcher,
+    spans_file: Path | None,
+) -> dict[str, Any]:
     """One create -> Ready -> delete cycle; time-to-ready, its stages and the load meanwhile."""
     ns = f"bench-{n}-{i}"
     admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
@@ -297,8 +311,9 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
     def pods() -> list[dict[str, Any]]:
         return list(admin.list(PODS, namespace=ns, label_selector=selector)["items"])
 
-    wait_for("all bound", lambda: all(p["spec"].get("nodeName") for p in pods()), timeout=300,
-             every=0.05)  # fmt: skip
+    wait_for(
+        "all bound", lambda: all(p["spec"].get("nodeName") for p in pods()), timeout=300, every=0.05
+    )
     bound = time.monotonic()
 
     def ready() -> bool:
@@ -322,8 +337,7 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
     stages: dict[str, Any] = {}
     if spans_file is not None:
         cd = admin.get(COMPUTE_DOMAINS, w.cd_name, namespace=ns)
-        ids = parse_traceparent(cd["metadata"].get("annotations", {}).get(
-            c.TRACEPARENT_ANNOTATION))  # fmt: skip
+        ids = parse_traceparent(cd["metadata"].get("annotations", {}).get(c.TRACEPARENT_ANNOTATION))
         if ids is None:
             stages = {"error": "no traceparent annotation"}
         else:
@@ -342,23 +356,37 @@ def one_lifecycle(admin: KubeClient, fleet: NodeFleet, driver_ns: str, n: int, i
             workload = pods_seen.in_namespace(ns, prefix=f"{w.cd_name}-")
             harness = harness_milestones(fleet, ns, driver_ns)
             uid = str(cd["metadata"]["uid"])
-            stages = summarize(formations(spans, workload, daemons, harness,
-                                          labelled=pods_seen.labelled(uid),
-                                          daemon_set=pods_seen.daemon_set(uid)))  # fmt: skip
+            stages = summarize(
+                formations(
+                    spans,
+                    workload,
+                    daemons,
+                    harness,
+                    labelled=pods_seen.labelled(uid),
+                    daemon_set=pods_seen.daemon_set(uid),
+                )
+            )
     delete_pods(admin, w, timeout=300)
     delete_cd(admin, w, timeout=300)
-    wait_for("clean", lambda: not leak_report(admin, fleet, driver_ns, [ns]), timeout=300,
-             every=0.5)  # fmt: skip
+    wait_for(
+        "clean", lambda: not leak_report(admin, fleet, driver_ns, [ns]), timeout=300, every=0.5
+    )
     # The previous domain's simulated IMEX must be gone: every "pod" of a node shares the node's
     # IP here, so a lingering one would answer the next daemon's readiness query.
-    wait_for("simulated IMEX daemons gone", lambda: not imex_listening(fleet), timeout=120,
-             every=0.2)  # fmt: skip
+    wait_for(
+        "simulated IMEX daemons gone", lambda: not imex_listening(fleet), timeout=120, every=0.2
+    )
     admin.delete(NAMESPACES, ns)
     pods_seen.forget(ns)
     pods_seen.forget(driver_ns)
-    return {"ttr": ttr, "lifecycle": time.monotonic() - start, "machine": machine,
-            "stages": stages, "cd_to_rct": rct_seconds,
-            "pods_ready_to_cd_ready": cd_ready_lag}  # fmt: skip
+    return {
+        "ttr": ttr,
+        "lifecycle": time.monotonic() - start,
+        "machine": machine,
+        "stages": stages,
+        "cd_to_rct": rct_seconds,
+        "pods_ready_to_cd_ready": cd_ready_lag,
+    }
 
 
 def start_go_controller(
@@ -368,9 +396,13 @@ def start_go_controller(
     env = driver.controller_env(kubeconfig=kubeconfig, http_port=free_port())
     with log_file.open("ab") as out:
         return subprocess.Popen(
-            [str(binary)], env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [str(binary)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 UPSTREAM_DAEMON_SA = "compute-domain-daemon-service-account"  # upstream's DaemonSet template
@@ -389,13 +421,16 @@ def alias_daemon_service_account(admin: KubeClient, ns: str) -> None:
         namespace=ns,
     )
     rbac = "rbac.authorization.k8s.io"
-    for res, where in ((Resource(rbac, "v1", "rolebindings", "RoleBinding", namespaced=True), ns),
-                       (Resource(rbac, "v1", "clusterrolebindings", "ClusterRoleBinding",
-                                 namespaced=False), None)):  # fmt: skip
+    for res, where in (
+        (Resource(rbac, "v1", "rolebindings", "RoleBinding", namespaced=True), ns),
+        (Resource(rbac, "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False), None),
+    ):
         for binding in admin.list(res, namespace=where)["items"]:
             subjects = binding.get("subjects") or []
-            if any(x.get("kind") == "ServiceAccount" and x.get("name") == "compute-domain-daemon"
-                   for x in subjects):  # fmt: skip
+            if any(
+                x.get("kind") == "ServiceAccount" and x.get("name") == "compute-domain-daemon"
+                for x in subjects
+            ):
                 binding["subjects"] = [
                     *subjects,
                     {"kind": "ServiceAccount", "name": UPSTREAM_DAEMON_SA, "namespace": ns},
@@ -404,10 +439,17 @@ def alias_daemon_service_account(admin: KubeClient, ns: str) -> None:
 
 
 def bench(
-    n: int, runs: int, workdir: Path, *, probe_scale: float, imex_probe: float,
-    use_zygote: bool, trace: bool, go_controller: Path | None = None,
+    n: int,
+    runs: int,
+    workdir: Path,
+    *,
+    probe_scale: float,
+    imex_probe: float,
+    use_zygote: bool,
+    trace: bool,
+    go_controller: Path | None = None,
     controller_env: dict[str, str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     specs = layout([i // 18 for i in range(n)])
     audit_log = workdir / "audit.log"
     policy = workdir / "audit-policy.yaml"
@@ -416,10 +458,16 @@ def bench(
     spans_file = workdir / "spans.jsonl" if trace else None
     tracing = {"OTEL_TRACES_EXPORTER": "file", FILE_PATH_VAR: str(spans_file)} if trace else {}
     log(f"{n} nodes: starting cluster")
-    cluster = Cluster.start(bin_dir(), workdir, node_names=[s.name for s in specs],
-                            apiserver_args=[f"--audit-policy-file={policy}",
-                                            f"--audit-log-path={audit_log}",
-                                            "--audit-log-mode=batch"])  # fmt: skip
+    cluster = Cluster.start(
+        bin_dir(),
+        workdir,
+        node_names=[s.name for s in specs],
+        apiserver_args=[
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={audit_log}",
+            "--audit-log-mode=batch",
+        ],
+    )
     fleet: NodeFleet | None = None
     driver: Driver | None = None
     zygote: Zygote | None = None
@@ -430,9 +478,12 @@ def bench(
         kubeconfig = cluster.kubeconfig("compute-domain-controller")
         log_file = cluster.log_path("controller")
         if go_controller is None:
-            driver.start_controller(kubeconfig=kubeconfig, log_file=log_file,
-                                    http_port=free_port(),
-                                    extra_env={**tracing, **(controller_env or {})})  # fmt: skip
+            driver.start_controller(
+                kubeconfig=kubeconfig,
+                log_file=log_file,
+                http_port=free_port(),
+                extra_env={**tracing, **(controller_env or {})},
+            )
         else:  # upstream's controller, same identity and env (it has no formation trace)
             go_proc = start_go_controller(driver, go_controller, kubeconfig, log_file)
             alias_daemon_service_account(
@@ -444,14 +495,23 @@ def bench(
             zygote = Zygote(workdir / "zygote.sock").start(cluster.log_dir / "zygote.log")
             zclient = Zygote.build_client(workdir / "bin")  # None without a C compiler
             sim_env[ZYGOTE_ENV] = str(zygote.socket_path)
-        cfg = config_from_cluster(cluster, workdir / "n", plugin_env=dict(tracing),
-                                  zipapp_interpreter=str(zclient) if zclient else None)  # fmt: skip
+        cfg = config_from_cluster(
+            cluster,
+            workdir / "n",
+            plugin_env=dict(tracing),
+            zipapp_interpreter=str(zclient) if zclient else None,
+        )
         cfg.commands = dataclasses.replace(
             cfg.commands,
-            env={**cfg.commands.env, **tracing, **sim_env, "IMEX_SIM_READY_DELAY": "0",
-                 "IMEX_SIM_PROBE_INTERVAL": str(imex_probe)},
+            env={
+                **cfg.commands.env,
+                **tracing,
+                **sim_env,
+                "IMEX_SIM_READY_DELAY": "0",
+                "IMEX_SIM_PROBE_INTERVAL": str(imex_probe),
+            },
             zygote=zygote,
-        )  # fmt: skip
+        )
         cfg.probe_period_scale = probe_scale
         fleet = NodeFleet(cfg)
         t = time.monotonic()
@@ -465,35 +525,45 @@ def bench(
         for i in range(runs):
             time.sleep(2)  # let the previous lifecycle's stragglers settle
             wall0 = time.time()
-            r = one_lifecycle(admin, fleet, driver.namespace, n, i, pods_seen=watcher,
-                              spans_file=spans_file)  # fmt: skip
+            r = one_lifecycle(
+                admin, fleet, driver.namespace, n, i, pods_seen=watcher, spans_file=spans_file
+            )
             time.sleep(3)  # audit batch flush
             counts = audit_counts(audit_log, wall0, time.time() - 3)
             results.append(r)
             requests.append(counts)
             st = r["stages"]
             share = st.get("last_node_by_owner", {})
-            log(f"{n} nodes run {i + 1}/{runs}: time-to-ready {r['ttr']:.2f}s "
-                f"(last node: " + ", ".join(f"{o} {share.get(o, 0):.2f}s" for o in OWNERS)
+            log(
+                f"{n} nodes run {i + 1}/{runs}: time-to-ready {r['ttr']:.2f}s "
+                f"(last node: "
+                + ", ".join(f"{o} {share.get(o, 0):.2f}s" for o in OWNERS)
                 + f"), load1 max {r['machine']['load1_max']:.1f}, "
                 f"CPU {r['machine']['cpu_busy_pct']:.0f}%, lifecycle {r['lifecycle']:.1f}s, "
-                f"driver requests {sum(counts.values())}")  # fmt: skip
+                f"driver requests {sum(counts.values())}"
+            )
         per_component: Counter[str] = Counter()
         for cnt in requests:
             for k, v in cnt.items():
                 per_component[k.split()[0]] += v
         ttrs = [r["ttr"] for r in results]
         return {
-            "nodes": n, "runs": runs, "cliques": len({s.clique_id for s in specs}),
-            "probe_period_scale": probe_scale, "imex_sim_probe_interval": imex_probe,
-            "zygote": use_zygote, "idle_load": idle_load,
+            "nodes": n,
+            "runs": runs,
+            "cliques": len({s.clique_id for s in specs}),
+            "probe_period_scale": probe_scale,
+            "imex_sim_probe_interval": imex_probe,
+            "zygote": use_zygote,
+            "idle_load": idle_load,
             "controller": "go" if go_controller else "ours",
-            "p50": statistics.median(ttrs), "max": max(ttrs), "all": ttrs,
+            "p50": statistics.median(ttrs),
+            "max": max(ttrs),
+            "all": ttrs,
             "lifecycles": results,
             "requests_per_lifecycle": statistics.median(sum(x.values()) for x in requests),
             "requests_by_component": {k: v / runs for k, v in sorted(per_component.items())},
             "requests_by_verb": dict(sum(requests, Counter()).most_common()),
-        }  # fmt: skip
+        }
     finally:
         if watcher is not None:
             watcher.stop()
@@ -519,16 +589,24 @@ def stage_table(r: dict[str, Any]) -> list[str]:
         got = [v for v in values if v is not None]
         return f"{statistics.median(got) * 1000:.0f}" if got else "-"
 
-    lines = [f"\n{r['nodes']} nodes: per stage, ms (median over {len(runs)} runs of: the median "
-             "node, the last node to be Ready)", "",
-             "| stage | owner | median node | last node |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"\n{r['nodes']} nodes: per stage, ms (median over {len(runs)} runs of: the median "
+        "node, the last node to be Ready)",
+        "",
+        "| stage | owner | median node | last node |",
+        "|---|---|---|---|",
+    ]
     for name in runs[0]["stages"]:
         owner = runs[0]["stages"][name]["owner"]
-        lines.append(f"| {name} | {owner} | {med([x['stages'][name]['p50'] for x in runs])} "
-                     f"| {med([x['stages'][name]['last_node'] for x in runs])} |")  # fmt: skip
+        lines.append(
+            f"| {name} | {owner} | {med([x['stages'][name]['p50'] for x in runs])} "
+            f"| {med([x['stages'][name]['last_node'] for x in runs])} |"
+        )
     for o in OWNERS:
-        lines.append(f"| **{o} total** | | {med([x['p50_node_by_owner'][o] for x in runs])} "
-                     f"| {med([x['last_node_by_owner'][o] for x in runs])} |")  # fmt: skip
+        lines.append(
+            f"| **{o} total** | | {med([x['p50_node_by_owner'][o] for x in runs])} "
+            f"| {med([x['last_node_by_owner'][o] for x in runs])} |"
+        )
     machine = [x["machine"] for x in r["lifecycles"]]
     lines.append(
         f"\nload average (1 min) before the runs {r['idle_load'][0]:.2f}; during formation: "
@@ -544,13 +622,19 @@ def main() -> int:
     ap.add_argument("--nodes", default="2,18,64")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--imex-probe-interval", type=float, default=0.5,
-                    help="simulated IMEX peer hello period (IMEX_SIM_PROBE_INTERVAL)")  # fmt: skip
+    ap.add_argument(
+        "--imex-probe-interval",
+        type=float,
+        default=0.5,
+        help="simulated IMEX peer hello period (IMEX_SIM_PROBE_INTERVAL)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep work dirs (logs) of passing sizes")
     ap.add_argument(
-        "--probe-period-scale", type=float, default=1.0,
+        "--probe-period-scale",
+        type=float,
+        default=1.0,
         help="stretch daemon readiness/liveness probe periods (see kubeletsim.localrun)",
-    )  # fmt: skip
+    )
     ap.add_argument(
         "--no-zygote",
         action="store_true",
@@ -582,12 +666,19 @@ def main() -> int:
     for n in (int(x) for x in args.nodes.split(",")):
         workdir = Path(tempfile.mkdtemp(prefix=f"cdb{n}-", dir="/tmp"))
         try:
-            results.append(bench(n, args.runs, workdir, probe_scale=args.probe_period_scale,
-                                 imex_probe=args.imex_probe_interval,
-                                 use_zygote=not args.no_zygote,
-                                 trace=not args.no_trace,
-                                 go_controller=args.go_controller,
-                                 controller_env=controller_env))  # fmt: skip
+            results.append(
+                bench(
+                    n,
+                    args.runs,
+                    workdir,
+                    probe_scale=args.probe_period_scale,
+                    imex_probe=args.imex_probe_interval,
+                    use_zygote=not args.no_zygote,
+                    trace=not args.no_trace,
+                    go_controller=args.go_controller,
+                    controller_env=controller_env,
+                )
+            )
             if not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
         except Exception as e:
@@ -605,9 +696,11 @@ def main() -> int:
         comp = ", ".join(f"{k} {v:.0f}" for k, v in r["requests_by_component"].items())
         rct = statistics.median(x["cd_to_rct"] for x in r["lifecycles"])
         lag = statistics.median(x["pods_ready_to_cd_ready"] for x in r["lifecycles"])
-        print(f"| {r['controller']} | {r['nodes']} | {r['cliques']} | {r['runs']} "
-              f"| {r['p50']:.2f} | {r['max']:.2f} | {rct:.2f} | {lag:.2f} "
-              f"| {r['requests_per_lifecycle']:.0f} ({comp}) |")  # fmt: skip
+        print(
+            f"| {r['controller']} | {r['nodes']} | {r['cliques']} | {r['runs']} "
+            f"| {r['p50']:.2f} | {r['max']:.2f} | {rct:.2f} | {lag:.2f} "
+            f"| {r['requests_per_lifecycle']:.0f} ({comp}) |"
+        )
     for r in results:
         if "error" not in r:
             print("\n".join(stage_table(r)))

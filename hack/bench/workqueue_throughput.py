@@ -9,14 +9,11 @@ Usage: .venv/bin/python hack/bench/workqueue_throughput.py [-n N]
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pkg.informers.workqueue import RateLimitingQueue
 
 
@@ -59,8 +56,10 @@ def main() -> None:
     for metrics in (False, True):
         for workers in (1, 8):
             rate = run(args.n, workers, metrics=metrics)
-            print(f"workers={workers} metrics={'on ' if metrics else 'off'}: "
-                  f"{rate:9.0f} items/s (add+add+get+done)")  # fmt: skip
+            print(
+                f"workers={workers} metrics={'on ' if metrics else 'off'}: "
+                f"{rate:9.0f} items/s (add+add+get+done)"
+            )
 
 
 if __name__ == "__main__":

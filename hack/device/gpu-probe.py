@@ -34,8 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 from pkg.kubeletplugin import procdevices
 from pkg.kubeletplugin.discovery.base import DiscoveryError
 from pkg.kubeletplugin.discovery.fabric import is_single_node_nvlink, select_dev_root

@@ -3,7 +3,7 @@
  *
  * The kubelet plugin runs `chroot <driver root> nvidia-imex-ctl -q --u=<socket>`, so inside a
  * fake driver root the client must run without an interpreter or shared libraries: this is
- * built with `gcc -static` (test/e2e_nodes/hostimex.py) and speaks the line protocol of
+ * built with `gcc -static` (hack/testsupport/hostimex.py) and speaks the line protocol of
  * pkg/imex/sim/wire.py to the simulated host service (pkg/imex/sim/hostservice.py): it sends
  * "READY?", prints the one-line answer and exits 0; an unreachable socket prints the error on
  * stderr and exits 1. The Python simulator (pkg/imex/sim/ctl.py --u) behaves the same.

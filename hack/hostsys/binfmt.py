@@ -55,11 +55,11 @@ def mounted() -> bool:
 def unmount(log: Callable[[str], None] = lambda _m: None) -> None:
     """Unmount ``binfmt_misc``; when busy (a foreign binary still exiting), detach it lazily:
     the kernel drops it when the last user goes, so the host is left as it was found."""
-    done = subprocess.run(["umount", str(BINFMT_MISC)], check=False, capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run(["umount", str(BINFMT_MISC)], check=False, capture_output=True, text=True)
     if done.returncode != 0:
-        lazy = subprocess.run(["umount", "-l", str(BINFMT_MISC)], check=False,
-                              capture_output=True, text=True)  # fmt: skip
+        lazy = subprocess.run(
+            ["umount", "-l", str(BINFMT_MISC)], check=False, capture_output=True, text=True
+        )
         log(f"umount {BINFMT_MISC}: {done.stderr.strip()}; lazy umount rc={lazy.returncode}")
     log(f"unmounted {BINFMT_MISC}")
 

@@ -4,7 +4,8 @@ Per simulated node: a Node object kept Ready with a heartbeat Lease, a loopback 
 inventory and ``/proc/devices``, the **real** ``compute-domain-kubelet-plugin`` process, and a
 kubelet stand-in that honours the kubelet's DRA contract (plugin registration, NodePrepare /
 NodeUnprepareResources, CDI resolution with the real CDI library) and runs the driver's own
-containers as local processes. Import with ``hack/`` on ``sys.path``::
+containers as local processes. Importable by name in the development venv (its editable
+install maps the ``hack/`` packages, ``pyproject.toml``)::
 
     from kubeletsim import NodeFleet, config_from_cluster, layout
     fleet = NodeFleet(config_from_cluster(cluster, workdir / "nodes"))

@@ -54,29 +54,53 @@ class PodTimes:
 
 # (stage, owner, start milestone, end milestone)
 STAGES: tuple[tuple[str, str, str, str], ...] = (
-    ("workload pod bound -> kubelet calls Prepare (only if the plugin labelled the node)",
-     "simulation", "bound", "label_start"),
+    (
+        "workload pod bound -> kubelet calls Prepare (only if the plugin labelled the node)",
+        "simulation",
+        "bound",
+        "label_start",
+    ),
     ("-> node labelled, DaemonSet present", "driver", "label_start", "labelled"),
     ("node labelled -> daemon pod created", "kubernetes", "labelled", "daemon_created"),
-    ("daemon pod created -> bound (claim allocated)", "kubernetes", "daemon_created",
-     "daemon_bound"),
-    ("daemon pod bound -> kubelet calls Prepare", "simulation", "daemon_bound",
-     "daemon_prepare_start"),
+    (
+        "daemon pod created -> bound (claim allocated)",
+        "kubernetes",
+        "daemon_created",
+        "daemon_bound",
+    ),
+    (
+        "daemon pod bound -> kubelet calls Prepare",
+        "simulation",
+        "daemon_bound",
+        "daemon_prepare_start",
+    ),
     ("daemon claim Prepare (gRPC call)", "driver", "daemon_prepare_start", "daemon_prepare_end"),
-    ("daemon claim prepared -> daemon process started", "simulation", "daemon_prepare_end",
-     "daemon_process"),
+    (
+        "daemon claim prepared -> daemon process started",
+        "simulation",
+        "daemon_prepare_end",
+        "daemon_process",
+    ),
     ("daemon process -> daemon loop running", "driver", "daemon_process", "daemon_start"),
-    ("daemon loop -> kubelet reported the daemon pod's IP", "simulation", "daemon_start",
-     "daemon_ip"),
+    (
+        "daemon loop -> kubelet reported the daemon pod's IP",
+        "simulation",
+        "daemon_start",
+        "daemon_ip",
+    ),
     ("pod IP reported -> joined the clique", "driver", "daemon_ip", "joined"),
     ("joined -> IMEX started", "driver", "joined", "imex_started"),
     ("IMEX started -> simulated IMEX listening", "simulation", "imex_started", "imex_listening"),
     ("IMEX listening -> daemon signals Ready", "driver", "imex_listening", "imex_ready"),
-    ("Ready signalled -> kubelet's final Prepare call", "simulation", "imex_ready",
-     "final_attempt_start"),
+    (
+        "Ready signalled -> kubelet's final Prepare call",
+        "simulation",
+        "imex_ready",
+        "final_attempt_start",
+    ),
     ("final channel Prepare call -> returns", "driver", "final_attempt_start", "prepare_end"),
     ("Prepare returned -> workload pod Ready", "simulation", "prepare_end", "pod_ready"),
-)  # fmt: skip
+)
 UNATTRIBUTED = "unattributed (a milestone is missing)"
 OWNERS = ("driver", "kubernetes", "simulation", "unattributed")
 
@@ -169,13 +193,18 @@ def formations(
                 m[key] = value
         d = daemon_pods.get(pod.node)
         if d is not None:
-            for key, value in (("daemon_created", d.seen), ("daemon_bound", d.bound),
-                               ("daemon_ip", d.ip)):  # fmt: skip
+            for key, value in (
+                ("daemon_created", d.seen),
+                ("daemon_bound", d.bound),
+                ("daemon_ip", d.ip),
+            ):
                 if value is not None:
                     m[key] = value
         mine = [s for s in spans if _node(s) == pod.node]
-        attempts = sorted((s for s in mine if s["name"] == "prepare channel claim"),
-                          key=lambda s: span_time(s["start_time"]))  # fmt: skip
+        attempts = sorted(
+            (s for s in mine if s["name"] == "prepare channel claim"),
+            key=lambda s: span_time(s["start_time"]),
+        )
         labels = [x for a in attempts for x in children(a, "label node")]
         m.update(harness.get(pod.node, {}))
         plugin = min((span_time(x["end_time"]) for x in labels), default=None)
@@ -184,13 +213,18 @@ def formations(
             plugin = None if plugin is None else max(plugin, daemon_set)
             watched = None if watched is None else max(watched, daemon_set)
         m.update(label_milestones(m, watched, plugin))
-        imex = sorted((s for s in mine if s["name"] == "IMEX daemon"),
-                      key=lambda s: span_time(s["start_time"]))  # fmt: skip
+        imex = sorted(
+            (s for s in mine if s["name"] == "IMEX daemon"),
+            key=lambda s: span_time(s["start_time"]),
+        )
         if imex:
             m["daemon_start"] = span_time(imex[0]["start_time"])
-            for step, key in (("join", "joined"), ("start IMEX", "imex_started"),
-                              ("IMEX ready on the node", "imex_ready"),
-                              ("IMEX ready", "imex_ready")):  # fmt: skip
+            for step, key in (
+                ("join", "joined"),
+                ("start IMEX", "imex_started"),
+                ("IMEX ready on the node", "imex_ready"),
+                ("IMEX ready", "imex_ready"),
+            ):
                 found = children(imex[0], step)
                 if found:  # Ready: the node-local record, else the entry, whichever came first
                     end = span_time(found[0]["end_time"])
@@ -199,8 +233,9 @@ def formations(
     return out
 
 
-def label_milestones(m: dict[str, float], watched: float | None,
-                     plugin: float | None) -> dict[str, float]:  # fmt: skip
+def label_milestones(
+    m: dict[str, float], watched: float | None, plugin: float | None
+) -> dict[str, float]:
     """``label_start`` and ``labelled`` of one node.
 
     The DaemonSet controller creates the node's daemon pod once the node carries the domain's

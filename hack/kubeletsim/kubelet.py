@@ -76,8 +76,11 @@ class Kubelet:
                     return  # a late event of a pod whose final DELETE was answered
                 # The worker stopped because the pod looked gone (a relist without it), yet the
                 # API server still has it: like the kubelet's status manager, finish it again.
-                log.info("node %s: pod %s still exists after its worker finished; finalizing "
-                         "it again", self.ctx.node_name, worker.key)  # fmt: skip
+                log.info(
+                    "node %s: pod %s still exists after its worker finished; finalizing it again",
+                    self.ctx.node_name,
+                    worker.key,
+                )
                 worker = None
             if type_ == "DELETED":
                 if worker is not None:
@@ -111,9 +114,11 @@ class Kubelet:
                             w.deleted()
                     rv = listed["metadata"]["resourceVersion"]
                 self._stream = self.ctx.client.watch(
-                    PODS, field_selector=selector, resource_version=rv,
+                    PODS,
+                    field_selector=selector,
+                    resource_version=rv,
                     timeout_seconds=WATCH_TIMEOUT,
-                )  # fmt: skip
+                )
                 for ev in self._stream:
                     if self._stop.is_set():
                         break

@@ -115,9 +115,13 @@ class NodeDirs:
     """The folders and fake host files of one node (created by :meth:`create`)."""
 
     def __init__(
-        self, root: Path, spec: NodeSpec, *, logs: Path | None = None,
+        self,
+        root: Path,
+        spec: NodeSpec,
+        *,
+        logs: Path | None = None,
         zipapp_interpreter: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``zipapp_interpreter``: the IMEX zipapps' ``#!`` line (default this Python, ``-S``)."""
         self.spec = spec
         self.zipapp_interpreter = zipapp_interpreter or f"{sys.executable} -S"
@@ -163,9 +167,12 @@ class NodeDirs:
         start costs less CPU), or ``zclient`` to fork them from a zygote.
         """
         return FakeDriverRoot.create(
-            self.driver_root, driver_version=FAKE_DRIVER_VERSION, python=self.zipapp_interpreter,
-            imex_mgmt_minor=FABRIC_IMEX_MGMT_MINOR, omit=omit,
-        )  # fmt: skip
+            self.driver_root,
+            driver_version=FAKE_DRIVER_VERSION,
+            python=self.zipapp_interpreter,
+            imex_mgmt_minor=FABRIC_IMEX_MGMT_MINOR,
+            omit=omit,
+        )
 
     def pod_dir(self, pod_uid: str) -> Path:
         d = self.pods / pod_uid

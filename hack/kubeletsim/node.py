@@ -87,8 +87,12 @@ class SimulatedNode:
         self.name = spec.name
         self.ip = spec.ip
         self.config = config
-        self.dirs = NodeDirs(config.root, spec, logs=config.log_dir / f"node-{spec.name}",
-                             zipapp_interpreter=config.zipapp_interpreter)  # fmt: skip
+        self.dirs = NodeDirs(
+            config.root,
+            spec,
+            logs=config.log_dir / f"node-{spec.name}",
+            zipapp_interpreter=config.zipapp_interpreter,
+        )
         node_api = load_api_client(str(config.node_kubeconfig(spec.name)))
         self._rest = RestClient(node_api, user_agent=f"kubeletsim/{spec.name}")
         self.client: KubeClient = self._rest

@@ -410,9 +410,13 @@ class PodWorker:
             body = {"metadata": {"uid": self.uid}, "status": self._state.to_status(policy)}
             try:
                 self._ctx.client.patch(
-                    PODS, meta["name"], body, namespace=meta["namespace"],
-                    patch_type="strategic", subresource="status",
-                )  # fmt: skip
+                    PODS,
+                    meta["name"],
+                    body,
+                    namespace=meta["namespace"],
+                    patch_type="strategic",
+                    subresource="status",
+                )
             except (NotFoundError, ConflictError) as err:
                 # Gone, or a new pod took the name: nothing to delete -- if the API server agrees.
                 if not self._released_by_api():
@@ -425,9 +429,12 @@ class PodWorker:
         # NotFound: already gone; Conflict: the UID precondition failed, not our pod any more.
         with contextlib.suppress(NotFoundError, ConflictError):
             self._ctx.client.delete(
-                PODS, meta["name"], namespace=meta["namespace"], uid=self.uid,
+                PODS,
+                meta["name"],
+                namespace=meta["namespace"],
+                uid=self.uid,
                 grace_period_seconds=0,
-            )  # fmt: skip
+            )
         # Like the kubelet's status manager, believe the API server, not the answer: a DELETE
         # answered while the apiserver was being killed has left the pod in place (a chaos
         # lifecycle saw it Terminating for good); then it is sent again after a backoff.
@@ -472,8 +479,12 @@ class PodWorker:
         for info in self._ctx.dra.release(self.uid):
             plugin = self._ctx.plugins.plugin(info.driver)
             if plugin is None:
-                log.warning("pod %s: unprepare %s: DRA driver %s is not registered",
-                            self.key, info.ref.name, info.driver)  # fmt: skip
+                log.warning(
+                    "pod %s: unprepare %s: DRA driver %s is not registered",
+                    self.key,
+                    info.ref.name,
+                    info.driver,
+                )
                 ok = False
                 continue
             try:

@@ -163,9 +163,13 @@ class LocalContainer:
             if spec.zygote is not None and spec.zygote.forkable(spec.argv):
                 with open(os.devnull, "rb") as null:
                     self._popen = spec.zygote.spawn(
-                        spec.argv, env=spec.env, cwd=spec.cwd,
-                        stdin=null.fileno(), stdout=log.fileno(), stderr=log.fileno(),
-                    )  # fmt: skip
+                        spec.argv,
+                        env=spec.env,
+                        cwd=spec.cwd,
+                        stdin=null.fileno(),
+                        stdout=log.fileno(),
+                        stderr=log.fileno(),
+                    )
             else:
                 self._popen = subprocess.Popen(
                     spec.argv,

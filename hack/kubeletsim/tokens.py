@@ -42,12 +42,19 @@ def write_token_kubeconfig(path: Path, *, server: str, ca_data: str, user: str, 
     doc = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {"server": server, **(
-            {"certificate-authority-data": ca_data} if ca_data else {})}}],
+        "clusters": [
+            {
+                "name": "local",
+                "cluster": {
+                    "server": server,
+                    **({"certificate-authority-data": ca_data} if ca_data else {}),
+                },
+            }
+        ],
         "users": [{"name": user, "user": {"token": token}}],
         "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
         "current-context": "local",
-    }  # fmt: skip
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(doc))
@@ -93,8 +100,9 @@ class TokenMinter:
             {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]},
         )
         user = f"system:serviceaccount:{meta['namespace']}:{sa}"
-        return write_token_kubeconfig(path, server=self._server, ca_data=self._ca, user=user,
-                                      token=token)  # fmt: skip
+        return write_token_kubeconfig(
+            path, server=self._server, ca_data=self._ca, user=user, token=token
+        )
 
     def for_node(self, namespace: str, sa: str, node: dict[str, Any], path: Path) -> Path:
         meta = node["metadata"]
@@ -104,5 +112,6 @@ class TokenMinter:
             {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]},
         )
         user = f"system:serviceaccount:{namespace}:{sa}"
-        return write_token_kubeconfig(path, server=self._server, ca_data=self._ca, user=user,
-                                      token=token)  # fmt: skip
+        return write_token_kubeconfig(
+            path, server=self._server, ca_data=self._ca, user=user, token=token
+        )

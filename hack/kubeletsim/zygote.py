@@ -122,9 +122,12 @@ class Zygote:
         with log_file.open("ab") as log:
             self._server = subprocess.Popen(
                 [sys.executable, "-m", "kubeletsim.zygote", str(self.socket_path), *self._preload],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         deadline = time.monotonic() + timeout
         while not self.socket_path.exists():
             if self._server.poll() is not None or time.monotonic() > deadline:
@@ -149,10 +152,18 @@ class Zygote:
         out_dir.mkdir(parents=True, exist_ok=True)
         binary = out_dir / "zclient"
         subprocess.run(
-            [cc, "-O2", "-Wall", f'-DPYTHON="{sys.executable}"', "-o", str(binary),
-             str(Path(__file__).with_name("zclient.c"))],
-            check=True, capture_output=True,
-        )  # fmt: skip
+            [
+                cc,
+                "-O2",
+                "-Wall",
+                f'-DPYTHON="{sys.executable}"',
+                "-o",
+                str(binary),
+                str(Path(__file__).with_name("zclient.c")),
+            ],
+            check=True,
+            capture_output=True,
+        )
         return binary
 
     @staticmethod
@@ -161,9 +172,15 @@ class Zygote:
         return len(argv) >= 2 and argv[0] == sys.executable and argv[1].endswith(".py")
 
     def spawn(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path,
-        stdin: int, stdout: int, stderr: int,
-    ) -> ZygoteProcess:  # fmt: skip
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: Path,
+        stdin: int,
+        stdout: int,
+        stderr: int,
+    ) -> ZygoteProcess:
         """Fork ``argv`` (see :meth:`forkable`) with these fds; returns once it has a pid."""
         if not self.forkable(argv):
             raise ValueError(f"zygote forks only '<python> <script>.py ...', not {argv[:2]}")
@@ -190,8 +207,15 @@ class Zygote:
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE)
 
 
-def _child(conn: socket.socket, listener: socket.socket, req: dict[str, Any],
-           fds: list[int], ready: int, *, others: Sequence[socket.socket]) -> None:  # fmt: skip
+def _child(
+    conn: socket.socket,
+    listener: socket.socket,
+    req: dict[str, Any],
+    fds: list[int],
+    ready: int,
+    *,
+    others: Sequence[socket.socket],
+) -> None:
     """In the forked child: become the requested program; never returns.
 
     Starts with ``_FORWARDED`` blocked (see :func:`serve`): a SIGTERM sent right after the pid
@@ -222,6 +246,8 @@ def _child(conn: socket.socket, listener: socket.socket, req: dict[str, Any],
         argv = [str(a) for a in req["argv"]]
         sys.argv = argv
         _name_process(argv[0])
+        # What `python <script>.py` does before running it (runpy.run_path does not): a
+        # forked script sees the same import path as one the interpreter started.
         sys.path.insert(0, str(Path(argv[0]).resolve().parent))
         import runpy  # noqa: PLC0415 - only children run scripts
 

@@ -2,7 +2,8 @@
 
 ``hack/build-control-plane.sh`` builds etcd, kube-apiserver, kube-scheduler and
 kube-controller-manager into a cache dir; this package runs them on 127.0.0.1 with generated
-certificates and static-token identities. Import with ``hack/`` on ``sys.path``::
+certificates and static-token identities. Importable by name in the development venv (its
+editable install maps the ``hack/`` packages, ``pyproject.toml``)::
 
     from localcluster import Cluster, bin_dir
     with Cluster.start(bin_dir(), "/tmp/cd-e2e") as c:

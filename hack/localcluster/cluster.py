@@ -67,8 +67,13 @@ class Ports:
 
 def kube_minor(bin_dir: Path) -> int:
     """The minor version of ``<bin_dir>/kube-apiserver`` (``Kubernetes v1.32.9`` -> 32)."""
-    out = subprocess.run([str(bin_dir / "kube-apiserver"), "--version"], capture_output=True,
-                         text=True, check=True, timeout=60).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(bin_dir / "kube-apiserver"), "--version"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     match = re.search(r"v1\.(\d+)\.", out)
     if match is None:
         raise ClusterError(f"cannot read the version of {bin_dir / 'kube-apiserver'}: {out!r}")
@@ -82,8 +87,10 @@ def dra_settings(minor: int) -> tuple[dict[str, bool], str]:
     if minor >= 34:
         return {}, ""
     versions = ["v1beta1"] + (["v1beta2"] if minor >= 33 else [])
-    return ({"DynamicResourceAllocation": True},
-            ",".join(f"resource.k8s.io/{v}=true" for v in versions))  # fmt: skip
+    return (
+        {"DynamicResourceAllocation": True},
+        ",".join(f"resource.k8s.io/{v}=true" for v in versions),
+    )
 
 
 def _gates(feature_gates: Mapping[str, bool]) -> list[str]:
@@ -467,8 +474,9 @@ class Cluster:
             self._save()
             url = f"https://127.0.0.1:{port}/healthz"
             deps = [p for n, p in self.procs.items() if n in ("etcd", "kube-apiserver", name)]
-            wait_until(f"{name} /healthz", functools.partial(http_ok, url, insecure=True), deps,
-                       timeout)  # fmt: skip
+            wait_until(
+                f"{name} /healthz", functools.partial(http_ok, url, insecure=True), deps, timeout
+            )
 
     def __enter__(self) -> Cluster:
         return self

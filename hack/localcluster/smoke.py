@@ -28,7 +28,6 @@ from typing import Any
 if __name__ == "__main__" and not __package__:  # run as a file: re-enter as localcluster.smoke
     import runpy
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     runpy.run_module("localcluster.smoke", run_name="__main__", alter_sys=True)
     sys.exit(0)
 

@@ -3,7 +3,7 @@
 The driver images of ``config/default`` (the ``Dockerfile``'s targets built by buildah for
 linux/amd64 and linux/arm64), the pause image containerd and kubelet default to, and a busybox
 for workloads, each written as an OCI image-layout tarball for ``ctr -n k8s.io images import``.
-Import with ``hack/`` on ``sys.path`` (as ``localcluster``)::
+Importable by name in the development venv (as ``localcluster``)::
 
     from nodeimages import BUSYBOX_IMAGE, PAUSE_IMAGE, build_all, import_images
     archives = build_all()                       # {image ref: archive path}, cached
@@ -61,9 +61,10 @@ def archive_platforms(archive: Path, ref: str) -> dict[str, dict[str, Any]]:
     with tarfile.open(archive) as tar:
         index = read_archive_index(archive)
         [desc] = [
-            m for m in index["manifests"]
+            m
+            for m in index["manifests"]
             if m.get("annotations", {}).get("io.containerd.image.name") == ref
-        ]  # fmt: skip
+        ]
         top = _blob(tar, desc["digest"])
         manifests = top["manifests"] if "manifests" in top else [desc | {"platform": None}]
         out: dict[str, dict[str, Any]] = {}

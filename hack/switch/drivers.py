@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from realsupport import (
+from testsupport.realsupport import (
     CD_LABEL,
     DRIVER_NAMESPACE,
     OVERLAY,
@@ -77,8 +77,11 @@ def helm_binary() -> Path:
 def _helm(kubectl: Kubectl, *args: str, timeout: float = 300) -> str:
     done = subprocess.run(
         [str(helm_binary()), f"--kubeconfig={kubectl.kubeconfig}", *args],
-        capture_output=True, text=True, check=False, timeout=timeout,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
     if done.returncode != 0:
         raise AssertionError(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()}")
     return done.stdout
@@ -248,9 +251,15 @@ def strip_finalizers(kubectl: Kubectl, uid: str = "", ns: str = "") -> list[str]
             if not meta.get("finalizers"):
                 continue
             kubectl(
-                "-n", meta["namespace"], "patch", kind, meta["name"], "--type=merge",
-                "-p", '{"metadata":{"finalizers":null}}',
-            )  # fmt: skip
+                "-n",
+                meta["namespace"],
+                "patch",
+                kind,
+                meta["name"],
+                "--type=merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
+            )
             patched.append(f"{kind}/{meta['namespace']}/{meta['name']}")
     return patched
 

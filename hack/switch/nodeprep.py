@@ -38,7 +38,7 @@ from pathlib import Path
 
 import yaml
 from localcluster.realnode import RealNode
-from realsupport import FAKE_GPUS, prepare_node
+from testsupport.realsupport import FAKE_GPUS, prepare_node
 
 from pkg.testing.fakedriverroot import DEFAULT_DRIVER_VERSION
 

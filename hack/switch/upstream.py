@@ -113,8 +113,10 @@ def git_dir(checkout: Path) -> Path:
 def _git(checkout: Path, *args: str) -> str:
     done = subprocess.run(
         ["git", f"--git-dir={git_dir(checkout)}", *args],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise UpstreamError(f"git {' '.join(args)} in {checkout}: {done.stderr.strip()}")
     return done.stdout.strip()
@@ -130,8 +132,9 @@ def extract(checkout: Path, commit: str, dest: Path) -> None:
     dest.mkdir(parents=True)
     archive = subprocess.run(
         ["git", f"--git-dir={git_dir(checkout)}", "archive", commit],
-        check=True, stdout=subprocess.PIPE,
-    )  # fmt: skip
+        check=True,
+        stdout=subprocess.PIPE,
+    )
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
 
 
@@ -261,10 +264,18 @@ def build_image(tree: Path, bins: Path, out: Path, *, ref: str, commit: str, log
 def needs_proc_patches(checkout: Path, commit: str) -> bool:
     """True if the commit's chart has no ``altProcDevices`` value (see :data:`PROC_PATCHES`)."""
     done = subprocess.run(
-        ["git", f"--git-dir={git_dir(checkout)}", "grep", "-q", "altProcDevices", commit, "--",
-         "deployments/helm"],
+        [
+            "git",
+            f"--git-dir={git_dir(checkout)}",
+            "grep",
+            "-q",
+            "altProcDevices",
+            commit,
+            "--",
+            "deployments/helm",
+        ],
         check=False,
-    )  # fmt: skip
+    )
     return done.returncode != 0
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 from localcluster.realnode import RealNodes
-from realsupport import REAL_NODES, Kubectl, channel_pod, wait_for
+from testsupport.realsupport import REAL_NODES, Kubectl, channel_pod, wait_for
 
 from pkg.api import constants as c
 from pkg.kubeletplugin.checkpointformat import decode_checkpoint

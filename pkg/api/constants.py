@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from pkg.api import daemoncontract as _daemoncontract
+
 GROUP: Final = "resource.nvidia.com"
 VERSION: Final = "v1beta1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
@@ -61,10 +63,10 @@ ALLOCATION_MODE_ALL: Final = "All"
 REASON_DRIVER_ROOT_INCOMPLETE: Final = "DriverRootIncomplete"
 
 DEFAULT_MAX_NODES_PER_IMEX_DOMAIN: Final = 18
-CLIQUE_JOIN_BY_CONTROLLER_ENV: Final = "CLIQUE_JOIN_BY_CONTROLLER"
-"""Daemon env our DaemonSets set to ``true``: the controller writes the daemon's clique entry
-(``pkg.reconcilers.cliquejoin``); the daemon waits a bounded while for it before joining by
-itself. Absent (upstream's DaemonSets): the daemon joins by itself at once."""
+CLIQUE_JOIN_BY_CONTROLLER_ENV: Final = _daemoncontract.CLIQUE_JOIN_BY_CONTROLLER
+"""Not a second definition: the daemon's process contract names the variable; this older
+spelling only stays importable until its last callers (the daemon's tests) use
+``daemoncontract.CLIQUE_JOIN_BY_CONTROLLER``."""
 IMEX_CHANNEL_COUNT: Final = 2048
 DEFAULT_DRIVER_NAMESPACE: Final = "nvidia-dra-driver"
 

@@ -1,9 +1,12 @@
 """Command line and environment of ``compute-domain-daemon`` parsed into :class:`Options`.
 
-Owns the daemon's flag table, :data:`DAEMON_FLAGS`, on the shared mechanism
-(`pkg.runtime.flags`: flag wins over env, empty env is unset, Go booleans, ``--version``,
-``-v``/``--v``/``--verbosity`` with env ``V`` as upstream's, else ``LOG_VERBOSITY`` as our
-DaemonSets set, ``--logging-format``, ``--vmodule``). Two kinds of rows:
+Owns the daemon's option table, ``_OPTIONS``: each option once, as its flag row (name, env,
+parser, default, help) and the :class:`Options` field it fills (checked at import: every field
+is filled once). The flag table :data:`DAEMON_FLAGS` and the construction of :class:`Options`
+are derived from it, on the shared mechanism (`pkg.runtime.flags`: flag wins over env, empty
+env is unset, Go booleans, ``--version``, ``-v``/``--v``/``--verbosity`` with env ``V`` as
+upstream's, else ``LOG_VERBOSITY`` as our DaemonSets set, ``--logging-format``,
+``--vmodule``). Two kinds of rows:
 
 - the upstream env contract, env-only: CDI (``CLIQUE_ID``, ``COMPUTE_DOMAIN_UUID``,
   ``COMPUTE_DOMAIN_NAME``, ``COMPUTE_DOMAIN_NAMESPACE``, and ours, ``TRACEPARENT``, the domain's
@@ -36,9 +39,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from pkg.api import constants as c
 from pkg.api import daemoncontract as dc
@@ -51,6 +54,7 @@ from pkg.runtime.flags import (
     FlagValues,
     Repeat,
     parse_bool,
+    parse_duration,
     parse_int,
 )
 
@@ -93,6 +97,9 @@ class Options:
     join_by_controller: bool = False  # CLIQUE_JOIN_BY_CONTROLLER=true (our DaemonSets)
     logging_format: str = "text"  # --logging-format / LOGGING_FORMAT: text (klog) or json
     vmodule: str = ""  # --vmodule / VMODULE: klog per-file verbosity, pattern=N,...
+    # --imex-start-timeout / IMEX_START_TIMEOUT (ours): seconds IMEX may stay not ready before
+    # the daemon says so in a Warning Event on its pod; 0 turns the warning off
+    imex_start_timeout: float = 60.0
     # every row's effective value by dest, for the start-up dump (`startup_config`)
     flag_values: tuple[tuple[str, object], ...] = ()
 
@@ -122,16 +129,262 @@ class Options:
 
 
 _AUTH_KEYS: Final = (
-    "SERVER_KEY", "SERVER_CERT", "SERVER_CERT_AUTH", "CLIENT_KEY", "CLIENT_CERT",
-    "CLIENT_CERT_AUTH", "SECURITY_TARGET_OVERRIDE",
-)  # fmt: skip
+    "SERVER_KEY",
+    "SERVER_CERT",
+    "SERVER_CERT_AUTH",
+    "CLIENT_KEY",
+    "CLIENT_CERT",
+    "CLIENT_CERT_AUTH",
+    "SECURITY_TARGET_OVERRIDE",
+)
 """imexd.cfg's key and certificate settings, ``IMEX_<key>``: flag ``--imex-<key>``."""
-_AUTH_ENV: Final = {"mode": "IMEX_AUTH_ENCRYPTION_MODE", "source": "IMEX_AUTH_SOURCE"}
 
 
-def _env_only(name: str, env: str, help_: str) -> Flag:
-    return Flag(name, env, str, "", help_, cli=False)
+def _unchanged(value: Any, _flag: Flag) -> object:
+    return value
 
+
+def _command_line(value: Any, flag: Flag) -> object:
+    """A shell-quoted command as argv; empty: the row's default command."""
+    return tuple(shlex.split(str(value))) or tuple(shlex.split(str(flag.default)))
+
+
+def _none_if_empty(value: Any, _flag: Flag) -> object:
+    return value or None
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One daemon option: its flag row and the field of :class:`Options` its value fills.
+
+    ``field`` defaults to the row's dest; ``auth.<name>`` is a field of :attr:`Options.auth`.
+    ``convert`` turns the row's typed value into the field's (given the row, for its default).
+    """
+
+    flag: Flag
+    field: str = ""
+    convert: Callable[[Any, Flag], object] = _unchanged
+
+    @property
+    def target(self) -> tuple[str, str]:
+        """(group, field): group ``auth`` for :class:`imex.AuthConfig`, else ``""``."""
+        group, _, name = (self.field or self.flag.dest).rpartition(".")
+        return group, name
+
+
+def _env_only(name: str, env: str, help_: str, *, field: str = "") -> _Option:
+    return _Option(Flag(name, env, str, "", help_, cli=False), field=field)
+
+
+_OPTIONS: Final[tuple[_Option, ...]] = (
+    _env_only("clique-id", dc.CLIQUE_ID, "NVLink clique of this node (CDI; empty: no clique)"),
+    _env_only(
+        "compute-domain-uuid",
+        dc.COMPUTE_DOMAIN_UUID,
+        "UID of the ComputeDomain (CDI)",
+        field="domain_uid",
+    ),
+    _env_only(
+        "compute-domain-name",
+        dc.COMPUTE_DOMAIN_NAME,
+        "name of the ComputeDomain (CDI)",
+        field="domain_name",
+    ),
+    _Option(
+        Flag(
+            "compute-domain-namespace",
+            dc.COMPUTE_DOMAIN_NAMESPACE,
+            str,
+            "default",
+            "namespace of the ComputeDomain (CDI)",
+            cli=False,
+        ),
+        field="domain_namespace",
+    ),
+    _env_only(
+        "traceparent",
+        dc.TRACEPARENT,
+        "the domain's formation trace (CDI, ours; empty when tracing is off)",
+    ),
+    _env_only("node-name", dc.NODE_NAME, "this node (downward API)"),
+    _env_only("pod-ip", dc.POD_IP, "this pod's IP (downward API; needed with a clique)"),
+    _env_only("pod-uid", dc.POD_UID, "this pod's UID (downward API)"),
+    _env_only("pod-name", dc.POD_NAME, "this pod's name (downward API)"),
+    _env_only("pod-namespace", dc.POD_NAMESPACE, "this pod's namespace (downward API)"),
+    _Option(
+        Flag(
+            "max-nodes-per-imex-domain",
+            dc.MAX_NODES_PER_IMEX_DOMAIN,
+            parse_int,
+            c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN,
+            "daemons per clique, 1..9999",
+            cli=False,
+        ),
+        field="max_nodes",
+    ),
+    _Option(
+        Flag(
+            "join-by-controller",
+            dc.CLIQUE_JOIN_BY_CONTROLLER,
+            parse_bool,
+            False,
+            "the controller writes this daemon's clique entry (ours; true in our DaemonSets)",
+            cli=False,
+        )
+    ),
+    # The field gets the gates `parse` validated, not the text.
+    _Option(
+        Flag(
+            "feature-gates",
+            dc.FEATURE_GATES,
+            str,
+            "",
+            "A=true,B=false (upstream defaults)",
+            repeat=Repeat.MAP,
+        ),
+        field="gates",
+    ),
+    _Option(
+        Flag(
+            "config-dir",
+            "IMEX_CONFIG_DIR",
+            str,
+            dc.CONFIG_DIR,
+            "directory of imexd.cfg and nodes.cfg",
+        )
+    ),
+    _Option(
+        Flag(
+            "hosts-file",
+            imex.HOSTS_FILE_ENV,
+            str,
+            imex.DEFAULT_HOSTS_FILE,
+            "hosts file the IMEX peer names are written to",
+        )
+    ),
+    _Option(
+        Flag(
+            "imex-binary", "IMEX_BINARY", str, "nvidia-imex", "IMEX daemon (a shell-quoted command)"
+        ),
+        field="imex_argv",
+        convert=_command_line,
+    ),
+    _Option(
+        Flag(
+            "imex-ctl-binary",
+            "IMEX_CTL_BINARY",
+            str,
+            "nvidia-imex-ctl",
+            "IMEX control tool (a shell-quoted command)",
+        ),
+        field="imex_ctl_argv",
+        convert=_command_line,
+    ),
+    _Option(
+        Flag(
+            "termination-log",
+            "TERMINATION_LOG",
+            str,
+            "/dev/termination-log",
+            "where the kubelet reads the termination message",
+        )
+    ),
+    _Option(
+        Flag(
+            "imex-server-port",
+            dc.IMEX_SERVER_PORT,
+            parse_int,
+            imex.DEFAULT_SERVER_PORT,
+            "IMEX server port",
+        ),
+        field="server_port",
+    ),
+    _Option(
+        Flag(
+            "imex-cmd-port", dc.IMEX_CMD_PORT, parse_int, imex.DEFAULT_CMD_PORT, "IMEX command port"
+        ),
+        field="cmd_port",
+    ),
+    # IMEX's own authentication/encryption (imexd.cfg keys of the same names); off, as
+    # upstream ships it. Set them through the controller's --cd-daemon-extra-env.
+    _Option(
+        Flag(
+            "imex-enable-auth-encryption",
+            "IMEX_ENABLE_AUTH_ENCRYPTION",
+            parse_bool,
+            False,
+            "IMEX authentication and encryption between the domain's daemons (needs the keys)",
+        ),
+        field="auth.enabled",
+    ),
+    _Option(
+        Flag(
+            "imex-auth-encryption-mode",
+            "IMEX_AUTH_ENCRYPTION_MODE",
+            str,
+            imex.AuthConfig.mode,
+            "IMEX_AUTH_ENCRYPTION_MODE of imexd.cfg",
+        ),
+        field="auth.mode",
+    ),
+    _Option(
+        Flag(
+            "imex-auth-source",
+            "IMEX_AUTH_SOURCE",
+            str,
+            "",
+            "IMEX_AUTH_SOURCE of imexd.cfg: where IMEX reads the keys below (FILE: paths)",
+        ),
+        field="auth.source",
+    ),
+    *(
+        _Option(
+            Flag(
+                f"imex-{key.lower().replace('_', '-')}",
+                f"IMEX_{key}",
+                str,
+                "",
+                f"IMEX_{key} of imexd.cfg",
+            ),
+            field=f"auth.{key.lower()}",
+        )
+        for key in _AUTH_KEYS
+    ),
+    _Option(
+        Flag(
+            "imex-start-timeout",
+            "IMEX_START_TIMEOUT",
+            parse_duration,
+            60.0,
+            "ours: IMEX not ready this long (Go duration or seconds) since the daemon "
+            "started or IMEX was last ready: one Warning Event IMEXNotReady on the pod, "
+            "with the last error (0: off)",
+        )
+    ),
+    _Option(
+        Flag(
+            "metrics-address",
+            "METRICS_ADDRESS",
+            str,
+            "",
+            "host:port of /metrics (empty: no endpoint; :9400, 127.0.0.1:0)",
+        )
+    ),
+    _Option(
+        Flag(
+            "kubeconfig",
+            "KUBECONFIG",
+            str,
+            None,
+            "kubeconfig file (default: in-cluster, else ~/.kube/config)",
+        ),
+        convert=_none_if_empty,
+    ),
+)
+"""Every daemon option once: flag name, env, parser, default, help and the field it fills."""
+
+_SHARED_FIELDS: Final = {"v": "verbosity", "logging_format": "logging_format", "vmodule": "vmodule"}
+"""Fields filled by the rows every table gets from `pkg.runtime.flags`, by dest."""
 
 DAEMON_FLAGS: Final = FlagTable(
     prog="compute-domain-daemon",
@@ -140,57 +393,27 @@ DAEMON_FLAGS: Final = FlagTable(
     verbosity_default=2,
     verbosity_aliases=("--verbosity",),
     commands=("run", "check"),
-    flags=(
-        _env_only("clique-id", dc.CLIQUE_ID, "NVLink clique of this node (CDI; empty: no clique)"),
-        _env_only("compute-domain-uuid", dc.COMPUTE_DOMAIN_UUID, "UID of the ComputeDomain (CDI)"),
-        _env_only("compute-domain-name", dc.COMPUTE_DOMAIN_NAME, "name of the ComputeDomain (CDI)"),
-        Flag("compute-domain-namespace", dc.COMPUTE_DOMAIN_NAMESPACE, str, "default",
-             "namespace of the ComputeDomain (CDI)", cli=False),
-        _env_only("traceparent", dc.TRACEPARENT,
-                  "the domain's formation trace (CDI, ours; empty when tracing is off)"),
-        _env_only("node-name", dc.NODE_NAME, "this node (downward API)"),
-        _env_only("pod-ip", dc.POD_IP, "this pod's IP (downward API; needed with a clique)"),
-        _env_only("pod-uid", dc.POD_UID, "this pod's UID (downward API)"),
-        _env_only("pod-name", dc.POD_NAME, "this pod's name (downward API)"),
-        _env_only("pod-namespace", dc.POD_NAMESPACE, "this pod's namespace (downward API)"),
-        Flag("max-nodes-per-imex-domain", dc.MAX_NODES_PER_IMEX_DOMAIN, parse_int,
-             c.DEFAULT_MAX_NODES_PER_IMEX_DOMAIN, "daemons per clique, 1..9999", cli=False),
-        Flag("join-by-controller", dc.CLIQUE_JOIN_BY_CONTROLLER, parse_bool, False,
-             "the controller writes this daemon's clique entry (ours; true in our DaemonSets)",
-             cli=False),
-        Flag("feature-gates", dc.FEATURE_GATES, str, "", "A=true,B=false (upstream defaults)",
-             repeat=Repeat.MAP),
-        Flag("config-dir", "IMEX_CONFIG_DIR", str, dc.CONFIG_DIR,
-             "directory of imexd.cfg and nodes.cfg"),
-        Flag("hosts-file", imex.HOSTS_FILE_ENV, str, imex.DEFAULT_HOSTS_FILE,
-             "hosts file the IMEX peer names are written to"),
-        Flag("imex-binary", "IMEX_BINARY", str, "nvidia-imex",
-             "IMEX daemon (a shell-quoted command)"),
-        Flag("imex-ctl-binary", "IMEX_CTL_BINARY", str, "nvidia-imex-ctl",
-             "IMEX control tool (a shell-quoted command)"),
-        Flag("termination-log", "TERMINATION_LOG", str, "/dev/termination-log",
-             "where the kubelet reads the termination message"),
-        Flag("imex-server-port", "IMEX_SERVER_PORT", parse_int, imex.DEFAULT_SERVER_PORT,
-             "IMEX server port"),
-        Flag("imex-cmd-port", "IMEX_CMD_PORT", parse_int, imex.DEFAULT_CMD_PORT,
-             "IMEX command port"),
-        # IMEX's own authentication/encryption (imexd.cfg keys of the same names); off, as
-        # upstream ships it. Set them through the controller's --cd-daemon-extra-env.
-        Flag("imex-enable-auth-encryption", "IMEX_ENABLE_AUTH_ENCRYPTION", parse_bool, False,
-             "IMEX authentication and encryption between the domain's daemons (needs the keys)"),
-        Flag("imex-auth-encryption-mode", "IMEX_AUTH_ENCRYPTION_MODE", str,
-             imex.AuthConfig.mode, "IMEX_AUTH_ENCRYPTION_MODE of imexd.cfg"),
-        Flag("imex-auth-source", "IMEX_AUTH_SOURCE", str, "",
-             "IMEX_AUTH_SOURCE of imexd.cfg: where IMEX reads the keys below (FILE: paths)"),
-        *(Flag(f"imex-{key.lower().replace('_', '-')}", f"IMEX_{key}", str, "",
-               f"IMEX_{key} of imexd.cfg") for key in _AUTH_KEYS),
-        Flag("metrics-address", "METRICS_ADDRESS", str, "",
-             "host:port of /metrics (empty: no endpoint; :9400, 127.0.0.1:0)"),
-        Flag("kubeconfig", "KUBECONFIG", str, None,
-             "kubeconfig file (default: in-cluster, else ~/.kube/config)"),
-    ),
-)  # fmt: skip
-"""The daemon's flags and env contract, one row each."""
+    flags=tuple(option.flag for option in _OPTIONS),
+)
+"""The daemon's flags and env contract, one row each (derived from the option table)."""
+
+_AUTH_ENV_NAMES: Final = {
+    option.target[1]: option.flag.env_names[0] for option in _OPTIONS if option.target[0] == "auth"
+}
+"""How an error names an ``auth`` field: its env variable."""
+
+
+def _check_table() -> None:
+    """The option table fills every field of `Options` (and of its ``auth``) exactly once."""
+    filled = [option.target for option in _OPTIONS]
+    filled += [("", name) for name in (*_SHARED_FIELDS.values(), "command", "flag_values")]
+    wanted = [("", f.name) for f in dataclasses.fields(Options) if f.name != "auth"]
+    wanted += [("auth", f.name) for f in dataclasses.fields(imex.AuthConfig)]
+    if sorted(filled) != sorted(wanted):
+        raise AssertionError(f"daemon option table and Options differ: {filled} != {wanted}")
+
+
+_check_table()
 
 
 def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
@@ -218,51 +441,22 @@ def parse(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     opts = _options(flags, gates=gates)
     for key, value in dataclasses.asdict(opts.auth).items():
         if isinstance(value, str) and any(ch in value for ch in "\n\r#"):
-            name = _AUTH_ENV.get(key, f"IMEX_{key.upper()}")
+            name = _AUTH_ENV_NAMES[key]
             raise OptionsError(f"{name}: {value!r} must not contain newlines or '#'")
     return opts
 
 
 def _options(flags: FlagValues, *, gates: FeatureGates) -> Options:
-    text = flags.get_str
-    return Options(
-        command=flags.command or "",
-        verbosity=flags.get_int("v"),
-        clique_id=text("clique_id"),
-        domain_uid=text("compute_domain_uuid"),
-        domain_name=text("compute_domain_name"),
-        domain_namespace=text("compute_domain_namespace"),
-        node_name=text("node_name"),
-        pod_ip=text("pod_ip"),
-        pod_uid=text("pod_uid"),
-        pod_name=text("pod_name"),
-        pod_namespace=text("pod_namespace"),
-        max_nodes=flags.get_int("max_nodes_per_imex_domain"),
-        gates=gates,
-        config_dir=text("config_dir"),
-        hosts_file=text("hosts_file"),
-        imex_argv=tuple(shlex.split(text("imex_binary"))) or ("nvidia-imex",),
-        imex_ctl_argv=tuple(shlex.split(text("imex_ctl_binary"))) or ("nvidia-imex-ctl",),
-        termination_log=text("termination_log"),
-        server_port=flags.get_int("imex_server_port"),
-        cmd_port=flags.get_int("imex_cmd_port"),
-        metrics_address=text("metrics_address"),
-        kubeconfig=flags.get_optional_str("kubeconfig") or None,
-        auth=imex.AuthConfig(
-            enabled=flags.get_bool("imex_enable_auth_encryption"),
-            mode=text("imex_auth_encryption_mode"),
-            source=text("imex_auth_source"),
-            server_key=text("imex_server_key"),
-            server_cert=text("imex_server_cert"),
-            server_cert_auth=text("imex_server_cert_auth"),
-            client_key=text("imex_client_key"),
-            client_cert=text("imex_client_cert"),
-            client_cert_auth=text("imex_client_cert_auth"),
-            security_target_override=text("imex_security_target_override"),
-        ),
-        traceparent=text("traceparent"),
-        join_by_controller=flags.get_bool("join_by_controller"),
-        logging_format=text("logging_format"),
-        vmodule=text("vmodule"),
-        flag_values=tuple(flags.dump().items()),
-    )
+    """`Options` from the parsed rows (and the validated ``gates``), one field per option."""
+    values = {**flags.values, "feature_gates": gates}
+    fields: dict[str, Any] = {
+        "command": flags.command or "",
+        "flag_values": tuple(flags.dump().items()),
+    }
+    auth: dict[str, Any] = {}
+    for option in _OPTIONS:
+        group, name = option.target
+        (auth if group else fields)[name] = option.convert(values[option.flag.dest], option.flag)
+    for dest, name in _SHARED_FIELDS.items():
+        fields[name] = flags[dest]
+    return Options(**fields, auth=imex.AuthConfig(**auth))

@@ -156,100 +156,144 @@ class KubeletPlugin:
     ) -> None:
         """``tracer``: per-claim request spans and this node's part of each domain's formation
         trace (default: no tracing). ``devices``: start-up discovery's result; ``discovery``:
-        what the periodic clique refresh runs again (None: the clique ID stays ``devices``')."""
+        what the periodic clique refresh runs again (None: the clique ID stays ``devices``').
+
+        Builds every part and starts none (`start` does, in order)."""
         self.config = config
+        self._client = client
         self._tracer = tracer or trace.NoOpTracer()
         self.devices = devices
         # Runs the host's nvidia-imex-ctl in host-managed IMEX mode (tests inject a fake).
         self._command_runner: CommandRunner = command_runner or SubprocessCommandRunner()
         self.clock: Clock = clock or RealClock()
         self._monotonic = self.clock.monotonic
+        self._stop = threading.Event()
         self.metrics = PluginMetrics(
             registry=registry or CollectorRegistry(), node_name=config.node_name
         )
+        # Node-local state; Prepare's state and the cleanup exist once `start` opened the store.
         self.cdi = CdiWriter(root=config.cdi_root)
         self.driver_root = DriverRoot(
             host=config.driver_root, container=config.container_driver_root
         )
         self.driver_files = DriverFiles((), (), "", ())
-        self.store = store or CheckpointStore(
-            directory=config.plugin_dir,
-            boot_id=read_boot_id(config.boot_id_file),
-            now=self.clock.now,
-            compatibility=config.checkpoint_compatibility,
+        self.store = store or self._checkpoint_store()
+        self.checkpoint_problem = ""
+        self.state: DeviceState | None = None
+        self.cleanup: CheckpointCleanup | None = None
+        # What the cluster and the node say: the node's clique, its domains, device health.
+        self.informers = self._informer_factory()
+        self.clique = self._clique_refresher(discovery)
+        self._clique_started = False
+        self.domains = self._domain_tracker()
+        self.device_health = self._device_health()
+        # The kubelet-facing library (`pkg.draplugin`): claim fan-out, sockets, health, HTTP.
+        self.fanout = self._claim_fanout()
+        self.registration = RegistrationServicer(
+            driver_name=DRIVER_NAME, endpoint=str(config.dra_socket)
         )
-        # Failed LIST/WATCH calls back off from `retry_delay` up to 30x it (jittered).
-        backoff = BackoffPolicy(initial=config.retry_delay, cap=30 * config.retry_delay)
-        self.informers = SharedInformerFactory(client, clock=self.clock, backoff=backoff)
+        self.servers = self._plugin_servers()
+        self.health: HealthServer | None = None
+        self.http: ObservabilityServer | None = None
+        # What this node publishes: its ResourceSlice, republished on a clique or channel change.
+        self._devices_lock = threading.Lock()
+        self._clique_published = devices.clique_id
+        self._channel_domain = ""  # the domain the slice's channel-0 is tainted for
+        self.slices = self._slice_publisher()
+
+    def _checkpoint_store(self) -> CheckpointStore:
+        """The checkpoint in the plugin directory, stamped with this boot's ID."""
+        cfg = self.config
+        return CheckpointStore(
+            directory=cfg.plugin_dir,
+            boot_id=read_boot_id(cfg.boot_id_file),
+            now=self.clock.now,
+            compatibility=cfg.checkpoint_compatibility,
+        )
+
+    def _informer_factory(self) -> SharedInformerFactory:
+        """The one informer factory of the process; failed LIST/WATCH calls back off from
+        ``retry_delay`` up to 30x it (jittered)."""
+        delay = self.config.retry_delay
+        backoff = BackoffPolicy(initial=delay, cap=30 * delay)
+        return SharedInformerFactory(self._client, clock=self.clock, backoff=backoff)
+
+    def _clique_refresher(self, discovery: DeviceDiscovery | None) -> CliqueRefresher:
+        """The node's clique ID from start-up discovery, refreshed with ``discovery``; it keeps
+        the opt-in ``nvidia.com/gpu.clique`` label and republishes the slice on a change."""
+        cfg = self.config
         label = (
-            NodeCliqueLabel(client=client, node_name=config.node_name, clock=self.clock)
-            if config.gpu_clique_label
+            NodeCliqueLabel(client=self._client, node_name=cfg.node_name, clock=self.clock)
+            if cfg.gpu_clique_label
             else None
         )
-        self.clique = CliqueRefresher(
-            initial=devices.clique_id,
+        return CliqueRefresher(
+            initial=self.devices.clique_id,
             discovery=discovery,
             clock=self.clock,
             label=label,
-            interval=config.clique_refresh_interval,
+            interval=cfg.clique_refresh_interval,
             on_change=self._clique_changed,
-            label_removal_timeout=config.clique_label_removal_timeout,
+            label_removal_timeout=cfg.clique_label_removal_timeout,
         )
-        self._clique_started = False
-        self.domains = DomainTracker(
-            client=client,
+
+    def _domain_tracker(self) -> DomainTracker:
+        """The domains Prepare reads (watched), with the daemons' node-local readiness."""
+        cfg = self.config
+        return DomainTracker(
+            client=self._client,
             informers=self.informers,
-            node_name=config.node_name,
-            driver_namespace=config.namespace,
+            node_name=cfg.node_name,
+            driver_namespace=cfg.namespace,
             clique_id=self.clique.clique_id,
             clock=self.clock,
-            domain_grace=config.domain_grace,
+            domain_grace=cfg.domain_grace,
             local_ready=LocalRecordReader(
-                lambda uid: domain_dir(config.plugin_dir, uid), clock=self.clock
+                lambda uid: domain_dir(cfg.plugin_dir, uid), clock=self.clock
             ),
         )
-        self.device_health = DeviceHealthMonitor(
-            readiness=self.domains.daemon_readiness, clock=self.clock
-        )
-        self.domains.add_listener(self.device_health.changed)
-        self.checkpoint_problem = ""
-        self._client = client
-        self.fanout = ClaimFanOut(
+
+    def _device_health(self) -> DeviceHealthMonitor:
+        """Device health from the domains' daemon readiness, told of every domain change."""
+        monitor = DeviceHealthMonitor(readiness=self.domains.daemon_readiness, clock=self.clock)
+        self.domains.add_listener(monitor.changed)
+        return monitor
+
+    def _claim_fanout(self) -> ClaimFanOut:
+        """The library's per-request fan-out, calling this driver's claim hooks."""
+        return ClaimFanOut(
             driver=self,
-            client=client,
+            client=self._client,
             monotonic=self._monotonic,
             tracer=self._tracer,
             observer=self.metrics,
         )
-        self._stop = threading.Event()
-        self.state: DeviceState | None = None
-        self.cleanup: CheckpointCleanup | None = None
-        self.registration = RegistrationServicer(
-            driver_name=DRIVER_NAME, endpoint=str(config.dra_socket)
-        )
-        self.servers = PluginServers(
+
+    def _plugin_servers(self) -> PluginServers:
+        """The DRA and registration sockets, serving the fan-out and device health."""
+        cfg = self.config
+        return PluginServers(
             handler=self.fanout,
             registration=self.registration,
-            dra_socket=config.dra_socket,
-            registration_socket=config.registration_socket,
+            dra_socket=cfg.dra_socket,
+            registration_socket=cfg.registration_socket,
             device_health=self.device_health,
         )
-        self.health: HealthServer | None = None
-        self.http: ObservabilityServer | None = None
-        self._devices_lock = threading.Lock()
-        self._clique_published = devices.clique_id
-        self._channel_domain = ""  # the domain the slice's channel-0 is tainted for
-        self.slices = SlicePublisher(
-            client=client,
+
+    def _slice_publisher(self) -> SlicePublisher:
+        """This node's ResourceSlice, first with the start-up clique ID and no channel taint."""
+        cfg = self.config
+        return SlicePublisher(
+            client=self._client,
             informers=self.informers,
             driver_name=DRIVER_NAME,
-            node_name=config.node_name,
+            node_name=cfg.node_name,
             devices=slice_devices(
-                devices.clique_id,
-                daemon=not config.imex.host_managed,
-                shared=config.checkpoint_compatibility.keeps_share_id,
+                self.devices.clique_id,
+                daemon=not cfg.imex.host_managed,
+                shared=cfg.checkpoint_compatibility.keeps_share_id,
             ),
-            retry_delay=config.retry_delay,
+            retry_delay=cfg.retry_delay,
         )
 
     def _node_setup(self) -> NodeSetup:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
 
+from pkg.api.constants import GROUP
 from pkg.api.namespaces import parse_namespace_list
 from pkg.featuregates import (
     CRASH_ON_NVLINK_FABRIC_ERRORS,
@@ -63,6 +64,8 @@ __all__ = [
 
 PROG: Final = "compute-domain-kubelet-plugin"
 
+# Formatted by hand (`# fmt: skip` at its end): one flag per row or two, read like the docs'
+# flag table; `ruff format` would give every argument of a row its own line.
 # -v reads component-base's V first, as upstream's plugin does; LOG_VERBOSITY (the variable the
 # charts set) when V is unset, as this plugin always has.
 PLUGIN_FLAGS: Final = FlagTable(prog=PROG, verbosity_env=("V", "LOG_VERBOSITY"), flags=(
@@ -93,8 +96,10 @@ PLUGIN_FLAGS: Final = FlagTable(prog=PROG, verbosity_env=("V", "LOG_VERBOSITY"),
     Flag("feature-gates", "FEATURE_GATES", str, "", "A=true,B=false", repeat=Repeat.MAP),
     Flag("kubeconfig", "KUBECONFIG", str, None, "kubeconfig file (default: in-cluster)"),
     Flag("kube-api-qps", "KUBE_API_QPS", float, 5.0,
-         "client QPS, per API group (0 or less: no client-side limit)"),
-    Flag("kube-api-burst", "KUBE_API_BURST", parse_int, 10, "client burst, per API group"),
+         "client QPS of each clientset (Kubernetes groups; resource.nvidia.com); 0 or less: "
+         "no client-side limit"),
+    Flag("kube-api-burst", "KUBE_API_BURST", parse_int, 10,
+         "client burst of each clientset (Kubernetes groups; resource.nvidia.com)"),
     Flag("device-discovery", "DEVICE_DISCOVERY", choice("nvml", "fake"), "nvml",
          "nvml (the GPUs of this node) or fake (FAKE_GPU_CONFIG, for tests)"),
     Flag("gpu-clique-label-enabled", "GPU_CLIQUE_LABEL_ENABLED", parse_bool, False,
@@ -196,17 +201,16 @@ def plugin_config(opts: PluginOptions, *, imex: ImexModeConfig) -> PluginConfig:
 
 def api_client_of(opts: PluginOptions, connection: ApiConnection) -> RestClient:
     """The plugin's API client over ``connection`` (`pkg.kube.config.load_api_client`) with
-    upstream's client-side limit: ``--kube-api-qps`` and ``--kube-api-burst`` for each API group,
-    one token bucket per group as in the controller's client (upstream's two clientsets share
-    one bucket each: the Kubernetes groups, and resource.nvidia.com); a QPS of 0 or less sets
-    no limit."""
+    upstream's client-side limit: ``--kube-api-qps`` and ``--kube-api-burst`` for each of its
+    two clientsets, one budget shared by the Kubernetes API groups and one for
+    resource.nvidia.com, as in the controller's client; a QPS of 0 or less sets no limit."""
     qps = opts.kube_api_qps
     return RestClient(
         connection,
         user_agent=PROG,
         qps=qps if qps > 0 else None,
         burst=opts.kube_api_burst,
-        per_group_limit=True,
+        separate_groups=(GROUP,),
     )
 
 
@@ -224,9 +228,11 @@ def build_discovery(opts: PluginOptions, *, gates: FeatureGates | None = None) -
         single_node = is_single_node_nvlink(select_dev_root(Path(opts.container_driver_root)))
     if opts.device_discovery == "fake":
         return FakeDiscovery.from_setting(
-            opts.fake_gpu_config, node_name=opts.node_name, strict_fabric=strict,
+            opts.fake_gpu_config,
+            node_name=opts.node_name,
+            strict_fabric=strict,
             single_node_nvlink=single_node,
-        )  # fmt: skip
+        )
     root = DriverRoot(
         host=Path(opts.nvidia_driver_root), container=Path(opts.container_driver_root)
     )

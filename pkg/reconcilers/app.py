@@ -36,10 +36,11 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
+from pkg.api.constants import GROUP
 from pkg.base.clock import Clock, RealClock
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient, RestClient
-from pkg.kube.config import load_api_client
+from pkg.kube.config import KubeConfigError, load_api_client
 from pkg.kube.errors import ApiError
 from pkg.kube.eventbroadcaster import AsyncEventRecorder
 from pkg.kube.resourceapi import UnsupportedResourceApiError, use_served_resource_api
@@ -52,7 +53,7 @@ from pkg.runtime.buildinfometric import register_build_info
 from pkg.runtime.httpserver import HealthChecks, ObservabilityServer
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector
 from pkg.runtime.startupconfig import startup_config
-from pkg.runtime.tracing import setup_tracing
+from pkg.runtime.tracing import Tracing, setup_tracing
 
 __all__ = ["BUILD_INFO_METRIC", "COMPONENT", "run"]
 
@@ -71,7 +72,8 @@ def _default_client(options: Options) -> KubeClient:
         qps=options.kube_api_qps,
         burst=options.kube_api_burst,
         user_agent=COMPONENT,
-        per_group_limit=True,
+        # Upstream's two clientsets: one budget for the Kubernetes groups, one for ours.
+        separate_groups=(GROUP,),
     )
 
 
@@ -79,6 +81,197 @@ def _default_events_client(options: Options) -> KubeClient:
     """Events get their own connection pool and rate limit, off the reconcile budget."""
     api = load_api_client(options.kubeconfig)
     return RestClient(api, qps=options.events_qps, burst=options.events_burst, user_agent=COMPONENT)
+
+
+class _Terms:
+    """The leadership terms of this process: one manager per term, and the readiness it gives.
+
+    :meth:`start` builds a fresh manager (its metrics under a registry of its own, registered
+    under the process registry for the term) and syncs it in the background; caches that never
+    sync set ``stop`` and :attr:`failed`. :meth:`stop` stops the term's manager and unregisters
+    its metrics. ``/readyz`` (:meth:`ready`) and ``/debug/informers`` (:meth:`informers`) read
+    the current term.
+    """
+
+    def __init__(
+        self,
+        options: Options,
+        *,
+        client: KubeClient,
+        events: AsyncEventRecorder,
+        tracing: Tracing,
+        clock: Clock,
+        registry: CollectorRegistry,
+        stop: threading.Event,
+    ) -> None:
+        self._options = options
+        self._client = client
+        self._events = events
+        self._tracing = tracing
+        self._clock = clock
+        self._process_registry = registry
+        self._stop = stop
+        self._manager: ControllerManager | HostManagedManager | None = None
+        self._term_registry: CollectorRegistry | None = None
+        self.leading = threading.Event()
+        self.failed = threading.Event()
+
+    def _build_manager(self, registry: CollectorRegistry) -> ControllerManager | HostManagedManager:
+        """The manager of the IMEX mode: host-managed IMEX runs no daemon machinery."""
+        opts, workers = self._options, domain_workers(self._options.kube_api_qps)
+        if opts.controller.imex.host_managed:
+            return HostManagedManager(
+                client=self._client,
+                config=opts.controller,
+                registry=registry,
+                tracer=self._tracing.tracer,
+                clock=self._clock,
+                informer_clock=RealClock(),
+                events=self._events,
+                cd_workers=workers,
+            )
+        return ControllerManager(
+            client=self._client,
+            config=opts.controller,
+            registry=registry,
+            tracer=self._tracing.tracer,
+            clock=self._clock,
+            informer_clock=RealClock(),
+            events=self._events,
+            cd_workers=workers,
+            formation=FormationTracer(self._tracing, clock=self._clock),
+        )
+
+    def start(self) -> None:
+        """A term starts: build its manager and sync it in the background."""
+        term_registry = CollectorRegistry()
+        self._process_registry.register(term_registry)
+        self._term_registry = term_registry
+        manager = self._build_manager(term_registry)
+        self._manager = manager
+        self.leading.set()
+
+        def sync() -> None:
+            if not manager.start() and not manager.stopping:
+                self.failed.set()
+                self._stop.set()
+
+        threading.Thread(target=sync, name="manager-start", daemon=True).start()
+
+    def stop(self) -> None:
+        """The term ends: stop its manager completely and unregister its metrics."""
+        self.leading.clear()
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            manager.stop()
+        term_registry, self._term_registry = self._term_registry, None
+        if term_registry is not None:
+            self._process_registry.unregister(term_registry)
+
+    def ready(self) -> bool:
+        """Leading with every cache synced, or a healthy standby (not leading, not failed)."""
+        manager = self._manager
+        if not self._options.leader_election or self.leading.is_set():
+            return manager is not None and manager.synced()
+        return not self.failed.is_set()
+
+    def informers(self) -> JSON:
+        """The ``/debug/informers`` document: the current term's caches (none: not leading)."""
+        manager = self._manager
+        return {
+            "component": COMPONENT,
+            "leading": manager is not None,
+            "informers": manager.informer_snapshot() if manager is not None else [],
+        }
+
+
+def _log_startup(options: Options, build_info: BuildInfo) -> None:
+    """The build's line first, then the effective configuration."""
+    log.info("%s", build_info.startup_message(COMPONENT))
+    dump = startup_config(
+        revision=build_info.revision,
+        gates=options.gates.all_values(),
+        flags=dict(options.flag_values),
+        type_name="*main.Flags",
+    )
+    log.info("%s", dump)
+
+
+def _log_settings(options: Options) -> None:
+    log.info(
+        "starting namespace=%s image=%s leader_election=%s gates=%s imexMode=%s imexIsolation=%s",
+        options.controller.namespace,
+        options.controller.image_name,
+        options.leader_election,
+        options.controller.feature_gates,
+        options.controller.imex.mode,
+        options.controller.imex.isolation,
+    )
+
+
+def _process_registry(
+    registry: CollectorRegistry | None, build_info: BuildInfo
+) -> CollectorRegistry:
+    """``registry``, or a new one with the process and platform collectors; plus build info."""
+    if registry is None:
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+    register_build_info(registry, name=BUILD_INFO_METRIC, info=build_info)
+    return registry
+
+
+def _serve(
+    options: Options, registry: CollectorRegistry, terms: _Terms
+) -> ObservabilityServer | None:
+    """The started HTTP endpoint (metrics, probes, debug), or None without ``--http-endpoint``."""
+    if not options.http_endpoint:
+        return None
+    liveness, readiness = HealthChecks(), HealthChecks()
+    liveness.add("ping", lambda: True)
+    readiness.add("controller", terms.ready)
+    server = ObservabilityServer(
+        options.http_endpoint,
+        registry=registry,
+        metrics_path=options.metrics_path,
+        liveness=liveness,
+        readiness=readiness,
+        debug={"/debug/informers": terms.informers} if options.debug_endpoints else {},
+    )
+    server.start()
+    return server
+
+
+def _lead(
+    options: Options, client: KubeClient, terms: _Terms, *, clock: Clock, stop: threading.Event
+) -> int:
+    """Pick the served resource API, then run terms until ``stop``: 0, or 1 on failure."""
+    if isinstance(client, RestClient):
+        try:
+            if not use_served_resource_api(client, clock=clock, stop=stop):
+                return 0
+        except (UnsupportedResourceApiError, ApiError) as err:
+            log.error("cannot start: %s", err)
+            return 1
+    if options.leader_election:
+        elector = LeaderElector(
+            client,
+            LeaderElectionConfig(
+                namespace=options.lease_namespace,
+                name=options.lease_name,
+                identity=f"{options.pod_name}-{uuid.uuid4()}",
+                lease_duration=options.lease_duration,
+                renew_deadline=options.renew_deadline,
+                retry_period=options.retry_period,
+            ),
+            clock=clock,
+        )
+        elector.run_terms(stop, on_started_leading=terms.start, on_stopped_leading=terms.stop)
+        return 1 if terms.failed.is_set() else 0
+    terms.start()
+    stop.wait()
+    terms.stop()
+    return 1 if terms.failed.is_set() else 0
 
 
 def run(
@@ -103,151 +296,37 @@ def run(
     line and exported as `BUILD_INFO_METRIC` on ``registry``.
     """
     build_info = build_info or load_build_info()
-    log.info("%s", build_info.startup_message(COMPONENT))
-    dump = startup_config(
-        revision=build_info.revision,
-        gates=options.gates.all_values(),
-        flags=dict(options.flag_values),
-        type_name="*main.Flags",
-    )
-    log.info("%s", dump)
+    _log_startup(options, build_info)
     clock = clock or RealClock()
-    if registry is None:
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
-        PlatformCollector(registry=registry)
-    register_build_info(registry, name=BUILD_INFO_METRIC, info=build_info)
-    process_registry = registry
+    registry = _process_registry(registry, build_info)
     tracing = setup_tracing(COMPONENT, env=os.environ if env is None else env)
-    client = client_factory(options)
+    try:
+        client = client_factory(options)
+    except KubeConfigError as err:
+        log.error("cannot start: %s", err)
+        tracing.shutdown()
+        return 1
     if events_client_factory is None:
         events_client_factory = (
             _default_events_client if client_factory is _default_client else client_factory
         )
     recorder = AsyncEventRecorder(events_client_factory(options), COMPONENT, clock)
     recorder.start()
-    state: dict[str, ControllerManager | HostManagedManager | None] = {"manager": None}
-    leading = threading.Event()
-    failed = threading.Event()
-    liveness, readiness = HealthChecks(), HealthChecks()
-    liveness.add("ping", lambda: True)
-
-    def is_ready() -> bool:
-        manager = state["manager"]
-        if not options.leader_election or leading.is_set():
-            return manager is not None and manager.synced()
-        return not failed.is_set()
-
-    readiness.add("controller", is_ready)
-
-    def informers_document() -> JSON:
-        manager = state["manager"]
-        return {
-            "component": COMPONENT,
-            "leading": manager is not None,
-            "informers": manager.informer_snapshot() if manager is not None else [],
-        }
-
-    debug = {"/debug/informers": informers_document} if options.debug_endpoints else {}
-    server = None
-    if options.http_endpoint:
-        server = ObservabilityServer(
-            options.http_endpoint,
-            registry=registry,
-            metrics_path=options.metrics_path,
-            liveness=liveness,
-            readiness=readiness,
-            debug=debug,
-        )
-        server.start()
+    terms = _Terms(
+        options,
+        client=client,
+        events=recorder,
+        tracing=tracing,
+        clock=clock,
+        registry=registry,
+        stop=stop,
+    )
+    server = _serve(options, registry, terms)
     if ready is not None:
         ready(server.port if server else 0)
-
-    terms: dict[str, CollectorRegistry | None] = {"registry": None}
-
-    def start_term() -> None:
-        term_registry = CollectorRegistry()
-        process_registry.register(term_registry)
-        terms["registry"] = term_registry
-        manager: ControllerManager | HostManagedManager
-        if options.controller.imex.host_managed:
-            manager = HostManagedManager(
-                client=client,
-                config=options.controller,
-                registry=term_registry,
-                tracer=tracing.tracer,
-                clock=clock,
-                informer_clock=RealClock(),
-                events=recorder,
-                cd_workers=domain_workers(options.kube_api_qps),
-            )
-        else:
-            manager = ControllerManager(
-                client=client,
-                config=options.controller,
-                registry=term_registry,
-                tracer=tracing.tracer,
-                clock=clock,
-                informer_clock=RealClock(),
-                events=recorder,
-                formation=FormationTracer(tracing, clock=clock),
-                cd_workers=domain_workers(options.kube_api_qps),
-            )
-        state["manager"] = manager
-        leading.set()
-
-        def sync() -> None:
-            if not manager.start() and not manager.stopping:
-                failed.set()
-                stop.set()
-
-        threading.Thread(target=sync, name="manager-start", daemon=True).start()
-
-    def stop_term() -> None:
-        leading.clear()
-        manager, state["manager"] = state["manager"], None
-        if manager is not None:
-            manager.stop()
-        term_registry, terms["registry"] = terms["registry"], None
-        if term_registry is not None:
-            process_registry.unregister(term_registry)
-
-    log.info(
-        "starting namespace=%s image=%s leader_election=%s gates=%s imexMode=%s imexIsolation=%s",
-        options.controller.namespace,
-        options.controller.image_name,
-        options.leader_election,
-        options.controller.feature_gates,
-        options.controller.imex.mode,
-        options.controller.imex.isolation,
-    )
+    _log_settings(options)
     try:
-        if isinstance(client, RestClient):
-            try:
-                if not use_served_resource_api(client, clock=clock, stop=stop):
-                    return 0
-            except (UnsupportedResourceApiError, ApiError) as err:
-                log.error("cannot start: %s", err)
-                return 1
-        if options.leader_election:
-            elector = LeaderElector(
-                client,
-                LeaderElectionConfig(
-                    namespace=options.lease_namespace,
-                    name=options.lease_name,
-                    identity=f"{options.pod_name}-{uuid.uuid4()}",
-                    lease_duration=options.lease_duration,
-                    renew_deadline=options.renew_deadline,
-                    retry_period=options.retry_period,
-                ),
-                clock=clock,
-            )
-            elector.run_terms(stop, on_started_leading=start_term, on_stopped_leading=stop_term)
-            return 1 if failed.is_set() else 0
-        start_term()
-        stop.wait()
-        stop_term()
-        return 1 if failed.is_set() else 0
+        return _lead(options, client, terms, clock=clock, stop=stop)
     finally:
         recorder.stop()
         if server is not None:

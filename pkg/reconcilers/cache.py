@@ -35,6 +35,7 @@ __all__ = [
     "index_by_pod_node",
     "index_by_slice_node",
     "index_by_uid",
+    "slice_clique_ids",
 ]
 
 IndexFunc = Callable[[JSON], list[str]]
@@ -129,6 +130,22 @@ def index_by_slice_node(slice_: JSON) -> list[str]:
     if spec.get("driver") != c.DRIVER_NAME or not spec.get("nodeName"):
         return []
     return [str(spec["nodeName"])]
+
+
+_CLIQUE_ATTRIBUTE_KEYS = ("cliqueID", f"{c.DRIVER_NAME}/cliqueID")
+
+
+def slice_clique_ids(slice_: JSON) -> set[str]:
+    """Non-empty ``cliqueID`` string attributes of the devices in a slice (the clique label
+    and the controller's clique joins both read them)."""
+    out = set()
+    for device in (slice_.get("spec") or {}).get("devices") or []:
+        attributes = device.get("attributes") or {}
+        for key in _CLIQUE_ATTRIBUTE_KEYS:
+            value = (attributes.get(key) or {}).get("string")
+            if value:
+                out.add(str(value))
+    return out
 
 
 class MergedCache:

@@ -21,6 +21,7 @@ import threading
 from pkg.api import constants as c
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
+from pkg.informers.store import meta_namespace_key
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ApiError, ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS, DAEMONSETS, RESOURCE_CLAIM_TEMPLATES
@@ -106,9 +107,7 @@ class OrphanCleaner:
                     "deleted orphan %s uid=%s",
                     resource.kind,
                     _owner(obj),
-                    extra={
-                        "key": f"{obj['metadata'].get('namespace')}/{obj['metadata'].get('name')}"
-                    },
+                    extra={"key": meta_namespace_key(obj)},
                 )
         for node in nodes:
             uid = _owner(node)

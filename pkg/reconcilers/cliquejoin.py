@@ -54,8 +54,7 @@ from pkg.kube.client import KubeClient
 from pkg.kube.errors import AlreadyExistsError, ConflictError, InvalidError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES
 from pkg.kube.versions import not_older_than
-from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, Caches
-from pkg.reconcilers.cliquelabel import slice_clique_ids
+from pkg.reconcilers.cache import BY_DOMAIN, BY_NODE, Caches, slice_clique_ids
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result

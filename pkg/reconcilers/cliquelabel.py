@@ -25,32 +25,19 @@ import re
 from pkg.api import constants as c
 from pkg.base.types import JSON
 from pkg.kube.client import KubeClient
-from pkg.reconcilers.cache import BY_NODE, Caches
+from pkg.reconcilers.cache import BY_NODE, Caches, slice_clique_ids
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
 from pkg.reconcilers.controller import Result
 from pkg.reconcilers.events import WARNING, OnceEvents
 from pkg.reconcilers.nodecache import patch_node_metadata
 
-__all__ = ["MANAGED_ANNOTATION", "CliqueLabelReconciler", "slice_clique_ids"]
+__all__ = ["MANAGED_ANNOTATION", "CliqueLabelReconciler"]
 
 log = logging.getLogger(__name__)
 
 
 MANAGED_ANNOTATION = c.GPU_CLIQUE_MANAGED_ANNOTATION
-_ATTRIBUTE_KEYS = ("cliqueID", f"{c.DRIVER_NAME}/cliqueID")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-
-
-def slice_clique_ids(slice_: JSON) -> set[str]:
-    """Non-empty ``cliqueID`` string attributes of the devices in a slice."""
-    out = set()
-    for device in (slice_.get("spec") or {}).get("devices") or []:
-        attributes = device.get("attributes") or {}
-        for key in _ATTRIBUTE_KEYS:
-            value = (attributes.get(key) or {}).get("string")
-            if value:
-                out.add(str(value))
-    return out
 
 
 class CliqueLabelReconciler:

@@ -51,6 +51,7 @@ from pkg.api.daemonentry import (
 )
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
+from pkg.informers.store import meta_namespace_key
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES
@@ -121,20 +122,12 @@ class CliquePruneReconciler:
         uid = (pod.get("metadata", {}).get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
         if not uid:
             return []
-        return [
-            f"{m['namespace']}/{m['name']}"
-            for cl in self._caches.cliques.by_index(BY_DOMAIN, str(uid))
-            if (m := cl["metadata"])
-        ]
+        return [meta_namespace_key(cl) for cl in self._caches.cliques.by_index(BY_DOMAIN, str(uid))]
 
     def keys_for_node(self, node: JSON) -> list[str]:
         """Cliques with an entry on the node (for the Node event handler)."""
         name = str(node.get("metadata", {}).get("name") or "")
-        return [
-            f"{m['namespace']}/{m['name']}"
-            for cl in self._caches.cliques.by_index(BY_NODE, name)
-            if (m := cl["metadata"])
-        ]
+        return [meta_namespace_key(cl) for cl in self._caches.cliques.by_index(BY_NODE, name)]
 
     def reconcile(self, key: str, ctx: ReconcileContext = BACKGROUND) -> Result:
         """One pass over the clique ``namespace/name`` (see the module docstring); stops before

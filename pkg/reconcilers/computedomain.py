@@ -58,6 +58,7 @@ from pkg.api.daemonentry import status_nodes
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
 from pkg.base.verbosity import V
+from pkg.informers.store import meta_namespace_key
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS
@@ -298,9 +299,7 @@ class ComputeDomainReconciler:
         written = self._client.update(COMPUTE_DOMAINS, body)
         meta = obj["metadata"]
         with self._lock:
-            self._behind[f"{meta.get('namespace')}/{meta['name']}"] = str(
-                meta.get("resourceVersion", "")
-            )
+            self._behind[meta_namespace_key(obj)] = str(meta.get("resourceVersion", ""))
         return written
 
     def _finalize(self, obj: JSON) -> Result:
@@ -322,7 +321,7 @@ class ComputeDomainReconciler:
         with self._lock:
             self._written.pop(uid, None)
             self._status_written_at.pop(uid, None)
-        log.info("finalizer removed", extra={"key": f"{meta.get('namespace')}/{meta['name']}"})
+        log.info("finalizer removed", extra={"key": meta_namespace_key(obj)})
         return Result()
 
     # -- status ---------------------------------------------------------------------------------
@@ -443,7 +442,7 @@ class ComputeDomainReconciler:
             new["readyNodes"],
             new["nodeCount"],
             cond["reason"],
-            extra={"key": f"{meta['namespace']}/{meta['name']}"},
+            extra={"key": meta_namespace_key(obj)},
         )
         lost = found.lost if found is not None else {}
         grace = self._config.node_loss_grace_period

@@ -18,7 +18,7 @@ Invariants:
 * a fabric condition's transition to ``False`` (or, while ``False``, to another message) is a
   Warning with the condition's reason; a transition to ``True`` or ``Unknown`` from something
   else is a Normal Event; a condition that first appears as ``True`` records nothing;
-* ``CliqueEntriesValid`` (issue 33) judges the malformed clique entries the members were
+* ``CliqueEntriesValid`` judges the malformed clique entries the members were
   aggregated without (:mod:`pkg.reconcilers.entrycheck`), not the members: it appears only once
   an entry is bad (``False``, reason ``InvalidCliqueEntry``, naming the clique, the entry's
   position and node, and why) and turns ``True`` (``AllCliqueEntriesValid``) once the entry is
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pkg.api import constants as c
 from pkg.api.computedomain import (
@@ -40,9 +39,7 @@ from pkg.api.computedomain import (
 )
 from pkg.base.types import JSON
 from pkg.reconcilers.entrycheck import BadEntry, describe
-
-if TYPE_CHECKING:
-    from pkg.reconcilers.status import Member
+from pkg.reconcilers.member import Member
 
 __all__ = [
     "FABRIC_CONDITIONS",

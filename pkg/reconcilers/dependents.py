@@ -34,6 +34,7 @@ from dataclasses import replace
 from pkg.api import constants as c
 from pkg.api.computedomain import ComputeDomain
 from pkg.base.types import JSON
+from pkg.informers.store import meta_namespace_key
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import AlreadyExistsError, ApiError, ForbiddenError, NotFoundError
 from pkg.kube.resources import DAEMONSETS, RESOURCE_CLAIM_TEMPLATES, Resource
@@ -66,11 +67,6 @@ class RetryLaterError(Exception):
 
 def _labels(obj: JSON) -> dict[str, str]:
     return dict(obj.get("metadata", {}).get("labels") or {})
-
-
-def _key(obj: JSON) -> str:
-    meta = obj.get("metadata", {})
-    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 def remove_domain_label(client: KubeClient, node: JSON, *, uid: str) -> bool:
@@ -152,13 +148,18 @@ class Dependents:
             if problem is None:
                 with self._lock:
                     self._pins[cd.uid] = clique
-                log.info("pinned workload ResourceClaimTemplate to NVLink clique %s", clique,
-                         extra={"key": cd.key})  # fmt: skip
+                log.info(
+                    "pinned workload ResourceClaimTemplate to NVLink clique %s",
+                    clique,
+                    extra={"key": cd.key},
+                )
                 self._events.event(
-                    cd_obj, NORMAL, REASON_PINNED_TO_CLIQUE,
+                    cd_obj,
+                    NORMAL,
+                    REASON_PINNED_TO_CLIQUE,
                     f"placement SingleClique: the workload ResourceClaimTemplate {key} admits "
                     f"only IMEX channels of NVLink clique {clique}",
-                )  # fmt: skip
+                )
             return problem
 
     def daemons_wanted(self, uid: str) -> bool:
@@ -203,7 +204,7 @@ class Dependents:
     def _ensure_rct(
         self, cd: ComputeDomain, cd_obj: JSON, desired: JSON, *, what: str
     ) -> Problem | None:
-        key = _key(desired)
+        key = meta_namespace_key(desired)
         existing = self._cached(RESOURCE_CLAIM_TEMPLATES, self._caches.rcts, key, cd.uid)
         if existing is True:
             return None
@@ -255,7 +256,7 @@ class Dependents:
         self, cd: ComputeDomain, cd_obj: JSON, config: ControllerConfig
     ) -> Problem | None:
         desired = render_daemonset(cd, config)
-        key = _key(desired)
+        key = meta_namespace_key(desired)
         existing = self._cached(DAEMONSETS, self._caches.daemonsets, key, cd.uid)
         if existing is True:
             return None
@@ -356,7 +357,7 @@ class Dependents:
                 if _labels(rct).get(c.TARGET_LABEL) == c.TARGET_DAEMON:
                     delete(RESOURCE_CLAIM_TEMPLATES, rct)
         pending = [
-            f"{kind} {_key(o)}"
+            f"{kind} {meta_namespace_key(o)}"
             for kind, objs in (
                 ("ResourceClaimTemplate", caches.rcts.by_index(BY_DOMAIN, uid)),
                 ("DaemonSet", caches.daemonsets.by_index(BY_DOMAIN, uid)),
@@ -364,5 +365,5 @@ class Dependents:
             for o in objs
             if str(o["metadata"].get("uid")) not in gone
         ]
-        pending += [f"daemon pod {_key(p)}" for p in pods]
+        pending += [f"daemon pod {meta_namespace_key(p)}" for p in pods]
         return pending

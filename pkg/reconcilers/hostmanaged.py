@@ -16,10 +16,9 @@ aggregation -- as upstream v0.5 does (``onAddOrUpdateHostManaged``).
 * deleting: delete the workload RCT (stripping an upstream finalizer from it), then remove our
   finalizer and forget the domain's metrics.
 
-:class:`HostManagedManager` has the lifecycle surface of
-:class:`pkg.reconcilers.manager.ControllerManager` (``start``/``stop``/``synced``/
-``informer_snapshot``/``stopping``) with two informers (ComputeDomains, labelled RCTs), one
-queue, and the orphan sweep restricted to RCTs of domains that no longer exist.
+:class:`HostManagedManager` is this mode's :class:`pkg.reconcilers.lifecycle.Manager` (the
+construction and lifecycle every mode shares) with two informers (ComputeDomains, labelled
+RCTs), one queue, and the orphan sweep restricted to RCTs of domains that no longer exist.
 """
 
 from __future__ import annotations
@@ -31,9 +30,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from opentelemetry import trace
-from prometheus_client import CollectorRegistry
-
 from pkg.api import constants as c
 from pkg.api.computedomain import (
     CONDITION_READY,
@@ -43,23 +39,21 @@ from pkg.api.computedomain import (
 )
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
-from pkg.informers import DeletedFinalStateUnknown, RateLimitingQueue, SharedInformerFactory
-from pkg.informers.snapshot import factory_snapshot
+from pkg.informers import DeletedFinalStateUnknown
+from pkg.informers.store import meta_namespace_key
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ConflictError, NotFoundError
 from pkg.reconcilers.cache import INDEXES, Caches, ObjectCache
-from pkg.reconcilers.cleanup import OrphanCleaner
 from pkg.reconcilers.computedomain import format_time
 from pkg.reconcilers.conditions import REASON_HOST_MANAGED, REASON_INVALID_SPEC
 from pkg.reconcilers.config import ControllerConfig
 from pkg.reconcilers.context import BACKGROUND, ReconcileContext
-from pkg.reconcilers.controller import Controller, ReconcileMetrics, Result, TerminalError
+from pkg.reconcilers.controller import Result, TerminalError
 from pkg.reconcilers.dependents import Dependents, RetryLaterError
 from pkg.reconcilers.events import WARNING, EventSink
-from pkg.reconcilers.lifecycle import ManagerLifecycle
+from pkg.reconcilers.lifecycle import Manager
 from pkg.reconcilers.metrics import DomainMetrics, parse_timestamp
-from pkg.reconcilers.slim import slim_object
 
 __all__ = ["HostManagedDomainReconciler", "HostManagedManager"]
 
@@ -205,7 +199,7 @@ class HostManagedDomainReconciler:
                 log.info(
                     "status written status=%s (host-managed IMEX)",
                     c.STATUS_READY,
-                    extra={"key": f"{meta['namespace']}/{meta['name']}"},
+                    extra={"key": meta_namespace_key(obj)},
                 )
             self._metrics.observe_status(
                 str(meta.get("uid")),
@@ -229,7 +223,7 @@ class HostManagedDomainReconciler:
             log.info(
                 "deleting; waiting for %s",
                 ", ".join(pending),
-                extra={"key": f"{meta.get('namespace')}/{meta['name']}"},
+                extra={"key": meta_namespace_key(obj)},
             )
             return Result(requeue_after=self._config.deletion_recheck)
         body = copy.deepcopy(obj)
@@ -237,7 +231,7 @@ class HostManagedDomainReconciler:
         with contextlib.suppress(NotFoundError):
             self._client.update(res.COMPUTE_DOMAINS, body)
         self._metrics.forget(uid)
-        log.info("finalizer removed", extra={"key": f"{meta.get('namespace')}/{meta['name']}"})
+        log.info("finalizer removed", extra={"key": meta_namespace_key(obj)})
         return Result()
 
 
@@ -245,72 +239,38 @@ def _unwrap(obj: JSON | DeletedFinalStateUnknown) -> JSON:
     return obj.obj if isinstance(obj, DeletedFinalStateUnknown) else obj
 
 
-def _key(obj: JSON) -> str:
-    meta = obj["metadata"]
-    return f"{meta.get('namespace')}/{meta['name']}"
-
-
-class HostManagedManager:
-    """Everything the controller runs while leading in host-managed mode.
-
-    Same lifecycle contract as :class:`pkg.reconcilers.manager.ControllerManager`: workers
-    start only after both caches synced (:meth:`start` blocks until then); :meth:`stop` stops
-    the queue, the sweep and the informers, in that order.
+class HostManagedManager(Manager):
+    """Everything the controller runs while leading in host-managed IMEX mode: two informers
+    (ComputeDomains, labelled RCTs), one ``computedomain`` controller, and the orphan sweep,
+    which finds only RCTs of domains that no longer exist (see :func:`host_managed_caches`).
     """
 
-    def __init__(
-        self,
-        *,
-        client: KubeClient,
-        config: ControllerConfig,
-        registry: CollectorRegistry,
-        tracer: trace.Tracer,
-        clock: Clock,
-        informer_clock: Clock,
-        events: EventSink,
-        cd_workers: int = 8,
-    ) -> None:
-        self._factory = SharedInformerFactory(
-            client,
-            clock=informer_clock,
-            resync_period=0.0,
-            transform=slim_object,
-            watch_list=True,
-        )
+    def _build(self) -> Caches:
         domains = self._factory.informer_for(res.COMPUTE_DOMAINS)
         rcts = self._factory.informer_for(
             res.RESOURCE_CLAIM_TEMPLATES, label_selector=c.COMPUTE_DOMAIN_LABEL
         )
         domains.add_indexers(INDEXES["compute_domains"])
         rcts.add_indexers(INDEXES["rcts"])
-        self._informers = (domains, rcts)
-        self.caches = host_managed_caches(compute_domains=domains.indexer, rcts=rcts.indexer)
+        self._informers = {"compute_domains": domains, "rcts": rcts}
+        caches = host_managed_caches(compute_domains=domains.indexer, rcts=rcts.indexer)
         self.domains = HostManagedDomainReconciler(
-            client=client,
-            caches=self.caches,
-            config=config,
-            events=events,
-            metrics=DomainMetrics(registry),
-            clock=clock,
+            client=self._client,
+            caches=caches,
+            config=self._config,
+            events=self._events,
+            metrics=DomainMetrics(self._registry),
+            clock=self._clock,
         )
-        queue: RateLimitingQueue[str] = RateLimitingQueue(
-            name="computedomain", clock=informer_clock, registry=registry
+        self.controller = self._controller(
+            "computedomain", self.domains, self._cd_workers, self._config.domain_batch_period
         )
-        self.controller = Controller(
-            name="computedomain",
-            reconciler=self.domains,
-            queue=queue,
-            metrics=ReconcileMetrics(registry),
-            tracer=tracer,
-            workers=cd_workers,
-            clock=informer_clock,
-            batch_period=config.domain_batch_period,
-        )
-        self.cleaner = OrphanCleaner(
-            client=client, caches=self.caches, config=config, events=events, clock=clock
-        )
-        enqueue = self.controller.handler(lambda o: [_key(o)])
-        domains.add_event_handler(
+        self.controllers = [self.controller]
+        return caches
+
+    def _wire(self) -> None:
+        enqueue = self.controller.handler(lambda o: [meta_namespace_key(o)])
+        self._informers["compute_domains"].add_event_handler(
             on_add=enqueue,
             on_update=lambda _old, new: enqueue(new),
             on_delete=self._on_domain_deleted(enqueue),
@@ -318,7 +278,10 @@ class HostManagedManager:
 
         def by_owner(obj: JSON) -> list[str]:
             uid = (obj["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
-            return [_key(cd) for cd in self.caches.compute_domains.by_index("uid", str(uid))]
+            return [
+                meta_namespace_key(cd)
+                for cd in self.caches.compute_domains.by_index("uid", str(uid))
+            ]
 
         owner_enqueue = self.controller.handler(by_owner)
 
@@ -326,12 +289,11 @@ class HostManagedManager:
             self.cleaner.maybe_orphan(obj)
             owner_enqueue(obj)
 
-        rcts.add_event_handler(
+        self._informers["rcts"].add_event_handler(
             on_add=on_rct,
             on_update=lambda _old, new: on_rct(new),
             on_delete=lambda o: owner_enqueue(_unwrap(o)),
         )
-        self._run = ManagerLifecycle(self._factory, self.cleaner)
 
     def _on_domain_deleted(
         self, enqueue: Callable[[JSON], None]
@@ -342,30 +304,5 @@ class HostManagedManager:
 
         return on_delete
 
-    def synced(self) -> bool:
-        """Whether both caches have synced."""
-        return all(i.has_synced() for i in self._informers)
-
-    def informer_snapshot(self) -> list[JSON]:
-        """Every cache's slice, sync state and ``{key: resourceVersion}`` (``/debug/informers``)."""
-        return factory_snapshot(self._factory)
-
-    @property
-    def stopping(self) -> bool:
-        """Whether :meth:`stop` was called."""
-        return self._run.stopping
-
-    def start(self, *, sync_timeout: float = 120.0) -> bool:
-        """Start the informers, wait for their caches, then the workers and the sweep.
-
-        Returns False if the caches did not sync in time or :meth:`stop` was called meanwhile.
-        """
-        return self._run.start(
-            [self.controller],
-            sync_timeout=sync_timeout,
-            on_synced=lambda: log.info("caches synced; starting workers (host-managed IMEX)"),
-        )
-
-    def stop(self) -> None:
-        """Stop the workers, the sweep and the informers (idempotent)."""
-        self._run.stop([self.controller])
+    def _on_synced(self) -> None:
+        log.info("caches synced; starting workers (host-managed IMEX)")

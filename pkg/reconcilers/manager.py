@@ -40,11 +40,12 @@ from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 
 from pkg.api import constants as c
+from pkg.api.computedomain import InvalidComputeDomainError, parse_compute_domain
 from pkg.base.clock import Clock
 from pkg.base.types import JSON
-from pkg.informers import DeletedFinalStateUnknown, RateLimitingQueue, SharedInformerFactory
+from pkg.informers import DeletedFinalStateUnknown
 from pkg.informers.informer import SharedInformer
-from pkg.informers.snapshot import factory_snapshot
+from pkg.informers.store import meta_namespace_key
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import (
@@ -56,29 +57,25 @@ from pkg.reconcilers.cache import (
     allocated_node,
     channel_domain_id,
 )
-from pkg.reconcilers.cleanup import OrphanCleaner
 from pkg.reconcilers.cliquejoin import CliqueJoinReconciler
 from pkg.reconcilers.cliquelabel import CliqueLabelReconciler
 from pkg.reconcilers.cliqueprune import CliquePruneReconciler
 from pkg.reconcilers.computedomain import ComputeDomainReconciler
 from pkg.reconcilers.config import ControllerConfig
-from pkg.reconcilers.controller import Controller, ReconcileMetrics, Reconciler
+from pkg.reconcilers.controller import Controller
 from pkg.reconcilers.events import EventSink, OnceEvents
 from pkg.reconcilers.formation import FormationTracer
-from pkg.reconcilers.lifecycle import ManagerLifecycle
+from pkg.reconcilers.lifecycle import Manager
 from pkg.reconcilers.metrics import DomainMetrics
 from pkg.reconcilers.nodecache import NodeView, as_node_metadata, same_node_metadata
 from pkg.reconcilers.resourceclaim import ResourceClaimReconciler
-from pkg.reconcilers.slim import slim_node, slim_object
+from pkg.reconcilers.slim import slim_node
 
 __all__ = ["ControllerManager", "domain_workers"]
 
 log = logging.getLogger(__name__)
 
 Mapper = Callable[[JSON], Iterable[str]]
-# No periodic resync: every handler is level-triggered from watch events, and a resync would
-# re-run every reconcile every period on an idle cluster (client-go's default is 0 too).
-RESYNC_PERIOD = 0.0
 
 
 def domain_workers(qps: float) -> int:
@@ -99,14 +96,9 @@ def _deleting(obj: JSON) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def _key(obj: JSON) -> str:
-    meta = obj["metadata"]
-    ns = meta.get("namespace")
-    return f"{ns}/{meta['name']}" if ns else str(meta["name"])
-
-
-class ControllerManager:
-    """Builds and runs everything the controller binary does while it is the leader."""
+class ControllerManager(Manager):
+    """Everything the controller runs while leading in driver-managed IMEX mode (the default):
+    the daemon machinery. ``formation``: the domains' formation traces (None: none)."""
 
     def __init__(
         self,
@@ -121,15 +113,27 @@ class ControllerManager:
         cd_workers: int = 8,
         formation: FormationTracer | None = None,
     ) -> None:
-        self._factory = SharedInformerFactory(
-            client,
-            clock=informer_clock,
-            resync_period=RESYNC_PERIOD,
-            transform=slim_object,
-            watch_list=True,
+        self._formation = formation
+        super().__init__(
+            client=client,
+            config=config,
+            registry=registry,
+            tracer=tracer,
+            clock=clock,
+            informer_clock=informer_clock,
+            events=events,
+            cd_workers=cd_workers,
         )
-        label = c.COMPUTE_DOMAIN_LABEL
-        f = self._factory
+
+    def _build(self) -> Caches:
+        """Informers of every watched slice of the API, their caches, the five reconcilers and
+        their controllers (the clique ones only with gate ``ComputeDomainCliques``)."""
+        caches = self._build_informers()
+        self._build_reconcilers(caches)
+        return caches
+
+    def _build_informers(self) -> Caches:
+        config, label, f = self._config, c.COMPUTE_DOMAIN_LABEL, self._factory
         # Kinds cached in full are held serialized (about 1x their JSON size instead of ~6x,
         # docs/benchmarks.md); the Node metadata cache holds dicts: it is read on every
         # placement check and each object is small.
@@ -166,57 +170,40 @@ class ControllerManager:
                 scoped[0].indexer if len(scoped) == 1 else MergedCache(*(i.indexer for i in scoped))
             )
         caches["nodes"] = NodeView(informers["nodes"].indexer, self._node_health.indexer)
-        self.caches = Caches(**caches)
         informers["node_health"] = self._node_health
         for name, scoped in self._scoped.items():
             for i, inf in enumerate(scoped):
                 informers[f"{name}[{i}]"] = inf
         self._informers = informers
+        return Caches(**caches)
+
+    def _build_reconcilers(self, caches: Caches) -> None:
+        client, config, events, clock = self._client, self._config, self._events, self._clock
         once = OnceEvents(events)
-        reconcile_metrics = ReconcileMetrics(registry)
-
-        def controller(
-            name: str, reconciler: Reconciler, workers: int, batch_period: float = 0.0
-        ) -> Controller:
-            queue: RateLimitingQueue[str] = RateLimitingQueue(
-                name=name, clock=informer_clock, registry=registry
-            )
-            return Controller(
-                name=name,
-                reconciler=reconciler,
-                queue=queue,
-                metrics=reconcile_metrics,
-                tracer=tracer,
-                workers=workers,
-                clock=informer_clock,
-                batch_period=batch_period,
-            )
-
         self.domains = ComputeDomainReconciler(
             client=client,
-            caches=self.caches,
+            caches=caches,
             config=config,
             events=events,
-            metrics=DomainMetrics(registry),
+            metrics=DomainMetrics(self._registry),
             clock=clock,
-            formation=formation,
+            formation=self._formation,
         )
         self.claims = ResourceClaimReconciler(
-            client=client, caches=self.caches, events=once, clock=clock
+            client=client, caches=caches, events=once, clock=clock
         )
-        self.cliques = CliqueLabelReconciler(client=client, caches=self.caches, events=once)
+        self.cliques = CliqueLabelReconciler(client=client, caches=caches, events=once)
         self.prune = CliquePruneReconciler(
-            client=client, caches=self.caches, config=config, events=events, clock=clock
+            client=client, caches=caches, config=config, events=events, clock=clock
         )
-        self.joins = CliqueJoinReconciler(
-            client=client, caches=self.caches, config=config, clock=clock
-        )
+        self.joins = CliqueJoinReconciler(client=client, caches=caches, config=config, clock=clock)
+        controller = self._controller
         self.controllers = [
             # Reconciles are I/O-bound: enough workers that the client's QPS (per API group),
             # not the worker count, bounds a burst of new domains (see domain_workers).
             # A forming domain gets an event for every daemon pod, clique and node change
             # (~110 reconciles of ~4 ms in an 18-node formation): coalesced per batch period.
-            controller("computedomain", self.domains, cd_workers, config.domain_batch_period),
+            controller("computedomain", self.domains, self._cd_workers, config.domain_batch_period),
             # Keyed by node: the label writes of a domain's nodes, all allocated within a
             # moment, go out in parallel (one worker wrote 18 nodes' labels one after another:
             # ~0.5 s for the last node at a busy API server).
@@ -232,11 +219,10 @@ class ControllerManager:
                 # API server busy with a large domain) must not hold back the others' joins.
                 controller("cliquejoin", self.joins, 4),
             ]
-        self.cleaner = OrphanCleaner(
-            client=client, caches=self.caches, config=config, events=events, clock=clock
-        )
-        self._run = ManagerLifecycle(self._factory, self.cleaner)
-        self._wire()
+
+    def _on_synced(self) -> None:
+        adopted = self.claims.adopt_allocations()
+        log.info("caches synced; starting workers adopted_claims=%d", adopted)
 
     # -- event handlers → keys --------------------------------------------------------------
 
@@ -244,14 +230,14 @@ class ControllerManager:
         uid = (obj["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL)
         if not uid:
             return []
-        return [_key(cd) for cd in self.caches.compute_domains.by_index(BY_UID, uid)]
+        return [meta_namespace_key(cd) for cd in self.caches.compute_domains.by_index(BY_UID, uid)]
 
     def _domain_keys_of_claim(self, claim: JSON) -> list[str]:
         """The domain an allocated channel claim belongs to (it creates the daemon objects)."""
         uid = channel_domain_id(claim)
         if not uid:
             return []
-        return [_key(cd) for cd in self.caches.compute_domains.by_index(BY_UID, uid)]
+        return [meta_namespace_key(cd) for cd in self.caches.compute_domains.by_index(BY_UID, uid)]
 
     def _domain_keys_of_node(self, node: JSON) -> list[str]:
         """Domains with a daemon pod or a clique entry on ``node``, and the one it is
@@ -269,14 +255,13 @@ class ControllerManager:
         """Domains whose numNodes (> 1) is not met yet: a node or slice change may decide
         whether it ever can be (``NumNodesUnreachable``)."""
         keys = []
-        for cd in self.caches.compute_domains.list():
-            num = (cd.get("spec") or {}).get("numNodes")
-            if (
-                isinstance(num, int)
-                and num > 1
-                and (cd.get("status") or {}).get("status") != (c.STATUS_READY)
-            ):
-                keys.append(_key(cd))
+        for obj in self.caches.compute_domains.list():
+            try:
+                cd = parse_compute_domain(obj)
+            except InvalidComputeDomainError:
+                continue  # its InvalidSpec condition does not depend on nodes or slices
+            if cd.num_nodes > 1 and (obj.get("status") or {}).get("status") != c.STATUS_READY:
+                keys.append(meta_namespace_key(obj))
         return keys
 
     def _watch(
@@ -305,7 +290,7 @@ class ControllerManager:
         cd_ctl, claim_ctl, clique_ctl = self.controllers[:3]
         inf = self._informers
         scoped = self._scoped
-        self._watch(inf["compute_domains"], cd_ctl, lambda o: [_key(o)])
+        self._watch(inf["compute_domains"], cd_ctl, lambda o: [meta_namespace_key(o)])
         # Orphan sweeps are event-driven: a domain went away, or something names an unknown one.
         inf["compute_domains"].add_event_handler(on_delete=lambda _o: self.cleaner.poke())
 
@@ -379,8 +364,8 @@ class ControllerManager:
         self._watch(inf["nodes"], prune_ctl, self.prune.keys_for_node, relevant=node_changed)
         self._watch(inf["node_health"], prune_ctl, self.prune.keys_for_node, relevant=node_changed)
         for cliques in scoped["cliques"]:
-            self._watch(cliques, prune_ctl, lambda o: [_key(o)])
-            self._watch(cliques, join_ctl, lambda o: [_key(o)])
+            self._watch(cliques, prune_ctl, lambda o: [meta_namespace_key(o)])
+            self._watch(cliques, join_ctl, lambda o: [meta_namespace_key(o)])
         # Entries for joining daemons: their pods (IP, clique label, deletion), their clique,
         # the clique of a node whose daemon has not labelled its pod yet, node health.
         for pods in scoped["pods"]:
@@ -393,32 +378,3 @@ class ControllerManager:
             lambda o: self.joins.keys_for_node(str(o["metadata"]["name"])),
             relevant=node_changed,
         )
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    def synced(self) -> bool:
-        return all(i.has_synced() for i in self._informers.values())
-
-    def informer_snapshot(self) -> list[JSON]:
-        """Every cache's slice, sync state and ``{key: resourceVersion}`` (``/debug/informers``)."""
-        return factory_snapshot(self._factory)
-
-    @property
-    def stopping(self) -> bool:
-        return self._run.stopping
-
-    def start(self, *, sync_timeout: float = 120.0) -> bool:
-        """Start informers, wait for their caches, then adopt allocations and start the workers
-        and the sweep (`ManagerLifecycle.start`).
-
-        Returns False if the caches did not sync in time or :meth:`stop` was called meanwhile.
-        """
-
-        def on_synced() -> None:
-            adopted = self.claims.adopt_allocations()
-            log.info("caches synced; starting workers adopted_claims=%d", adopted)
-
-        return self._run.start(self.controllers, sync_timeout=sync_timeout, on_synced=on_synced)
-
-    def stop(self) -> None:
-        self._run.stop(self.controllers)

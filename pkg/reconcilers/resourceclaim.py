@@ -38,6 +38,7 @@ import threading
 from pkg.api import constants as c
 from pkg.base.clock import Clock, RealClock
 from pkg.base.types import JSON
+from pkg.informers.store import meta_namespace_key
 from pkg.kube.client import KubeClient
 from pkg.reconcilers.cache import (
     BY_DOMAIN,
@@ -58,11 +59,6 @@ log = logging.getLogger(__name__)
 
 VICTIM_WARNING_INTERVAL = 600.0
 """Least seconds between two ``ComputeDomainNamespaceMismatch`` Warnings on one domain."""
-
-
-def _ref(obj: JSON) -> str:
-    meta = obj.get("metadata", {})
-    return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
 class ResourceClaimReconciler:
@@ -131,7 +127,8 @@ class ResourceClaimReconciler:
                     claim,
                     WARNING,
                     "ComputeDomainNotFound",
-                    f"claim {_ref(claim)} references ComputeDomain UID {uid}, which does not exist",
+                    f"claim {meta_namespace_key(claim)} references ComputeDomain UID {uid}, "
+                    "which does not exist",
                 )
                 continue
             cd = domains[0]
@@ -142,8 +139,8 @@ class ResourceClaimReconciler:
                     WARNING,
                     "ComputeDomainNamespaceMismatch",
                     (
-                        f"claim {_ref(claim)} references a ComputeDomain in another namespace; "
-                        "a channel claim must be in its ComputeDomain's namespace"
+                        f"claim {meta_namespace_key(claim)} references a ComputeDomain in another "
+                        "namespace; a channel claim must be in its ComputeDomain's namespace"
                     ),
                 )
                 self._victim_events.event(
@@ -186,7 +183,7 @@ class ResourceClaimReconciler:
                 )
             return Result()
         if len(wanted) > 1:
-            names = ", ".join(sorted(_ref(cd) for cd, _ in wanted.values()))
+            names = ", ".join(sorted(meta_namespace_key(cd) for cd, _ in wanted.values()))
             for cd, _claims in wanted.values():
                 self._events.event(
                     cd,
@@ -217,7 +214,7 @@ class ResourceClaimReconciler:
         if current and current != seen and self._caches.compute_domains.by_index(BY_UID, current):
             msg = (
                 f"node {node_name} already belongs to ComputeDomain UID {current}; "
-                f"one ComputeDomain per node, so {_ref(cd)} cannot use it yet"
+                f"one ComputeDomain per node, so {meta_namespace_key(cd)} cannot use it yet"
             )
             self._events.event(cd, WARNING, "NodeInUse", msg)
             for claim in claims:
@@ -228,7 +225,7 @@ class ResourceClaimReconciler:
         log.info(
             "node labelled for domain uid=%s domain=%s replaced=%s",
             uid,
-            _ref(cd),
+            meta_namespace_key(cd),
             current or "-",
             extra={"key": node_name},
         )

@@ -87,6 +87,7 @@ from pkg.reconcilers.conditions import (
 )
 from pkg.reconcilers.daemonpods import driver_root_incomplete, driver_root_message
 from pkg.reconcilers.entrycheck import BadEntry, check_clique
+from pkg.reconcilers.member import Member
 from pkg.reconcilers.metrics import parse_timestamp
 
 __all__ = [
@@ -116,14 +117,6 @@ class Problem:
 
     reason: str
     message: str
-
-
-@dataclass(frozen=True)
-class Member:
-    """One node of the domain and, when it cannot be Ready, why (``""`` when healthy)."""
-
-    entry: DaemonEntry
-    problem: str = ""
 
 
 def _pod_ready(pod: JSON) -> bool:

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import Driver, free_port, leak_report, teardown_namespace, wait_for
 from kubeletsim import NodeFleet, config_from_cluster, layout
 from localcluster import Cluster, bin_dir
 from localcluster.processes import teardown_on_sigterm
+from testsupport.e2e_support import Driver, free_port, leak_report, teardown_namespace, wait_for
 
 from pkg.kube.client import KubeClient, RestClient
 from pkg.kube.config import load_api_client
@@ -132,8 +132,7 @@ def ns(
 ) -> Generator[str, None, None]:
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
     name = f"{name}-{secrets.token_hex(2)}"
-    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                              "metadata": {"name": name}})  # fmt: skip
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
     teardown_namespace(admin, name)
     leaks = wait_for_clean(admin, fleet, driver.namespace, [name])
@@ -145,8 +144,12 @@ def wait_for_clean(
     admin: KubeClient, fleet: NodeFleet, driver_ns: str, namespaces: list[str], timeout: float = 60
 ) -> dict[str, Any]:
     try:
-        wait_for("no leaks", lambda: not leak_report(admin, fleet, driver_ns, namespaces),
-                 timeout=timeout, every=0.5)  # fmt: skip
+        wait_for(
+            "no leaks",
+            lambda: not leak_report(admin, fleet, driver_ns, namespaces),
+            timeout=timeout,
+            every=0.5,
+        )
     except AssertionError:
         leaks: dict[str, Any] = leak_report(admin, fleet, driver_ns, namespaces)
         return leaks

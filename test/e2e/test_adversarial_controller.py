@@ -34,9 +34,16 @@ import uuid
 from typing import Any
 
 import pytest
-from e2e_support import REPO, Driver, compute_domain, impersonated_request, render_config, wait_for
 from kubeletsim import NodeFleet
 from localcluster import Cluster
+from testsupport.e2e_support import (
+    REPO,
+    Driver,
+    compute_domain,
+    impersonated_request,
+    render_config,
+    wait_for,
+)
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
@@ -67,8 +74,9 @@ def _as_controller(
     """A dry-run request as the controller's ServiceAccount (admin impersonating it); on an
     error the Status message (JSON escapes such as \\u003c undone) instead of the body."""
     user = cluster.service_account_identity(CONTROLLER).user
-    status, text = impersonated_request(cluster, method, f"{path}?dryRun=All", body, user=user,
-                                        content_type=content_type)  # fmt: skip
+    status, text = impersonated_request(
+        cluster, method, f"{path}?dryRun=All", body, user=user, content_type=content_type
+    )
     if status < 300:
         return status, text
     try:
@@ -85,17 +93,25 @@ def _create(cluster: Cluster, resource: Any, obj: Obj) -> tuple[int, str]:
 def _options(driver: Driver) -> Any:
     """What the controller parses from its Deployment (the env the session controller runs with)."""
     env = driver.controller_env(kubeconfig=driver.kubeconfig, http_port=1)
-    args = [a.replace("$(LOG_VERBOSITY)", env.get("LOG_VERBOSITY", "1"))
-            for a in driver.controller_args()]  # fmt: skip
+    args = [
+        a.replace("$(LOG_VERBOSITY)", env.get("LOG_VERBOSITY", "1"))
+        for a in driver.controller_args()
+    ]
     return parse_options(args, env)
 
 
 def _domain(ns: str) -> Any:
-    return parse_compute_domain({
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "victim", "namespace": ns, "uid": str(uuid.uuid4())},
-        "spec": {"numNodes": 0, "channel": {"resourceClaimTemplate": {"name": "victim-channel"}}},
-    })  # fmt: skip
+    return parse_compute_domain(
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": "victim", "namespace": ns, "uid": str(uuid.uuid4())},
+            "spec": {
+                "numNodes": 0,
+                "channel": {"resourceClaimTemplate": {"name": "victim-channel"}},
+            },
+        }
+    )
 
 
 def _pod(ds: Obj) -> Obj:
@@ -113,10 +129,25 @@ def test_controller_may_create_only_its_daemon_daemonsets(cluster: Cluster, driv
     config = _options(driver).controller
     assert config.namespace == driver.namespace
     real = render_daemonset(_domain("team"), config)
-    wait_for("the controller DaemonSet policy to deny a hostPath", lambda: _create(
-        cluster, DAEMONSETS, _tamper(real, lambda d: _pod(d).setdefault("volumes", []).append(
-            {"name": "root", "hostPath": {"path": "/"}})))[0] == FORBIDDEN,
-        timeout=30)  # fmt: skip
+    wait_for(
+        "the controller DaemonSet policy to deny a hostPath",
+        lambda: (
+            _create(
+                cluster,
+                DAEMONSETS,
+                _tamper(
+                    real,
+                    lambda d: (
+                        _pod(d)
+                        .setdefault("volumes", [])
+                        .append({"name": "root", "hostPath": {"path": "/"}})
+                    ),
+                ),
+            )[0]
+            == FORBIDDEN
+        ),
+        timeout=30,
+    )
     status, text = _create(cluster, DAEMONSETS, real)
     assert status == 201, text
 
@@ -131,42 +162,85 @@ def test_controller_may_create_only_its_daemon_daemonsets(cluster: Cluster, driv
     privilege = "must drop ALL capabilities and add none, set allowPrivilegeEscalation false"
     host = "may not use hostNetwork, hostPID, hostIPC or a hostPort"
     cases: dict[str, tuple[Any, str]] = {
-        "hostPath": (lambda d: _pod(d).setdefault("volumes", []).append(
-            {"name": "root", "hostPath": {"path": "/"}}), volumes),
-        "persistentVolumeClaim": (lambda d: _pod(d).setdefault("volumes", []).append(
-            {"name": "pv", "persistentVolumeClaim": {"claimName": "host"}}), volumes),
-        "secret": (lambda d: _pod(d).setdefault("volumes", []).append(
-            {"name": "s", "secret": {"secretName": "anything"}}), volumes),
-        "privileged": (lambda d: security(d, privileged=True, allowPrivilegeEscalation=True),
-                       privilege),
+        "hostPath": (
+            lambda d: (
+                _pod(d)
+                .setdefault("volumes", [])
+                .append({"name": "root", "hostPath": {"path": "/"}})
+            ),
+            volumes,
+        ),
+        "persistentVolumeClaim": (
+            lambda d: (
+                _pod(d)
+                .setdefault("volumes", [])
+                .append({"name": "pv", "persistentVolumeClaim": {"claimName": "host"}})
+            ),
+            volumes,
+        ),
+        "secret": (
+            lambda d: (
+                _pod(d)
+                .setdefault("volumes", [])
+                .append({"name": "s", "secret": {"secretName": "anything"}})
+            ),
+            volumes,
+        ),
+        "privileged": (
+            lambda d: security(d, privileged=True, allowPrivilegeEscalation=True),
+            privilege,
+        ),
         "allowPrivilegeEscalation": (
-            lambda d: security(d, allowPrivilegeEscalation=True), privilege),
+            lambda d: security(d, allowPrivilegeEscalation=True),
+            privilege,
+        ),
         "capabilities.add": (
             lambda d: security(d, capabilities={"drop": ["ALL"], "add": ["SYS_ADMIN"]}),
-            privilege),
+            privilege,
+        ),
         "capabilities not dropped": (lambda d: security(d, capabilities={}), privilege),
         "no securityContext": (lambda d: ctr(d).pop("securityContext"), privilege),
         "seccomp Unconfined": (
-            lambda d: security(d, seccompProfile={"type": "Unconfined"}), privilege),
+            lambda d: security(d, seccompProfile={"type": "Unconfined"}),
+            privilege,
+        ),
         "hostNetwork": (lambda d: _pod(d).update(hostNetwork=True), host),
         "hostPID": (lambda d: _pod(d).update(hostPID=True), host),
-        "hostPort": (lambda d: ctr(d).update(
-            ports=[{"containerPort": 50000, "hostPort": 50000}]), host),
-        "other image": (lambda d: ctr(d).update(image="registry.example/miner:1"),
-                        f"may run only the image {config.image_name}"),
-        "other image in an init container": (lambda d: _pod(d).update(initContainers=[{
-            "name": "init", "image": "registry.example/miner:1",
-            "securityContext": copy.deepcopy(ctr(d)["securityContext"])}]),
-            f"may run only the image {config.image_name}"),
+        "hostPort": (
+            lambda d: ctr(d).update(ports=[{"containerPort": 50000, "hostPort": 50000}]),
+            host,
+        ),
+        "other image": (
+            lambda d: ctr(d).update(image="registry.example/miner:1"),
+            f"may run only the image {config.image_name}",
+        ),
+        "other image in an init container": (
+            lambda d: _pod(d).update(
+                initContainers=[
+                    {
+                        "name": "init",
+                        "image": "registry.example/miner:1",
+                        "securityContext": copy.deepcopy(ctr(d)["securityContext"]),
+                    }
+                ]
+            ),
+            f"may run only the image {config.image_name}",
+        ),
         "other ServiceAccount": (
             lambda d: _pod(d).update(serviceAccountName=CONTROLLER),
-            f"must run as ServiceAccount {config.daemon_service_account}"),
-        "other name": (lambda d: d["metadata"].update(name="miner"),
-                       "may create only DaemonSets named computedomain-daemon-<ComputeDomain UID>"),
-        "another domain's claim": (lambda d: _pod(d)["resourceClaims"][0].update(
-            resourceClaimTemplateName=c.daemon_object_name(str(uuid.uuid4()))),
-            "may claim devices only through their own daemon ResourceClaimTemplate"),
-    }  # fmt: skip
+            f"must run as ServiceAccount {config.daemon_service_account}",
+        ),
+        "other name": (
+            lambda d: d["metadata"].update(name="miner"),
+            "may create only DaemonSets named computedomain-daemon-<ComputeDomain UID>",
+        ),
+        "another domain's claim": (
+            lambda d: _pod(d)["resourceClaims"][0].update(
+                resourceClaimTemplateName=c.daemon_object_name(str(uuid.uuid4()))
+            ),
+            "may claim devices only through their own daemon ResourceClaimTemplate",
+        ),
+    }
     for case, (change, rule) in cases.items():
         status, text = _create(cluster, DAEMONSETS, _tamper(real, change))
         assert status == FORBIDDEN and rule in text, (case, status, text)
@@ -185,8 +259,11 @@ def test_controller_may_patch_only_its_node_labels(cluster: Cluster, fleet: Node
         return _as_controller(cluster, "PATCH", path, body, "application/merge-patch+json")
 
     only = "may change only the resource.nvidia.com/computeDomain and nvidia.com/gpu.clique"
-    wait_for("the controller node policy to deny another label", lambda: patch(
-        {"labels": {"nvidia.com/gpu.product": "x"}})[0] == FORBIDDEN, timeout=30)  # fmt: skip
+    wait_for(
+        "the controller node policy to deny another label",
+        lambda: patch({"labels": {"nvidia.com/gpu.product": "x"}})[0] == FORBIDDEN,
+        timeout=30,
+    )
     accepted: dict[str, Obj] = {
         "computeDomain": {"labels": {c.COMPUTE_DOMAIN_LABEL: str(uuid.uuid4())}},
         "computeDomain removed": {"labels": {c.COMPUTE_DOMAIN_LABEL: None}},
@@ -202,17 +279,27 @@ def test_controller_may_patch_only_its_node_labels(cluster: Cluster, fleet: Node
         "other label": ({"labels": {"node-role.kubernetes.io/control-plane": ""}}, None, only),
         "label removed": ({"labels": {"kubernetes.io/hostname": None}}, None, only),
         "computeDomain not a UID": (
-            {"labels": {c.COMPUTE_DOMAIN_LABEL: "other-domain"}}, None,
-            "only to a ComputeDomain UID"),
-        "other annotation": ({"annotations": {"example.com/x": "y"}}, None,
-                             "may not change node annotations"),
+            {"labels": {c.COMPUTE_DOMAIN_LABEL: "other-domain"}},
+            None,
+            "only to a ComputeDomain UID",
+        ),
+        "other annotation": (
+            {"annotations": {"example.com/x": "y"}},
+            None,
+            "may not change node annotations",
+        ),
         "clique annotation taken for the plugin": (
-            {"annotations": {c.GPU_CLIQUE_MANAGED_ANNOTATION: "kubelet-plugin"}}, None,
-            "may not change node annotations"),
-        "taint": ({}, {"taints": [{"key": "evil", "effect": "NoExecute"}]},
-                  "finalizers, owner references or spec"),
+            {"annotations": {c.GPU_CLIQUE_MANAGED_ANNOTATION: "kubelet-plugin"}},
+            None,
+            "may not change node annotations",
+        ),
+        "taint": (
+            {},
+            {"taints": [{"key": "evil", "effect": "NoExecute"}]},
+            "finalizers, owner references or spec",
+        ),
         "unschedulable": ({}, {"unschedulable": True}, "finalizers, owner references or spec"),
-    }  # fmt: skip
+    }
     for case, (metadata, spec, rule) in refused.items():
         status, text = patch(metadata, spec)
         assert status == FORBIDDEN and rule in text, (case, status, text)
@@ -233,9 +320,14 @@ def test_controller_claim_templates_only_for_its_device_classes(
                 "gpu.nvidia.com"
             )
 
-        wait_for("the controller template policy to deny another class", lambda: _create(
-            cluster, RESOURCE_CLAIM_TEMPLATES, _tamper(workload, other_class))[0] == FORBIDDEN,
-            timeout=30)  # fmt: skip
+        wait_for(
+            "the controller template policy to deny another class",
+            lambda: (
+                _create(cluster, RESOURCE_CLAIM_TEMPLATES, _tamper(workload, other_class))[0]
+                == FORBIDDEN
+            ),
+            timeout=30,
+        )
         status, text = _create(cluster, RESOURCE_CLAIM_TEMPLATES, workload)
         assert status == 201, text
         daemon = render_daemon_rct(cd, _options(driver).controller)
@@ -306,18 +398,24 @@ def test_quota_sample_bounds_a_namespaces_domains(admin: KubeClient, driver: Dri
             raise AssertionError(
                 admin.get(RESOURCE_QUOTAS, quota["metadata"]["name"], namespace=ns).get("status")
             ) from None
-        admin.create(COMPUTE_DOMAINS, compute_domain("first", ns, rct="first-channel"),
-                     namespace=ns)  # fmt: skip
-        wait_for("the first domain's template", lambda: any(
-            t["metadata"]["name"] == "first-channel"
-            for t in admin.list(RESOURCE_CLAIM_TEMPLATES, namespace=ns).get("items", [])),
-            timeout=60)  # fmt: skip
+        admin.create(
+            COMPUTE_DOMAINS, compute_domain("first", ns, rct="first-channel"), namespace=ns
+        )
+        wait_for(
+            "the first domain's template",
+            lambda: any(
+                t["metadata"]["name"] == "first-channel"
+                for t in admin.list(RESOURCE_CLAIM_TEMPLATES, namespace=ns).get("items", [])
+            ),
+            timeout=60,
+        )
 
         def second_refused() -> bool:
             name = f"second-{secrets.token_hex(2)}"
             try:
-                admin.create(COMPUTE_DOMAINS, compute_domain(name, ns, rct=f"{name}-channel"),
-                             namespace=ns)  # fmt: skip
+                admin.create(
+                    COMPUTE_DOMAINS, compute_domain(name, ns, rct=f"{name}-channel"), namespace=ns
+                )
             except ForbiddenError as err:
                 assert "exceeded quota" in str(err), err
                 return True
@@ -328,6 +426,9 @@ def test_quota_sample_bounds_a_namespaces_domains(admin: KubeClient, driver: Dri
     finally:
         for cd in admin.list(COMPUTE_DOMAINS, namespace=ns).get("items", []):
             admin.delete(COMPUTE_DOMAINS, cd["metadata"]["name"], namespace=ns)
-        wait_for("the domains gone", lambda: not admin.list(
-            COMPUTE_DOMAINS, namespace=ns).get("items"), timeout=60)  # fmt: skip
+        wait_for(
+            "the domains gone",
+            lambda: not admin.list(COMPUTE_DOMAINS, namespace=ns).get("items"),
+            timeout=60,
+        )
         admin.delete(NAMESPACES, ns)

@@ -35,8 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from e2e_support import Driver, impersonated_request, wait_for
 from localcluster import Cluster
+from testsupport.e2e_support import (
+    NODE_CLAIM,
+    POD_CLAIM,
+    POD_UID_CLAIM,
+    Api,
+    Driver,
+    wait_for,
+)
 
 from pkg.api import constants as c
 from pkg.api.daemonentry import DaemonEntry, guarded_append_ops, own_entry_patch_ops
@@ -46,9 +53,6 @@ from pkg.kube.resources import COMPUTE_DOMAIN_CLIQUES, PODS
 
 pytestmark = pytest.mark.e2e
 
-POD_CLAIM = "authentication.kubernetes.io/pod-name"
-NODE_CLAIM = "authentication.kubernetes.io/node-name"
-POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
 POLICY = "compute-domain-daemon-cliques"
 JSON_PATCH = "application/json-patch+json"
 OTHER_NODE_RULE = "may add, change or remove only its own daemons[] entry"
@@ -76,39 +80,25 @@ class Daemon:
         return DaemonEntry(self.node, self.ip, clique_id, index, status)
 
 
-class Api:
-    """Raw requests as the admin or impersonating a ServiceAccount with token claims."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self._cluster = cluster
-
-    def request(
-        self, method: str, path: str, body: Any = None, *, sa: str | None = None,
-        claims: dict[str, str] | None = None, content_type: str = "application/json",
-    ) -> tuple[int, str]:  # fmt: skip
-        """``sa``: impersonate that ServiceAccount (user and groups) with ``claims`` as its
-        user extra."""
-        ident = self._cluster.service_account_identity(sa) if sa is not None else None
-        return impersonated_request(
-            self._cluster, method, path, body, user=ident.user if ident else None,
-            groups=ident.groups if ident else (), extra=claims, content_type=content_type,
-        )  # fmt: skip
-
-
 def _path(ns: str, name: str | None = None) -> str:
     return COMPUTE_DOMAIN_CLIQUES.path(namespace=ns, name=name)
 
 
-def _clique(ns: str, domain: str, clique_id: str, entries: list[DaemonEntry],
-            owners: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+def _clique(
+    ns: str, domain: str, clique_id: str, entries: list[DaemonEntry], owners: list[dict[str, Any]]
+) -> dict[str, Any]:
     """The object CliqueStore.create writes (membership.py)."""
     return {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-        "metadata": {"name": c.clique_object_name(domain, clique_id), "namespace": ns,
-                     "labels": {c.COMPUTE_DOMAIN_LABEL: domain, c.CLIQUE_ID_LABEL: clique_id},
-                     "ownerReferences": owners},
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {
+            "name": c.clique_object_name(domain, clique_id),
+            "namespace": ns,
+            "labels": {c.COMPUTE_DOMAIN_LABEL: domain, c.CLIQUE_ID_LABEL: clique_id},
+            "ownerReferences": owners,
+        },
         "daemons": [e.encode("clique") for e in entries],
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture
@@ -124,12 +114,19 @@ def daemon_pods(admin: KubeClient, driver: Driver) -> Iterator[dict[str, tuple[s
         for key in ("a1", "a2", "b1"):
             domain = domains[key[0]]
             name = f"{c.daemon_object_name(domain)}-{secrets.token_hex(3)[:5]}"
-            pod = admin.create(PODS, {"apiVersion": "v1", "kind": "Pod",
-                                      "metadata": {"name": name, "namespace": ns},
-                                      "spec": {"schedulingGates": [{"name": "test/hold"}],
-                                               "containers": [{"name": "c",
-                                                               "image": "busybox"}]}},
-                               namespace=ns)  # fmt: skip
+            pod = admin.create(
+                PODS,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {
+                        "schedulingGates": [{"name": "test/hold"}],
+                        "containers": [{"name": "c", "image": "busybox"}],
+                    },
+                },
+                namespace=ns,
+            )
             pods[key] = (domain, name, pod["metadata"]["uid"])
         yield pods
     finally:
@@ -160,9 +157,11 @@ def test_policy_type_checks_against_the_clique_schema(cluster: Cluster, driver: 
 
 
 def test_compromised_daemon_writes_only_its_own_clique_and_entry(
-    cluster: Cluster, admin: KubeClient, driver: Driver,
+    cluster: Cluster,
+    admin: KubeClient,
+    driver: Driver,
     daemon_pods: dict[str, tuple[str, str, str]],
-) -> None:  # fmt: skip
+) -> None:
     ns, api, sa = driver.namespace, Api(cluster), "compute-domain-daemon"
     clique_id = f"{uuid.uuid4()}.7"
 
@@ -176,14 +175,24 @@ def test_compromised_daemon_writes_only_its_own_clique_and_entry(
     mine = c.clique_object_name(me.domain, clique_id)
     theirs = c.clique_object_name(victim.domain, clique_id)
 
-    def as_(d: Daemon, method: str, name: str | None, body: Any = None,
-            content_type: str = "application/json",
-            claims: dict[str, str] | None = None, dry_run: bool = False,
-            ) -> tuple[int, str]:  # fmt: skip
+    def as_(
+        d: Daemon,
+        method: str,
+        name: str | None,
+        body: Any = None,
+        content_type: str = "application/json",
+        claims: dict[str, str] | None = None,
+        dry_run: bool = False,
+    ) -> tuple[int, str]:
         path = _path(ns, name) + ("?dryRun=All" if dry_run else "")
-        return api.request(method, path, body, sa=sa,
-                           claims=d.claims if claims is None else claims,
-                           content_type=content_type)  # fmt: skip
+        return api.request(
+            method,
+            path,
+            body,
+            sa=sa,
+            claims=d.claims if claims is None else claims,
+            content_type=content_type,
+        )
 
     def read(name: str) -> dict[str, Any]:
         status, text = api.request("GET", _path(ns, name))
@@ -193,8 +202,9 @@ def test_compromised_daemon_writes_only_its_own_clique_and_entry(
 
     try:
         # The victim domain's clique, as its own daemon made it (written by the admin).
-        victim_obj = _clique(ns, victim.domain, clique_id, [victim.entry(clique_id, 0)],
-                             [victim.owner()])  # fmt: skip
+        victim_obj = _clique(
+            ns, victim.domain, clique_id, [victim.entry(clique_id, 0)], [victim.owner()]
+        )
         status, text = api.request("POST", _path(ns), victim_obj)
         assert status == 201, text
 
@@ -206,8 +216,11 @@ def test_compromised_daemon_writes_only_its_own_clique_and_entry(
         wrong_label = copy.deepcopy(own)
         wrong_label["metadata"]["labels"][c.COMPUTE_DOMAIN_LABEL] = victim.domain
         label_rule = "must create a ComputeDomainClique with the labels"
-        wait_for("the clique policy to deny", lambda: _forbidden(
-            as_(me, "POST", None, wrong_label, dry_run=True), label_rule), timeout=30)  # fmt: skip
+        wait_for(
+            "the clique policy to deny",
+            lambda: _forbidden(as_(me, "POST", None, wrong_label, dry_run=True), label_rule),
+            timeout=30,
+        )
         status, text = as_(me, "POST", None, own)
         assert status == 201, text
         # A second daemon of the domain joins by the shape-guarded append (and owns it too).
@@ -220,13 +233,15 @@ def test_compromised_daemon_writes_only_its_own_clique_and_entry(
         for d, pos in ((me, 0), (peer, 1)):
             old = d.entry(clique_id, pos)
             ready = DaemonEntry(d.node, d.ip, clique_id, pos, c.STATUS_READY, 1, ())
-            status, text = as_(d, "PATCH", mine, own_entry_patch_ops(pos, old, ready),
-                               JSON_PATCH)  # fmt: skip
+            status, text = as_(d, "PATCH", mine, own_entry_patch_ops(pos, old, ready), JSON_PATCH)
             assert status == 200, text
         # A restarted daemon (new IP) re-registers by the resourceVersion-guarded PUT.
         obj = read(mine)
-        obj["daemons"][0] = {**obj["daemons"][0], "ipAddress": "10.9.0.11",
-                             "status": c.STATUS_NOT_READY}  # fmt: skip
+        obj["daemons"][0] = {
+            **obj["daemons"][0],
+            "ipAddress": "10.9.0.11",
+            "status": c.STATUS_NOT_READY,
+        }
         obj["daemons"][0].pop("connectedPeers", None)
         obj["daemons"][0].pop("unreachablePeers", None)
         status, text = as_(me, "PUT", mine, obj)
@@ -245,66 +260,155 @@ def test_compromised_daemon_writes_only_its_own_clique_and_entry(
         attacks: dict[str, tuple[tuple[int, str], str]] = {
             # other nodes of its own domain
             "mark another node NotReady/Ready": (
-                as_(me, "PATCH", mine, peer_ready, JSON_PATCH), OTHER_NODE_RULE),
+                as_(me, "PATCH", mine, peer_ready, JSON_PATCH),
+                OTHER_NODE_RULE,
+            ),
             "redirect another node's IMEX": (
-                as_(me, "PATCH", mine, [{"op": "replace", "path": "/daemons/1/ipAddress",
-                                         "value": me.ip}], JSON_PATCH), OTHER_NODE_RULE),
+                as_(
+                    me,
+                    "PATCH",
+                    mine,
+                    [{"op": "replace", "path": "/daemons/1/ipAddress", "value": me.ip}],
+                    JSON_PATCH,
+                ),
+                OTHER_NODE_RULE,
+            ),
             "remove another node's entry": (
                 as_(me, "PATCH", mine, [{"op": "remove", "path": "/daemons/1"}], JSON_PATCH),
-                OTHER_NODE_RULE),
+                OTHER_NODE_RULE,
+            ),
             "add an entry for another node": (
-                as_(me, "PATCH", mine, [{"op": "add", "path": "/daemons/-", "value":
-                                         victim.entry(clique_id, 2, c.STATUS_READY).encode()}],
-                    JSON_PATCH), OTHER_NODE_RULE),
+                as_(
+                    me,
+                    "PATCH",
+                    mine,
+                    [
+                        {
+                            "op": "add",
+                            "path": "/daemons/-",
+                            "value": victim.entry(clique_id, 2, c.STATUS_READY).encode(),
+                        }
+                    ],
+                    JSON_PATCH,
+                ),
+                OTHER_NODE_RULE,
+            ),
             "rename its own entry to another node": (
-                as_(me, "PATCH", mine, [{"op": "replace", "path": "/daemons/0/nodeName",
-                                         "value": "gpu-node-4"}], JSON_PATCH), OTHER_NODE_RULE),
+                as_(
+                    me,
+                    "PATCH",
+                    mine,
+                    [{"op": "replace", "path": "/daemons/0/nodeName", "value": "gpu-node-4"}],
+                    JSON_PATCH,
+                ),
+                OTHER_NODE_RULE,
+            ),
             # another domain
             "mark the other domain's node Ready": (
-                as_(me, "PATCH", theirs, [{"op": "replace", "path": "/daemons/0/status",
-                                           "value": c.STATUS_READY}], JSON_PATCH),
-                OTHER_DOMAIN_RULE),
+                as_(
+                    me,
+                    "PATCH",
+                    theirs,
+                    [{"op": "replace", "path": "/daemons/0/status", "value": c.STATUS_READY}],
+                    JSON_PATCH,
+                ),
+                OTHER_DOMAIN_RULE,
+            ),
             "join the other domain's clique": (
-                as_(me, "PATCH", theirs, guarded_append_ops(victim_before["daemons"],
-                                                            [me.entry(clique_id, 1)]),
-                    JSON_PATCH), OTHER_DOMAIN_RULE),
+                as_(
+                    me,
+                    "PATCH",
+                    theirs,
+                    guarded_append_ops(victim_before["daemons"], [me.entry(clique_id, 1)]),
+                    JSON_PATCH,
+                ),
+                OTHER_DOMAIN_RULE,
+            ),
             "remove the other domain's entry": (
                 as_(me, "PATCH", theirs, [{"op": "remove", "path": "/daemons/0"}], JSON_PATCH),
-                OTHER_DOMAIN_RULE),
+                OTHER_DOMAIN_RULE,
+            ),
             "create a clique of the other domain": (
-                as_(me, "POST", None, _clique(ns, victim.domain, "other.1",
-                                              [me.entry("other.1", 0)], [me.owner()])),
-                OTHER_DOMAIN_RULE),
+                as_(
+                    me,
+                    "POST",
+                    None,
+                    _clique(ns, victim.domain, "other.1", [me.entry("other.1", 0)], [me.owner()]),
+                ),
+                OTHER_DOMAIN_RULE,
+            ),
             # deletion (RBAC has no delete verb for the daemon; the policy refuses it as well)
             "delete the other domain's clique": (as_(me, "DELETE", theirs), "forbidden"),
             "delete its own clique": (as_(me, "DELETE", mine), "forbidden"),
             # metadata
             "relabel its clique to the other domain": (
-                as_(me, "PATCH", mine, [{"op": "replace", "path": "/metadata/labels/"
-                                         "resource.nvidia.com~1computeDomain",
-                                         "value": victim.domain}], JSON_PATCH),
-                "may not change a ComputeDomainClique's labels"),
+                as_(
+                    me,
+                    "PATCH",
+                    mine,
+                    [
+                        {
+                            "op": "replace",
+                            "path": "/metadata/labels/resource.nvidia.com~1computeDomain",
+                            "value": victim.domain,
+                        }
+                    ],
+                    JSON_PATCH,
+                ),
+                "may not change a ComputeDomainClique's labels",
+            ),
             "drop another daemon's owner reference": (
-                as_(me, "PATCH", mine, [{"op": "remove", "path": "/metadata/ownerReferences/1"}],
-                    JSON_PATCH), "may only add its own pod"),
+                as_(
+                    me,
+                    "PATCH",
+                    mine,
+                    [{"op": "remove", "path": "/metadata/ownerReferences/1"}],
+                    JSON_PATCH,
+                ),
+                "may only add its own pod",
+            ),
             "add a foreign owner reference": (
-                as_(me, "PATCH", mine, [{"op": "add", "path": "/metadata/ownerReferences/-",
-                                         "value": victim.owner()}], JSON_PATCH),
-                "may only add its own pod"),
+                as_(
+                    me,
+                    "PATCH",
+                    mine,
+                    [{"op": "add", "path": "/metadata/ownerReferences/-", "value": victim.owner()}],
+                    JSON_PATCH,
+                ),
+                "may only add its own pod",
+            ),
             # credentials
             "no node-name claim": (
                 as_(me, "PATCH", mine, own_ready, JSON_PATCH, claims={POD_CLAIM: me.pod}),
-                "no node-name claim"),
+                "no node-name claim",
+            ),
             "no pod-name claim": (
                 as_(me, "PATCH", mine, own_ready, JSON_PATCH, claims={NODE_CLAIM: me.node}),
-                "no pod-name claim"),
+                "no pod-name claim",
+            ),
             "a pod that is no daemon pod": (
-                as_(me, "PATCH", mine, own_ready, JSON_PATCH,
-                    claims={POD_CLAIM: "some-pod", NODE_CLAIM: me.node}), OTHER_DOMAIN_RULE),
+                as_(
+                    me,
+                    "PATCH",
+                    mine,
+                    own_ready,
+                    JSON_PATCH,
+                    claims={POD_CLAIM: "some-pod", NODE_CLAIM: me.node},
+                ),
+                OTHER_DOMAIN_RULE,
+            ),
             "another domain's daemon pod": (
-                as_(me, "PATCH", mine, own_ready, JSON_PATCH,
-                    claims={**me.claims, POD_CLAIM: victim.pod}), OTHER_DOMAIN_RULE),
-        }  # fmt: skip
+                as_(
+                    me,
+                    "PATCH",
+                    mine,
+                    own_ready,
+                    JSON_PATCH,
+                    claims={**me.claims, POD_CLAIM: victim.pod},
+                ),
+                OTHER_DOMAIN_RULE,
+            ),
+        }
         failed = {name: done for name, (done, why) in attacks.items() if not _forbidden(done, why)}
         assert not failed, json.dumps(failed, indent=1)
         for name, (done, _why) in attacks.items():
@@ -316,8 +420,9 @@ def test_compromised_daemon_writes_only_its_own_clique_and_entry(
         # -- the controller's own writes do not match the policy -----------------------------
         obj = read(theirs)
         obj["daemons"][0]["status"] = c.STATUS_READY
-        status, text = api.request("PUT", f"{_path(ns, theirs)}?dryRun=All", obj,
-                                   sa="compute-domain-controller")  # fmt: skip
+        status, text = api.request(
+            "PUT", f"{_path(ns, theirs)}?dryRun=All", obj, sa="compute-domain-controller"
+        )
         assert status == 200, text
 
         # -- the daemon leaves on SIGTERM: removes its own entry (allowed) -------------------

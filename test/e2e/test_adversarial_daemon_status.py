@@ -22,10 +22,9 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import REPO, Driver, kubectl, wait_for
 from localcluster import Cluster
-from test_adversarial_daemon import NODE_CLAIM, POD_CLAIM, Api
-from workloads import create_cd
+from testsupport.e2e_support import NODE_CLAIM, POD_CLAIM, REPO, Api, Driver, kubectl, wait_for
+from testsupport.workloads import create_cd
 
 from pkg.api import constants as c
 from pkg.api.daemonentry import DaemonEntry
@@ -106,8 +105,9 @@ def test_compromised_daemon_writes_only_its_own_domains_status_entry(
         with a fresh read."""
         for _ in range(20):
             body = make(admin.get(COMPUTE_DOMAINS, name, namespace=ns))
-            done = api.request("PUT", _status_path(ns, name), body, sa=SA,
-                               claims=me if claims is None else claims)  # fmt: skip
+            done = api.request(
+                "PUT", _status_path(ns, name), body, sa=SA, claims=me if claims is None else claims
+            )
             if done[0] != 409:
                 return done
         raise AssertionError(f"status of {ns}/{name} kept changing")
@@ -121,8 +121,11 @@ def test_compromised_daemon_writes_only_its_own_domains_status_entry(
     # The policy may take a moment to become active after the fixture applied it.
     _settled(admin, ns, theirs_w.cd_name)
     name = theirs_w.cd_name
-    wait_for("the status policy to deny",
-             lambda: refused(put(name, entries(own)), OTHER_DOMAIN_RULE), timeout=30)  # fmt: skip
+    wait_for(
+        "the status policy to deny",
+        lambda: refused(put(name, entries(own)), OTHER_DOMAIN_RULE),
+        timeout=30,
+    )
     before_theirs = admin.get(COMPUTE_DOMAINS, theirs_w.cd_name, namespace=ns)["status"]
 
     # Allowed: its own entry in its own domain.

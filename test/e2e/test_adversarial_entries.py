@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_support import Driver, compute_domain, teardown_namespace, wait_for
+from testsupport.e2e_support import Driver, compute_domain, teardown_namespace, wait_for
 
 from pkg.api import constants as c
 from pkg.api import daemonentry as de
@@ -39,8 +39,14 @@ SCOPE_ID_INJECTION = "fe80::1%a\n10.0.0.9\tx"
 
 
 def entry(node: str = "gpu-node-1", ip: str = "10.0.0.1", **extra: Any) -> dict[str, Any]:
-    return {"nodeName": node, "ipAddress": ip, "cliqueID": UPSTREAM_CLIQUE_ID, "index": 0,
-            "status": "NotReady", **extra}  # fmt: skip
+    return {
+        "nodeName": node,
+        "ipAddress": ip,
+        "cliqueID": UPSTREAM_CLIQUE_ID,
+        "index": 0,
+        "status": "NotReady",
+        **extra,
+    }
 
 
 def clique(daemons: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,8 +93,9 @@ def test_upstream_shaped_entries_validate(admin: KubeClient, driver: Driver) -> 
     try:
         assert [d["nodeName"] for d in created[de.DAEMONS]] == [d["nodeName"] for d in daemons]
     finally:
-        admin.delete(COMPUTE_DOMAIN_CLIQUES, created["metadata"]["name"],
-                     namespace=driver.namespace)  # fmt: skip
+        admin.delete(
+            COMPUTE_DOMAIN_CLIQUES, created["metadata"]["name"], namespace=driver.namespace
+        )
 
 
 @pytest.mark.parametrize(
@@ -122,15 +129,32 @@ def test_bad_ip_address_is_refused(admin: KubeClient, driver: Driver, ip: str) -
         ([entry(index=-2)], "daemons[0].index"),
         ([entry(status="Ready\n")], "daemons[0].status"),
         ([entry(unreachablePeers=["x" * 254])], "daemons[0].unreachablePeers[0]"),
-        ([entry(unreachablePeers=[f"n{i}" for i in range(de.MAX_CLIQUE_DAEMONS + 1)])],
-         "daemons[0].unreachablePeers"),
-        ([entry(f"n{i}", f"10.0.{i // 256}.{i % 256}", index=i % de.MAX_CLIQUE_DAEMONS)
-          for i in range(de.MAX_CLIQUE_DAEMONS + 1)], "daemons"),
+        (
+            [entry(unreachablePeers=[f"n{i}" for i in range(de.MAX_CLIQUE_DAEMONS + 1)])],
+            "daemons[0].unreachablePeers",
+        ),
+        (
+            [
+                entry(f"n{i}", f"10.0.{i // 256}.{i % 256}", index=i % de.MAX_CLIQUE_DAEMONS)
+                for i in range(de.MAX_CLIQUE_DAEMONS + 1)
+            ],
+            "daemons",
+        ),
     ],
-    ids=["long-node-name", "node-name-newline", "node-name-not-dns", "long-clique-id",
-         "clique-id-slash", "index-too-large", "index-below-minus-one", "status-enum",
-         "long-peer-name", "too-many-peers", "too-many-daemons"],
-)  # fmt: skip
+    ids=[
+        "long-node-name",
+        "node-name-newline",
+        "node-name-not-dns",
+        "long-clique-id",
+        "clique-id-slash",
+        "index-too-large",
+        "index-below-minus-one",
+        "status-enum",
+        "long-peer-name",
+        "too-many-peers",
+        "too-many-daemons",
+    ],
+)
 def test_bad_entry_is_refused(
     admin: KubeClient, driver: Driver, daemons: list[dict[str, Any]], field: str
 ) -> None:
@@ -144,10 +168,19 @@ def test_an_update_cannot_plant_a_bad_entry(admin: KubeClient, driver: Driver) -
     name = created["metadata"]["name"]
     try:
         with pytest.raises(InvalidError) as exc:
-            admin.patch(COMPUTE_DOMAIN_CLIQUES, name,
-                        [{"op": "add", "path": "/daemons/-",
-                          "value": entry("gpu-node-9", SCOPE_ID_INJECTION)}],
-                        namespace=driver.namespace, patch_type="json")  # fmt: skip
+            admin.patch(
+                COMPUTE_DOMAIN_CLIQUES,
+                name,
+                [
+                    {
+                        "op": "add",
+                        "path": "/daemons/-",
+                        "value": entry("gpu-node-9", SCOPE_ID_INJECTION),
+                    }
+                ],
+                namespace=driver.namespace,
+                patch_type="json",
+            )
         assert causes(exc.value) == ["daemons[1].ipAddress"]
         after = admin.get(COMPUTE_DOMAIN_CLIQUES, name, namespace=driver.namespace)
         assert after[de.DAEMONS] == created[de.DAEMONS]
@@ -158,8 +191,7 @@ def test_an_update_cannot_plant_a_bad_entry(admin: KubeClient, driver: Driver) -
 @pytest.fixture
 def own_ns(admin: KubeClient, driver: Driver) -> Iterator[str]:
     name = f"adversarial-entries-{secrets.token_hex(2)}"
-    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                              "metadata": {"name": name}})  # fmt: skip
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
     teardown_namespace(admin, name)
     admin.delete(NAMESPACES, name)

@@ -63,7 +63,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import (
+from kubeletsim import NodeFleet
+from kubeletsim.node import SimulatedNode
+from localcluster import Cluster
+from testsupport.e2e_support import (
     Driver,
     channels_seen,
     compute_domain,
@@ -75,10 +78,14 @@ from e2e_support import (
     wait_for,
     workload_pod,
 )
-from kubeletsim import NodeFleet
-from kubeletsim.node import SimulatedNode
-from localcluster import Cluster
-from workloads import Workload, create_cd, start_pods, wait_bound, wait_cd_ready, wait_running
+from testsupport.workloads import (
+    Workload,
+    create_cd,
+    start_pods,
+    wait_bound,
+    wait_cd_ready,
+    wait_running,
+)
 
 from pkg.api import constants as c
 from pkg.api.channelshare import channel_toleration
@@ -134,18 +141,34 @@ class Tenant:
     def __init__(self, cluster: Cluster, namespace: str, name: str = ATTACKER) -> None:
         self.namespace = namespace
         self.user = f"system:serviceaccount:{namespace}:{name}"
-        self.groups = ("system:serviceaccounts", f"system:serviceaccounts:{namespace}",
-                       "system:authenticated")  # fmt: skip
+        self.groups = (
+            "system:serviceaccounts",
+            f"system:serviceaccounts:{namespace}",
+            "system:authenticated",
+        )
         self._cluster = cluster
 
     def request(
         self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
     ) -> tuple[int, str]:
-        return impersonated_request(self._cluster, method, path, body, user=self.user,
-                                    groups=self.groups, content_type=content_type)  # fmt: skip
+        return impersonated_request(
+            self._cluster,
+            method,
+            path,
+            body,
+            user=self.user,
+            groups=self.groups,
+            content_type=content_type,
+        )
 
-    def create(self, res: Resource, doc: dict[str, Any], *, dry_run: bool = False,
-               namespace: str | None = None) -> tuple[int, str]:  # fmt: skip
+    def create(
+        self,
+        res: Resource,
+        doc: dict[str, Any],
+        *,
+        dry_run: bool = False,
+        namespace: str | None = None,
+    ) -> tuple[int, str]:
         ns = namespace if namespace is not None else doc["metadata"].get("namespace")
         path = res.path(namespace=ns) + ("?dryRun=All" if dry_run else "")
         return self.request("POST", path, doc)
@@ -180,16 +203,26 @@ class Scene:
         return self.mallory.namespace
 
 
-def _allowed(admin: KubeClient, t: Tenant, verb: str, group: str, resource: str,
-             namespace: str | None = None) -> bool:  # fmt: skip
+def _allowed(
+    admin: KubeClient, t: Tenant, verb: str, group: str, resource: str, namespace: str | None = None
+) -> bool:
     """The real authorizer's answer for her (``namespace``: default her own)."""
     resource, _, sub = resource.partition("/")
-    attributes = {"namespace": t.namespace if namespace is None else namespace, "verb": verb,
-                  "group": group, "resource": resource, "subresource": sub}  # fmt: skip
-    review = admin.create(SAR, {
-        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-        "spec": {"user": t.user, "groups": list(t.groups), "resourceAttributes": attributes},
-    })  # fmt: skip
+    attributes = {
+        "namespace": t.namespace if namespace is None else namespace,
+        "verb": verb,
+        "group": group,
+        "resource": resource,
+        "subresource": sub,
+    }
+    review = admin.create(
+        SAR,
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": t.user, "groups": list(t.groups), "resourceAttributes": attributes},
+        },
+    )
     return bool(review.get("status", {}).get("allowed"))
 
 
@@ -197,30 +230,53 @@ def _set_up_attacker(admin: KubeClient, t: Tenant) -> tuple[str, ...]:
     """ServiceAccount + RoleBinding to ``edit``; a Role for what ``edit`` lacks. Returns the
     resources the extra Role grants."""
     ns = t.namespace
-    admin.create(SERVICE_ACCOUNTS, {"apiVersion": "v1", "kind": "ServiceAccount",
-                                    "metadata": {"name": ATTACKER, "namespace": ns}},
-                 namespace=ns)  # fmt: skip
+    admin.create(
+        SERVICE_ACCOUNTS,
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": ATTACKER, "namespace": ns},
+        },
+        namespace=ns,
+    )
     subject = [{"kind": "ServiceAccount", "name": ATTACKER, "namespace": ns}]
 
     def bind(name: str, kind: str, role: str) -> None:
-        admin.create(ROLE_BINDINGS, {
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": name, "namespace": ns}, "subjects": subject,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
-        }, namespace=ns)  # fmt: skip
+        admin.create(
+            ROLE_BINDINGS,
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": name, "namespace": ns},
+                "subjects": subject,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+            },
+            namespace=ns,
+        )
 
     bind(f"{ATTACKER}-edit", "ClusterRole", "edit")
     wait_for("edit bound", lambda: _allowed(admin, t, "create", "", "pods"), timeout=30)
     missing = [(g, r) for g, r in TENANT_KINDS if not _allowed(admin, t, "create", g, r)]
     if missing:
-        rules = [{"apiGroups": [g], "resources": [r], "verbs": list(TENANT_VERBS)}
-                 for g, r in missing]  # fmt: skip
-        admin.create(ROLES, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                             "metadata": {"name": "computedomains-edit", "namespace": ns},
-                             "rules": rules}, namespace=ns)  # fmt: skip
+        rules = [
+            {"apiGroups": [g], "resources": [r], "verbs": list(TENANT_VERBS)} for g, r in missing
+        ]
+        admin.create(
+            ROLES,
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": {"name": "computedomains-edit", "namespace": ns},
+                "rules": rules,
+            },
+            namespace=ns,
+        )
         bind(f"{ATTACKER}-computedomains", "Role", "computedomains-edit")
-    wait_for("the tenant may create all it needs", lambda: all(
-        _allowed(admin, t, "create", g, r) for g, r in TENANT_KINDS), timeout=30)  # fmt: skip
+    wait_for(
+        "the tenant may create all it needs",
+        lambda: all(_allowed(admin, t, "create", g, r) for g, r in TENANT_KINDS),
+        timeout=30,
+    )
     return tuple(r for _, r in missing)
 
 
@@ -229,8 +285,9 @@ def scene(cluster: Cluster, admin: KubeClient, driver: Driver, fleet: NodeFleet)
     suffix = secrets.token_hex(2)
     victim_ns, attacker_ns = f"victim-{suffix}", f"mallory-{suffix}"
     for name in (victim_ns, attacker_ns):
-        admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                  "metadata": {"name": name}})  # fmt: skip
+        admin.create(
+            NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        )
     try:
         mallory = Tenant(cluster, attacker_ns)
         granted = _set_up_attacker(admin, mallory)
@@ -275,14 +332,21 @@ def _refused(done: tuple[int, str], code: int, *fragments: str) -> bool:
 
 
 def _claim(name: str, ns: str, devices: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": ns}, "spec": {"devices": devices}}  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": devices},
+    }
 
 
 def _template(name: str, ns: str, devices: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": ns},
-            "spec": {"spec": {"devices": devices}}}  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"spec": {"devices": devices}},
+    }
 
 
 def _channel_devices(domain_id: str, *, tolerate: str | None = None) -> dict[str, Any]:
@@ -292,10 +356,21 @@ def _channel_devices(domain_id: str, *, tolerate: str | None = None) -> dict[str
         exactly["tolerations"] = [channel_toleration(tolerate)]
     return {
         "requests": [{"name": "channel", "exactly": exactly}],
-        "config": [{"requests": ["channel"], "opaque": {"driver": c.DRIVER_NAME, "parameters": {
-            "apiVersion": c.API_VERSION, "kind": c.CHANNEL_CONFIG_KIND,
-            "domainID": domain_id, "allocationMode": c.ALLOCATION_MODE_SINGLE}}}],
-    }  # fmt: skip
+        "config": [
+            {
+                "requests": ["channel"],
+                "opaque": {
+                    "driver": c.DRIVER_NAME,
+                    "parameters": {
+                        "apiVersion": c.API_VERSION,
+                        "kind": c.CHANNEL_CONFIG_KIND,
+                        "domainID": domain_id,
+                        "allocationMode": c.ALLOCATION_MODE_SINGLE,
+                    },
+                },
+            }
+        ],
+    }
 
 
 def _pod(name: str, ns: str, claim: str, node: str) -> dict[str, Any]:
@@ -324,8 +399,11 @@ def _checkpoint_entries(node: SimulatedNode) -> dict[str, Any]:
 def _node_state(admin: KubeClient, node: SimulatedNode) -> NodeState:
     cdi = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in node.dirs.cdi_files()}
     plugin_dir = node.plugin_checkpoint().parent
-    paths = frozenset(str(p.relative_to(plugin_dir)) for p in plugin_dir.rglob("*")
-                      if not p.name.endswith(".tmp") and not p.name.startswith("."))  # fmt: skip
+    paths = frozenset(
+        str(p.relative_to(plugin_dir))
+        for p in plugin_dir.rglob("*")
+        if not p.name.endswith(".tmp") and not p.name.startswith(".")
+    )
     labels = admin.get(NODES, node.name)["metadata"].get("labels") or {}
     return NodeState(cdi, _checkpoint_entries(node), paths, labels.get(c.COMPUTE_DOMAIN_LABEL))
 
@@ -340,8 +418,9 @@ def _traces_of(fleet: NodeFleet, uid: str, *, pod_gone: bool = False) -> dict[st
     for node in fleet:
         found = [p.name for p in node.dirs.cdi_files() if uid in p.name]
         entry = _checkpoint_entries(node).get(uid)
-        if entry is not None and not (entry.get("checkpointState") == "PrepareAborted"
-                                      and not entry.get("preparedDevices")):  # fmt: skip
+        if entry is not None and not (
+            entry.get("checkpointState") == "PrepareAborted" and not entry.get("preparedDevices")
+        ):
             found.append(f"checkpoint: {entry.get('checkpointState')}")
         cached = node.dra.prepared().get(uid)
         if cached is not None and (cached.prepared or cached.devices or pod_gone):
@@ -353,8 +432,11 @@ def _traces_of(fleet: NodeFleet, uid: str, *, pod_gone: bool = False) -> dict[st
 
 
 def _clique(admin: KubeClient, driver_ns: str, domain: str) -> list[dict[str, Any]]:
-    items = admin.list(COMPUTE_DOMAIN_CLIQUES, namespace=driver_ns,
-                       label_selector=f"{c.COMPUTE_DOMAIN_LABEL}={domain}")["items"]  # fmt: skip
+    items = admin.list(
+        COMPUTE_DOMAIN_CLIQUES,
+        namespace=driver_ns,
+        label_selector=f"{c.COMPUTE_DOMAIN_LABEL}={domain}",
+    )["items"]
     return [{"name": i["metadata"]["name"], "daemons": i.get("daemons")} for i in items]
 
 
@@ -363,8 +445,9 @@ def _domain_view(admin: KubeClient, w: Workload) -> dict[str, Any]:
     return {"status": st.get("status"), "nodes": st.get("nodes")}
 
 
-def _assert_victim_intact(admin: KubeClient, fleet: NodeFleet, s: Scene,
-                          before: dict[str, Any]) -> None:  # fmt: skip
+def _assert_victim_intact(
+    admin: KubeClient, fleet: NodeFleet, s: Scene, before: dict[str, Any]
+) -> None:
     w = s.victim
     assert _domain_view(admin, w) == before["domain"]
     assert before["domain"]["status"] == c.STATUS_READY
@@ -376,8 +459,10 @@ def _assert_victim_intact(admin: KubeClient, fleet: NodeFleet, s: Scene,
 
 
 def _victim_snapshot(admin: KubeClient, s: Scene) -> dict[str, Any]:
-    return {"domain": _domain_view(admin, s.victim),
-            "clique": _clique(admin, s.driver_ns, s.victim.cd_uid)}  # fmt: skip
+    return {
+        "domain": _domain_view(admin, s.victim),
+        "clique": _clique(admin, s.driver_ns, s.victim.cd_uid),
+    }
 
 
 def _prepare_failure(t: Tenant, pod: str, *fragments: str) -> str:
@@ -421,13 +506,33 @@ def test_tenant_cannot_claim_the_daemon_device(admin: KubeClient, scene: Scene) 
     t, ns = scene.mallory, scene.ns
     domain = scene.victim.cd_uid  # any UID will do; her own domain's would as well
     exactly = {"requests": [{"name": "d", "exactly": {"deviceClassName": c.DAEMON_DEVICE_CLASS}}]}
-    first = {"requests": [{"name": "d", "firstAvailable": [
-        {"name": "a", "deviceClassName": c.CHANNEL_DEVICE_CLASS},
-        {"name": "b", "deviceClassName": c.DAEMON_DEVICE_CLASS}]}]}  # fmt: skip
-    daemon_config = {**_channel_devices(domain), "config": [{"requests": [], "opaque": {
-        "driver": c.DRIVER_NAME, "parameters": {"apiVersion": c.API_VERSION,
-                                                "kind": c.DAEMON_CONFIG_KIND,
-                                                "domainID": domain}}}]}  # fmt: skip
+    first = {
+        "requests": [
+            {
+                "name": "d",
+                "firstAvailable": [
+                    {"name": "a", "deviceClassName": c.CHANNEL_DEVICE_CLASS},
+                    {"name": "b", "deviceClassName": c.DAEMON_DEVICE_CLASS},
+                ],
+            }
+        ]
+    }
+    daemon_config = {
+        **_channel_devices(domain),
+        "config": [
+            {
+                "requests": [],
+                "opaque": {
+                    "driver": c.DRIVER_NAME,
+                    "parameters": {
+                        "apiVersion": c.API_VERSION,
+                        "kind": c.DAEMON_CONFIG_KIND,
+                        "domainID": domain,
+                    },
+                },
+            }
+        ],
+    }
     cases = {
         "claim exactly": (RESOURCE_CLAIMS, _claim("d1", ns, exactly)),
         "claim firstAvailable": (RESOURCE_CLAIMS, _claim("d2", ns, first)),
@@ -439,15 +544,22 @@ def test_tenant_cannot_claim_the_daemon_device(admin: KubeClient, scene: Scene) 
     # The policy binding was applied with the session's driver: wait until it bites (a dry run,
     # so a probe let through before then leaves nothing behind).
     probe = cases["claim exactly"][1]
-    wait_for("the daemon-device policy to deny", lambda: _refused(
-        t.create(RESOURCE_CLAIMS, probe, dry_run=True), 403, DAEMON_RULE), timeout=30)  # fmt: skip
+    wait_for(
+        "the daemon-device policy to deny",
+        lambda: _refused(t.create(RESOURCE_CLAIMS, probe, dry_run=True), 403, DAEMON_RULE),
+        timeout=30,
+    )
     # Her plain channel claim passes: the refusals below are the policy's, not RBAC's.
-    status, text = t.create(RESOURCE_CLAIMS, _claim("plain", ns, _channel_devices(domain)),
-                            dry_run=True)  # fmt: skip
+    status, text = t.create(
+        RESOURCE_CLAIMS, _claim("plain", ns, _channel_devices(domain)), dry_run=True
+    )
     assert status == 201, text
     results = {case: t.create(res, doc) for case, (res, doc) in cases.items()}
-    failed = {case: done for case, done in results.items() if not _refused(
-        done, 403, DAEMON_RULE, f"ValidatingAdmissionPolicy '{DAEMON_POLICY}'")}  # fmt: skip
+    failed = {
+        case: done
+        for case, done in results.items()
+        if not _refused(done, 403, DAEMON_RULE, f"ValidatingAdmissionPolicy '{DAEMON_POLICY}'")
+    }
     assert not failed, json.dumps(failed, indent=1)
     # The same through every older served version of resource.k8s.io (the policy lists v1,
     # v1beta2 and v1beta1 and reads both request shapes: test/unit/config/test_admission_cel.py).
@@ -460,8 +572,9 @@ def test_tenant_cannot_claim_the_daemon_device(admin: KubeClient, scene: Scene) 
         if version != "v1beta1":  # v1beta1 has no `exactly`
             request = {"name": "d", "exactly": {"deviceClassName": c.DAEMON_DEVICE_CLASS}}
         doc["spec"] = {"devices": {"requests": [request]}}
-        done = t.request("POST", f"/apis/resource.k8s.io/{version}/namespaces/{ns}"
-                         "/resourceclaims", doc)  # fmt: skip
+        done = t.request(
+            "POST", f"/apis/resource.k8s.io/{version}/namespaces/{ns}/resourceclaims", doc
+        )
         assert _refused(done, 403, DAEMON_RULE), (version, done)
     for res in (RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES):
         names = [o["metadata"]["name"] for o in admin.list(res, namespace=ns)["items"]]
@@ -483,71 +596,132 @@ def test_tenant_cannot_write_the_driver_namespace(admin: KubeClient, scene: Scen
         )["items"]
     )
     merge = "application/merge-patch+json"
-    forged_entry = {"nodeName": "gpu-node-1", "ipAddress": "10.9.9.9", "cliqueID": "x.0",
-                    "index": 0, "status": c.STATUS_READY}  # fmt: skip
-    clique = {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-              "metadata": {"name": f"{w.cd_uid}.forged", "namespace": dns,
-                           "labels": {c.COMPUTE_DOMAIN_LABEL: w.cd_uid}},
-              "daemons": [forged_entry]}  # fmt: skip
-    daemonset = {"apiVersion": "apps/v1", "kind": "DaemonSet",
-                 "metadata": {"name": "mallory", "namespace": dns},
-                 "spec": {"selector": {"matchLabels": {"app": "m"}}, "template": {
-                     "metadata": {"labels": {"app": "m"}},
-                     "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}  # fmt: skip
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mallory", "namespace": dns},
-           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}  # fmt: skip
-    daemon_claim = _claim("mallory", dns, {"requests": [{"name": "d", "exactly": {
-        "deviceClassName": c.DAEMON_DEVICE_CLASS}}]})  # fmt: skip
+    forged_entry = {
+        "nodeName": "gpu-node-1",
+        "ipAddress": "10.9.9.9",
+        "cliqueID": "x.0",
+        "index": 0,
+        "status": c.STATUS_READY,
+    }
+    clique = {
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "metadata": {
+            "name": f"{w.cd_uid}.forged",
+            "namespace": dns,
+            "labels": {c.COMPUTE_DOMAIN_LABEL: w.cd_uid},
+        },
+        "daemons": [forged_entry],
+    }
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "mallory", "namespace": dns},
+        "spec": {
+            "selector": {"matchLabels": {"app": "m"}},
+            "template": {
+                "metadata": {"labels": {"app": "m"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+            },
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "mallory", "namespace": dns},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    daemon_claim = _claim(
+        "mallory",
+        dns,
+        {"requests": [{"name": "d", "exactly": {"deviceClassName": c.DAEMON_DEVICE_CLASS}}]},
+    )
     attacks: dict[str, tuple[tuple[int, str], str]] = {
         "create a ComputeDomainClique": (
             t.create(COMPUTE_DOMAIN_CLIQUES, clique),
-            'cannot create resource "computedomaincliques"'),
+            'cannot create resource "computedomaincliques"',
+        ),
         "patch the victim's clique": (
-            t.request("PATCH", COMPUTE_DOMAIN_CLIQUES.path(namespace=dns, name=clique_name),
-                      {"daemons": [forged_entry]}, content_type=merge),
-            'cannot patch resource "computedomaincliques"'),
+            t.request(
+                "PATCH",
+                COMPUTE_DOMAIN_CLIQUES.path(namespace=dns, name=clique_name),
+                {"daemons": [forged_entry]},
+                content_type=merge,
+            ),
+            'cannot patch resource "computedomaincliques"',
+        ),
         "delete the victim's clique": (
             t.request("DELETE", COMPUTE_DOMAIN_CLIQUES.path(namespace=dns, name=clique_name)),
-            'cannot delete resource "computedomaincliques"'),
-        "create a DaemonSet": (t.create(DAEMONSETS, daemonset),
-                               'cannot create resource "daemonsets"'),
+            'cannot delete resource "computedomaincliques"',
+        ),
+        "create a DaemonSet": (
+            t.create(DAEMONSETS, daemonset),
+            'cannot create resource "daemonsets"',
+        ),
         "create a pod": (t.create(PODS, pod), 'cannot create resource "pods"'),
-        "create a daemon claim there": (t.create(RESOURCE_CLAIMS, daemon_claim),
-                                        'cannot create resource "resourceclaims"'),
-        "list Secrets": (t.request("GET", SECRETS.path(namespace=dns)),
-                         'cannot list resource "secrets"'),
+        "create a daemon claim there": (
+            t.create(RESOURCE_CLAIMS, daemon_claim),
+            'cannot create resource "resourceclaims"',
+        ),
+        "list Secrets": (
+            t.request("GET", SECRETS.path(namespace=dns)),
+            'cannot list resource "secrets"',
+        ),
         "list pods": (t.request("GET", PODS.path(namespace=dns)), 'cannot list resource "pods"'),
-        "read a daemon pod": (t.request("GET", PODS.path(namespace=dns, name=daemon_pod)),
-                              'cannot get resource "pods"'),
+        "read a daemon pod": (
+            t.request("GET", PODS.path(namespace=dns, name=daemon_pod)),
+            'cannot get resource "pods"',
+        ),
         "read the daemon's templates": (
             t.request("GET", RESOURCE_CLAIM_TEMPLATES.path(namespace=dns)),
-            'cannot list resource "resourceclaimtemplates"'),
+            'cannot list resource "resourceclaimtemplates"',
+        ),
         # shared and other tenants' objects
         "label a node for the victim's domain": (
-            t.request("PATCH", NODES.path(name="gpu-node-1"), {"metadata": {"labels": {
-                c.COMPUTE_DOMAIN_LABEL: w.cd_uid}}}, content_type=merge),
-            'cannot patch resource "nodes"'),
+            t.request(
+                "PATCH",
+                NODES.path(name="gpu-node-1"),
+                {"metadata": {"labels": {c.COMPUTE_DOMAIN_LABEL: w.cd_uid}}},
+                content_type=merge,
+            ),
+            'cannot patch resource "nodes"',
+        ),
         "delete every ResourceSlice": (
             t.request("DELETE", RESOURCE_SLICES.path()),
-            'cannot deletecollection resource "resourceslices"'),
+            'cannot deletecollection resource "resourceslices"',
+        ),
         "patch the victim's ComputeDomain": (
-            t.request("PATCH", COMPUTE_DOMAINS.path(namespace=w.namespace, name=w.cd_name),
-                      {"spec": {"numNodes": 4}}, content_type=merge),
-            'cannot patch resource "computedomains"'),
+            t.request(
+                "PATCH",
+                COMPUTE_DOMAINS.path(namespace=w.namespace, name=w.cd_name),
+                {"spec": {"numNodes": 4}},
+                content_type=merge,
+            ),
+            'cannot patch resource "computedomains"',
+        ),
         "read the victim's ComputeDomain": (
             t.request("GET", COMPUTE_DOMAINS.path(namespace=w.namespace, name=w.cd_name)),
-            'cannot get resource "computedomains"'),
+            'cannot get resource "computedomains"',
+        ),
         "list every namespace's ComputeDomains": (
             t.request("GET", COMPUTE_DOMAINS.path()),
-            'cannot list resource "computedomains"'),
+            'cannot list resource "computedomains"',
+        ),
         "patch her own domain's status": (
-            t.request("PATCH", COMPUTE_DOMAINS.path(namespace=scene.ns, name="mine",
-                                                    subresource="status"),
-                      {"status": {"status": c.STATUS_READY}}, content_type=merge),
-            'cannot patch resource "computedomains/status"'),
-    }  # fmt: skip
-    failed = {name: done for name, (done, why) in attacks.items()
-              if not _refused(done, 403, "forbidden", why)}  # fmt: skip
+            t.request(
+                "PATCH",
+                COMPUTE_DOMAINS.path(namespace=scene.ns, name="mine", subresource="status"),
+                {"status": {"status": c.STATUS_READY}},
+                content_type=merge,
+            ),
+            'cannot patch resource "computedomains/status"',
+        ),
+    }
+    failed = {
+        name: done
+        for name, (done, why) in attacks.items()
+        if not _refused(done, 403, "forbidden", why)
+    }
     assert not failed, json.dumps(failed, indent=1)
     assert _victim_snapshot(admin, scene) == before
     labels = admin.get(NODES, "gpu-node-1")["metadata"].get("labels") or {}
@@ -564,16 +738,20 @@ def test_channel_claim_on_another_tenants_domain_is_refused_on_the_node(
     node = fleet[VICTIM_NODE]
     before = _victim_snapshot(admin, scene)
     node_before = _node_state(admin, node)
-    victim_claims = [u for u, e in node_before.checkpoint.items()
-                     if e.get("checkpointState") == "PrepareCompleted"]  # fmt: skip
+    victim_claims = [
+        u
+        for u, e in node_before.checkpoint.items()
+        if e.get("checkpointState") == "PrepareCompleted"
+    ]
     # The victim's channel claim and its daemon's claim (driver namespace).
     assert len(victim_claims) == 2, node_before.checkpoint
     assert node_before.label == w.cd_uid
 
     # Her claim tolerates the victim's channel taint, so the scheduler shares the victim's
     # channel-0 with her: the refusal must come from the node, beside the victim's claim.
-    claim = t.created(RESOURCE_CLAIMS, _claim("steal", ns, _channel_devices(
-        w.cd_uid, tolerate=w.cd_uid)))  # fmt: skip
+    claim = t.created(
+        RESOURCE_CLAIMS, _claim("steal", ns, _channel_devices(w.cd_uid, tolerate=w.cd_uid))
+    )
     uid = claim["metadata"]["uid"]
     t.created(PODS, _pod("thief", ns, "steal", VICTIM_NODE))
     msg = _prepare_failure(t, "thief", CROSS_NS)
@@ -589,7 +767,8 @@ def test_channel_claim_on_another_tenants_domain_is_refused_on_the_node(
     lure = _node_state(admin, fleet[LURE_NODE])
     assert lure.label is None, lure
     lure_uid = t.created(RESOURCE_CLAIMS, _claim("lure", ns, _channel_devices(w.cd_uid)))[
-        "metadata"]["uid"]  # fmt: skip
+        "metadata"
+    ]["uid"]
     t.created(PODS, _pod("lure", ns, "lure", LURE_NODE))
     lure_msg = _prepare_failure(t, "lure", CROSS_NS)
     assert "permanent error" in lure_msg and w.namespace not in lure_msg, lure_msg
@@ -603,8 +782,11 @@ def test_channel_claim_on_another_tenants_domain_is_refused_on_the_node(
         return None
 
     for claim_name in ("steal", "lure"):  # also: the controller has seen both claims
-        warning = wait_for(f"the controller's Warning on {claim_name}",
-                           functools.partial(mismatch, claim_name), timeout=30)  # fmt: skip
+        warning = wait_for(
+            f"the controller's Warning on {claim_name}",
+            functools.partial(mismatch, claim_name),
+            timeout=30,
+        )
         for secret in (w.namespace, w.cd_name, w.cd_uid):
             assert secret not in warning, warning
 
@@ -632,10 +814,15 @@ def test_channel_claim_on_another_tenants_domain_is_refused_on_the_node(
     assert set(node_after.checkpoint) <= set(node_before.checkpoint) | {uid}
     assert node_after.plugin_paths == node_before.plugin_paths
     assert node_after.label == w.cd_uid
-    wait_for("no trace of the lure", lambda: not _traces_of(fleet, lure_uid), timeout=30,
-             every=0.05)  # fmt: skip
-    wait_for("the lure node as it was", lambda: _node_state(admin, fleet[LURE_NODE]) == lure,
-             timeout=30, every=0.05)  # fmt: skip
+    wait_for(
+        "no trace of the lure", lambda: not _traces_of(fleet, lure_uid), timeout=30, every=0.05
+    )
+    wait_for(
+        "the lure node as it was",
+        lambda: _node_state(admin, fleet[LURE_NODE]) == lure,
+        timeout=30,
+        every=0.05,
+    )
     ds = admin.get(DAEMONSETS, c.daemon_object_name(w.cd_uid), namespace=scene.driver_ns)
     assert ds["status"].get("desiredNumberScheduled") == 1, ds["status"]
     selector = f"{c.COMPUTE_DOMAIN_LABEL}={w.cd_uid}"
@@ -647,8 +834,11 @@ def test_channel_claim_on_another_tenants_domain_is_refused_on_the_node(
     for pod in ("thief", "lure"):
         status, text = t.request("DELETE", PODS.path(namespace=ns, name=pod))
         assert status == 200, text
-    wait_for("her pods gone", lambda: all(pod_phase(admin, ns, p) == "<gone>"
-                                          for p in ("thief", "lure")), timeout=60)  # fmt: skip
+    wait_for(
+        "her pods gone",
+        lambda: all(pod_phase(admin, ns, p) == "<gone>" for p in ("thief", "lure")),
+        timeout=60,
+    )
     for claim_uid in (uid, lure_uid):
         assert not _traces_of(fleet, claim_uid, pod_gone=True), claim_uid
     assert _node_state(admin, fleet[LURE_NODE]) == lure
@@ -686,8 +876,9 @@ def test_path_domain_id_is_refused_and_creates_nothing(
             done = t.create(res, doc)
             assert _refused(done, 422, rule, domain_id), (domain_id, done)
     # Her own, well-formed config still passes (dry run): the policy refuses only the form.
-    ok = t.create(RESOURCE_CLAIMS, _claim("uid-ok", ns, _channel_devices(scene.victim.cd_uid)),
-                  dry_run=True)  # fmt: skip
+    ok = t.create(
+        RESOURCE_CLAIMS, _claim("uid-ok", ns, _channel_devices(scene.victim.cd_uid)), dry_run=True
+    )
     assert ok[0] == 201, ok
     for res in (RESOURCE_CLAIMS, RESOURCE_CLAIM_TEMPLATES):
         names = [o["metadata"]["name"] for o in admin.list(res, namespace=ns)["items"]]

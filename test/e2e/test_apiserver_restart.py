@@ -24,11 +24,11 @@ import time
 from collections.abc import Callable
 
 import pytest
-from e2e_support import Driver, channels_seen, leak_report, wait_for
-from faults import driver_pids, exited
 from kubeletsim import NodeFleet
 from localcluster import Cluster
-from workloads import (
+from testsupport.e2e_support import Driver, channels_seen, leak_report, wait_for
+from testsupport.faults import driver_pids, exited
+from testsupport.workloads import (
     cd_status,
     create_cd,
     daemon_pods,
@@ -107,8 +107,10 @@ def test_apiserver_restart_in_every_phase(
         return left + [f"label on {n['metadata']['name']}" for n in labeled["items"]]
 
     def daemons_left() -> list[str]:  # the DaemonSet controller, then kubelets and controller
-        left = [f"daemon {d['metadata']['name']}"
-                for d in daemon_pods(admin, driver.namespace, w.cd_uid)]  # fmt: skip
+        left = [
+            f"daemon {d['metadata']['name']}"
+            for d in daemon_pods(admin, driver.namespace, w.cd_uid)
+        ]
         return left + (["CD status.nodes"] if cd_status(admin, w).get("nodes") else [])
 
     def dependents_left() -> list[str]:  # the controller's teardown
@@ -121,8 +123,12 @@ def test_apiserver_restart_in_every_phase(
     w = create_cd(admin, ns, "apirestart", num_nodes=len(NODES))
     start_pods(admin, w, len(NODES), NODES)
     wait_bound(admin, w)
-    wait_for("daemon pods", lambda: len(daemon_pods(admin, driver.namespace, w.cd_uid)) ==
-             len(NODES), timeout=60, every=0.05)  # fmt: skip
+    wait_for(
+        "daemon pods",
+        lambda: len(daemon_pods(admin, driver.namespace, w.cd_uid)) == len(NODES),
+        timeout=60,
+        every=0.05,
+    )
     assert not ready()
 
     restart("before-ready", not_ready)
@@ -140,5 +146,7 @@ def test_apiserver_restart_in_every_phase(
 
     admin.delete(COMPUTE_DOMAINS, w.cd_name, namespace=ns)
     restart("cd-deletion", dependents_left, cd_left)
-    print("recovery after the apiserver's return (s): "
-          + ", ".join(f"{k}={v:.1f}" for k, v in recovery.items()))  # fmt: skip
+    print(
+        "recovery after the apiserver's return (s): "
+        + ", ".join(f"{k}={v:.1f}" for k, v in recovery.items())
+    )

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 from badinput import SEED, Tally, examples
-from e2e_support import Driver, events_for, wait_for
 from hypothesis import HealthCheck, example, given, seed, settings
 from hypothesis import strategies as st
+from testsupport.e2e_support import Driver, events_for, wait_for
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
@@ -109,15 +109,19 @@ def compute_domains(draw: st.DrawFn) -> dict[str, Any]:
         spec["channel"] = "Single"
     elif shape == "rct is a string":
         channel["resourceClaimTemplate"] = "rct"
-    doc: dict[str, Any] = {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-                           "metadata": {"_name_kind": draw(name_kinds)}}  # fmt: skip
+    doc: dict[str, Any] = {
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"_name_kind": draw(name_kinds)},
+    }
     unknown = draw(unknown_fields)
     if unknown == "spec":
         spec["numnodes"] = 3
     elif unknown == "spec.channel" and isinstance(spec.get("channel"), dict):
         spec["channel"]["mode"] = "All"
-    elif unknown == "resourceClaimTemplate" and isinstance(channel.get("resourceClaimTemplate"),
-                                                            dict):  # fmt: skip
+    elif unknown == "resourceClaimTemplate" and isinstance(
+        channel.get("resourceClaimTemplate"), dict
+    ):
         channel["resourceClaimTemplate"]["namespace"] = "elsewhere"
     elif unknown == "top":
         doc["specs"] = {"numNodes": 1}
@@ -144,8 +148,12 @@ def _name(kind: str, n: int) -> str:
 
 def _doc(name_kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     """An explicit case: Events must reach domains with the longest names too."""
-    return {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-            "metadata": {"_name_kind": name_kind}, "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": {"_name_kind": name_kind},
+        "spec": spec,
+    }
 
 
 def _unique(doc: dict[str, Any], n: int) -> None:
@@ -200,11 +208,20 @@ def test_generated_compute_domains_end_in_422_or_a_condition(
     started = time.monotonic()
 
     @seed(SEED)
-    @settings(max_examples=examples(100), database=None, deadline=None, print_blob=True,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=examples(100),
+        database=None,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @example(doc=_doc("253 chars", {"channel": {"resourceClaimTemplate": {"name": "Bad_Name"}}}))
-    @example(doc=_doc("253 chars", {"numNodes": 4, "channel": {"resourceClaimTemplate": {
-        "name": "unique 253"}}}))  # fmt: skip
+    @example(
+        doc=_doc(
+            "253 chars",
+            {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "unique 253"}}},
+        )
+    )
     @given(doc=compute_domains())
     def case(doc: dict[str, Any]) -> None:
         tally.case()
@@ -223,14 +240,24 @@ def test_generated_compute_domains_end_in_422_or_a_condition(
             return
         assert driver.controller_alive(), "controller exited"
         cd_name = created["metadata"]["name"]
-        cond = wait_for(f"Ready condition of {cd_name}",
-                        lambda: _condition(admin, ns, cd_name), timeout=20, every=0.1)  # fmt: skip
+        cond = wait_for(
+            f"Ready condition of {cd_name}",
+            lambda: _condition(admin, ns, cd_name),
+            timeout=20,
+            every=0.1,
+        )
         reason = str(cond["reason"])
         if reason in FIELD_REASONS:
             assert FIELD_REASONS[reason] in cond["message"], cond
-            wait_for(f"{reason} Event on {cd_name}", lambda: any(
-                e.get("reason") == reason and e.get("type") == "Warning"
-                for e in events_for(admin, ns, cd_name)), timeout=20, every=0.2)  # fmt: skip
+            wait_for(
+                f"{reason} Event on {cd_name}",
+                lambda: any(
+                    e.get("reason") == reason and e.get("type") == "Warning"
+                    for e in events_for(admin, ns, cd_name)
+                ),
+                timeout=20,
+                every=0.2,
+            )
             found = re.search(r"spec(\.\w+)+", cond["message"]) if reason == "InvalidSpec" else None
             tally.count(f"accepted, Ready=False {reason}" + (f" ({found[0]})" if found else ""))
         else:
@@ -244,8 +271,9 @@ def test_generated_compute_domains_end_in_422_or_a_condition(
         assert driver.controller_alive(), "controller exited"
         assert _tracebacks(driver) == tracebacks_before, "the controller logged a traceback"
         took = time.monotonic() - started
-        print(f"bad-input ComputeDomains: {tally.cases} cases in {took:.1f}s: "
-              f"{dict(tally.outcomes)}")  # fmt: skip
+        print(
+            f"bad-input ComputeDomains: {tally.cases} cases in {took:.1f}s: {dict(tally.outcomes)}"
+        )
     finally:
         _delete_all(admin, driver, ns)
     tally.save()
@@ -262,8 +290,9 @@ def _delete_all(admin: KubeClient, driver: Driver, ns: str) -> None:
     def clean() -> bool:
         left = admin.list(COMPUTE_DOMAINS, namespace=ns).get("items", [])
         rcts = admin.list(RESOURCE_CLAIM_TEMPLATES, namespace=ns).get("items", [])
-        ds = admin.list(DAEMONSETS, namespace=driver.namespace,
-                        label_selector=c.COMPUTE_DOMAIN_LABEL).get("items", [])  # fmt: skip
+        ds = admin.list(
+            DAEMONSETS, namespace=driver.namespace, label_selector=c.COMPUTE_DOMAIN_LABEL
+        ).get("items", [])
         ours = [d for d in ds if d["metadata"]["labels"].get(c.COMPUTE_DOMAIN_LABEL) in uids]
         return not (left or rcts or ours)
 

@@ -37,11 +37,16 @@ class Process:
         self.factory = SharedInformerFactory(api.client(), clock=RealClock())
         self.doctor: Doctor = lambda infs: infs
         self.server = ObservabilityServer(
-            "127.0.0.1:0", registry=CollectorRegistry(), liveness=HealthChecks(),
+            "127.0.0.1:0",
+            registry=CollectorRegistry(),
+            liveness=HealthChecks(),
             readiness=HealthChecks(),
-            debug={"/debug/informers": lambda: {
-                "informers": self.doctor(copy.deepcopy(factory_snapshot(self.factory)))}},
-        )  # fmt: skip
+            debug={
+                "/debug/informers": lambda: {
+                    "informers": self.doctor(copy.deepcopy(factory_snapshot(self.factory)))
+                }
+            },
+        )
 
     @property
     def endpoint(self) -> str:
@@ -91,8 +96,11 @@ def test_differences_are_reported_precisely(world: tuple[FakeApiServer, Process]
 
     proc.doctor = falsify
     problems = check_process(client, proc.endpoint, timeout=0.3, every=0.1)
-    rv_b = str(next(o for o in api.objects(r.PODS) if o["metadata"]["name"] == "b")
-               ["metadata"]["resourceVersion"])  # fmt: skip
+    rv_b = str(
+        next(o for o in api.objects(r.PODS) if o["metadata"]["name"] == "b")["metadata"][
+            "resourceVersion"
+        ]
+    )
     inf_rv = proc.factory.informers()[0][1].last_sync_resource_version
     at = f" (informer at RV {inf_rv}, LIST at {client.list(r.PODS)['metadata']['resourceVersion']})"
     assert problems == [

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from chaos import PHASES, TARGETS, Env, run_lifecycle
 from chaosreport import Lifecycle, report, write_report
-from e2e_support import Driver
 from kubeletsim import NodeFleet
 from localcluster import Cluster
+from testsupport.chaos import PHASES, TARGETS, Env, run_lifecycle
+from testsupport.e2e_support import Driver
 
 from pkg.kube.client import KubeClient
 
@@ -47,8 +47,9 @@ def test_chaos_lifecycles(
         results.append(lc)
         print(f"chaos {lc.line()}", flush=True)
     command = f"CHAOS_SEED={seed} CHAOS_LIFECYCLES={count} " + " ".join(
-        shlex.quote(a) for a in [Path(sys.executable).name, "-m", "pytest", "test/e2e", "-m",
-                                 "chaos", "-s"])  # fmt: skip
+        shlex.quote(a)
+        for a in [Path(sys.executable).name, "-m", "pytest", "test/e2e", "-m", "chaos", "-s"]
+    )
     text = report(
         results,
         targets=TARGETS,

@@ -27,9 +27,16 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import KUBECTL, REPO, Driver, impersonated_request, render_config, wait_for
 from kubeletsim import NodeFleet
 from localcluster import Cluster
+from testsupport.e2e_support import (
+    KUBECTL,
+    REPO,
+    Driver,
+    impersonated_request,
+    render_config,
+    wait_for,
+)
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
@@ -89,16 +96,19 @@ EXPECTED: dict[str, list[Grant]] = {
     "compute-domain-controller": [
         ("resource.nvidia.com", "computedomains", "get list watch update", "everywhere"),
         ("resource.nvidia.com", "computedomains/status", "update", "everywhere"),
-        ("resource.k8s.io", "resourceclaimtemplates", "get list watch create update delete",
-         "everywhere"),
+        (
+            "resource.k8s.io",
+            "resourceclaimtemplates",
+            "get list watch create update delete",
+            "everywhere",
+        ),
         ("resource.k8s.io", "resourceclaims", "list watch", "everywhere"),
         ("resource.k8s.io", "resourceslices", "list watch", "cluster"),
         ("", "nodes", "list watch patch", "cluster"),
         ("", "events", "create patch", "everywhere"),
         ("apps", "daemonsets", "get list watch create update delete", "driver"),
         ("", "pods", "list watch", "driver"),
-        ("resource.nvidia.com", "computedomaincliques", "list watch create update patch",
-         "driver"),
+        ("resource.nvidia.com", "computedomaincliques", "list watch create update patch", "driver"),
         ("coordination.k8s.io", "leases", "create", "driver"),
         ("coordination.k8s.io", f"leases@{LEASE}", "get update", "driver"),
     ],
@@ -112,10 +122,14 @@ EXPECTED: dict[str, list[Grant]] = {
     "compute-domain-daemon": [
         ("", "pods", "patch", "driver"),
         ("", "events", "create", "driver"),
-        ("resource.nvidia.com", "computedomaincliques", "get list watch create update patch",
-         "driver"),
+        (
+            "resource.nvidia.com",
+            "computedomaincliques",
+            "get list watch create update patch",
+            "driver",
+        ),
     ],
-}  # fmt: skip
+}
 
 Query = tuple[str, str, str, str | None, str]  # group, resource, verb, namespace, name
 
@@ -162,10 +176,14 @@ def _allowed(admin: KubeClient, user: str, groups: list[str], q: Query) -> bool:
         attrs["namespace"] = ns
     if name:
         attrs["name"] = name
-    review = admin.create(SAR, {
-        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-        "spec": {"user": user, "groups": groups, "resourceAttributes": attrs},
-    })  # fmt: skip
+    review = admin.create(
+        SAR,
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "groups": groups, "resourceAttributes": attrs},
+        },
+    )
     return bool(review["status"].get("allowed"))
 
 
@@ -189,13 +207,29 @@ def test_rbac_matrix_has_no_extra_power(
 def _dry_run_apply(
     cluster: Cluster, docs: list[dict[str, Any]], namespace: str | None = None
 ) -> str:
-    args = [str(KUBECTL), f"--kubeconfig={cluster.kubeconfig('admin')}", "apply",
-            "--server-side", "--dry-run=server", "--force-conflicts",
-            "--field-manager=test-deploy-config", "-o", "name", "-f", "-"]  # fmt: skip
+    args = [
+        str(KUBECTL),
+        f"--kubeconfig={cluster.kubeconfig('admin')}",
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--force-conflicts",
+        "--field-manager=test-deploy-config",
+        "-o",
+        "name",
+        "-f",
+        "-",
+    ]
     if namespace:
         args[2:2] = ["-n", namespace]
-    done = subprocess.run(args, input=yaml.safe_dump_all(docs), capture_output=True, text=True,
-                          check=False, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        args,
+        input=yaml.safe_dump_all(docs),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert done.returncode == 0, f"server-side dry-run rejected:\n{done.stderr}"
     return done.stdout
 
@@ -232,9 +266,14 @@ def _as(
     cluster: Cluster, sa: str, extra: dict[str, str], args: list[str], stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
     ident = cluster.service_account_identity(sa)
-    cmd = [str(KUBECTL), f"--kubeconfig={cluster.kubeconfig('admin')}", f"--as={ident.user}",
-           *(f"--as-group={g}" for g in ident.groups),
-           *(f"--as-user-extra={k}={v}" for k, v in extra.items()), *args]  # fmt: skip
+    cmd = [
+        str(KUBECTL),
+        f"--kubeconfig={cluster.kubeconfig('admin')}",
+        f"--as={ident.user}",
+        *(f"--as-group={g}" for g in ident.groups),
+        *(f"--as-user-extra={k}={v}" for k, v in extra.items()),
+        *args,
+    ]
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False, timeout=60)
 
 
@@ -243,13 +282,19 @@ POD_CLAIM = "authentication.kubernetes.io/pod-name"
 
 
 def _slice(node: str, driver_name: str = c.DRIVER_NAME) -> str:
-    return json.dumps({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": f"test-deploy-config-{secrets.token_hex(3)}"},
-        "spec": {"driver": driver_name, "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                 "devices": [{"name": "channel-0"}]},
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"test-deploy-config-{secrets.token_hex(3)}"},
+            "spec": {
+                "driver": driver_name,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "channel-0"}],
+            },
+        }
+    )
 
 
 def _denied(done: subprocess.CompletedProcess[str], why: str) -> bool:
@@ -263,12 +308,19 @@ def test_plugin_may_write_only_its_own_nodes_slices(
     plugin, create = "compute-domain-kubelet-plugin", ["create", "--dry-run=server", "-f", "-"]
     own = _as(cluster, plugin, {NODE_CLAIM: me}, create, _slice(me))
     assert own.returncode == 0, own.stderr
-    wait_for("the slice policy to deny another node's slice", lambda: _denied(
-        _as(cluster, plugin, {NODE_CLAIM: me}, create, _slice(other)),
-        f"may not modify ResourceSlices of node '{other}'"), timeout=30)  # fmt: skip
+    wait_for(
+        "the slice policy to deny another node's slice",
+        lambda: _denied(
+            _as(cluster, plugin, {NODE_CLAIM: me}, create, _slice(other)),
+            f"may not modify ResourceSlices of node '{other}'",
+        ),
+        timeout=30,
+    )
     assert _denied(_as(cluster, plugin, {}, create, _slice(me)), "no node-name claim")
-    assert _denied(_as(cluster, plugin, {NODE_CLAIM: me}, create, _slice(me, "gpu.nvidia.com")),
-                   "may not modify ResourceSlices of driver 'gpu.nvidia.com'")  # fmt: skip
+    assert _denied(
+        _as(cluster, plugin, {NODE_CLAIM: me}, create, _slice(me, "gpu.nvidia.com")),
+        "may not modify ResourceSlices of driver 'gpu.nvidia.com'",
+    )
 
 
 def test_plugin_may_label_only_its_own_node_with_its_two_labels(
@@ -280,8 +332,12 @@ def test_plugin_may_label_only_its_own_node_with_its_two_labels(
 
     def label(node: str, key: str, claim: dict[str, str]) -> subprocess.CompletedProcess[str]:
         body = json.dumps({"metadata": {"labels": {key: "x"}}})
-        return _as(cluster, plugin, claim, ["patch", "node", node, "--type=merge", "-p", body,
-                                            "--dry-run=server"])  # fmt: skip
+        return _as(
+            cluster,
+            plugin,
+            claim,
+            ["patch", "node", node, "--type=merge", "-p", body, "--dry-run=server"],
+        )
 
     for key in (c.COMPUTE_DOMAIN_LABEL, c.GPU_CLIQUE_NODE_LABEL):
         ok = label(me, key, {NODE_CLAIM: me})
@@ -300,8 +356,12 @@ def test_plugin_may_label_only_its_own_node_with_its_two_labels(
                 }
             }
         )
-        return _as(cluster, plugin, {NODE_CLAIM: me}, ["patch", "node", node, "--type=merge",
-                                                       "-p", body, "--dry-run=server"])  # fmt: skip
+        return _as(
+            cluster,
+            plugin,
+            {NODE_CLAIM: me},
+            ["patch", "node", node, "--type=merge", "-p", body, "--dry-run=server"],
+        )
 
     marked = annotate(me, c.GPU_CLIQUE_MANAGED_BY_PLUGIN)
     assert marked.returncode == 0, marked.stderr
@@ -310,10 +370,15 @@ def test_plugin_may_label_only_its_own_node_with_its_two_labels(
         annotate(other, c.GPU_CLIQUE_MANAGED_BY_PLUGIN), f"may not modify node '{other}'"
     )
     other_annotation = json.dumps({"metadata": {"annotations": {"example.com/x": "y"}}})
-    assert _denied(_as(cluster, plugin, {NODE_CLAIM: me}, ["patch", "node", me, "--type=merge",
-                                                           "-p", other_annotation,
-                                                           "--dry-run=server"]),
-                   "may not change node annotations")  # fmt: skip
+    assert _denied(
+        _as(
+            cluster,
+            plugin,
+            {NODE_CLAIM: me},
+            ["patch", "node", me, "--type=merge", "-p", other_annotation, "--dry-run=server"],
+        ),
+        "may not change node annotations",
+    )
 
 
 def _claim_docs(namespace: str) -> dict[str, dict[str, Any]]:
@@ -321,26 +386,50 @@ def _claim_docs(namespace: str) -> dict[str, dict[str, Any]]:
     namespace (and one channel claim it must let through), by case name."""
 
     def claim(devices: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                "metadata": {"name": f"daemon-device-{secrets.token_hex(3)}",
-                             "namespace": namespace},
-                "spec": {"devices": devices}}  # fmt: skip
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": f"daemon-device-{secrets.token_hex(3)}", "namespace": namespace},
+            "spec": {"devices": devices},
+        }
 
     def template(devices: dict[str, Any]) -> dict[str, Any]:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": f"daemon-device-{secrets.token_hex(3)}",
-                             "namespace": namespace},
-                "spec": {"spec": {"devices": devices}}}  # fmt: skip
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": f"daemon-device-{secrets.token_hex(3)}", "namespace": namespace},
+            "spec": {"spec": {"devices": devices}},
+        }
 
     exactly = {"requests": [{"name": "d", "exactly": {"deviceClassName": c.DAEMON_DEVICE_CLASS}}]}
-    first = {"requests": [{"name": "d", "firstAvailable": [
-        {"name": "a", "deviceClassName": c.CHANNEL_DEVICE_CLASS},
-        {"name": "b", "deviceClassName": c.DAEMON_DEVICE_CLASS}]}]}  # fmt: skip
+    first = {
+        "requests": [
+            {
+                "name": "d",
+                "firstAvailable": [
+                    {"name": "a", "deviceClassName": c.CHANNEL_DEVICE_CLASS},
+                    {"name": "b", "deviceClassName": c.DAEMON_DEVICE_CLASS},
+                ],
+            }
+        ]
+    }
     channel = {"requests": [{"name": "c", "exactly": {"deviceClassName": c.CHANNEL_DEVICE_CLASS}}]}
-    with_config = {**channel, "config": [{"requests": [], "opaque": {
-        "driver": c.DRIVER_NAME,
-        "parameters": {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND,
-                       "domainID": "00000000-0000-4000-8000-000000000000"}}}]}  # fmt: skip
+    with_config = {
+        **channel,
+        "config": [
+            {
+                "requests": [],
+                "opaque": {
+                    "driver": c.DRIVER_NAME,
+                    "parameters": {
+                        "apiVersion": c.API_VERSION,
+                        "kind": c.DAEMON_CONFIG_KIND,
+                        "domainID": "00000000-0000-4000-8000-000000000000",
+                    },
+                },
+            }
+        ],
+    }
     return {
         "claim exactly": claim(exactly),
         "claim firstAvailable": claim(first),
@@ -354,10 +443,22 @@ def _claim_docs(namespace: str) -> dict[str, dict[str, Any]]:
 
 def _dry_run_create(cluster: Cluster, doc: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(KUBECTL), f"--kubeconfig={cluster.kubeconfig('admin')}", "create",
-         "--dry-run=server", "-o", "name", "-f", "-"],
-        input=json.dumps(doc), capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+        [
+            str(KUBECTL),
+            f"--kubeconfig={cluster.kubeconfig('admin')}",
+            "create",
+            "--dry-run=server",
+            "-o",
+            "name",
+            "-f",
+            "-",
+        ],
+        input=json.dumps(doc),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
 
 
 def test_daemon_device_claims_only_in_the_driver_namespace(
@@ -371,8 +472,11 @@ def test_daemon_device_claims_only_in_the_driver_namespace(
     try:
         docs = _claim_docs(ns)
         rule = "ComputeDomain daemon claims are only allowed in the driver namespace"
-        wait_for("the daemon-device policy to deny", lambda: _denied(
-            _dry_run_create(cluster, docs["claim exactly"]), rule), timeout=30)  # fmt: skip
+        wait_for(
+            "the daemon-device policy to deny",
+            lambda: _denied(_dry_run_create(cluster, docs["claim exactly"]), rule),
+            timeout=30,
+        )
         for case, doc in docs.items():
             done = _dry_run_create(cluster, doc)
             if case == "channel claim":
@@ -393,8 +497,9 @@ def _patch_as(
     which the daemon may not).  Groups are not impersonated: RBAC binds the user."""
     user = cluster.service_account_identity(sa).user
     merge = "application/merge-patch+json"
-    return impersonated_request(cluster, "PATCH", f"{path}?dryRun=All", body, user=user,
-                                extra=extra, content_type=merge)  # fmt: skip
+    return impersonated_request(
+        cluster, "PATCH", f"{path}?dryRun=All", body, user=user, extra=extra, content_type=merge
+    )
 
 
 def test_daemon_may_label_only_its_own_pod(
@@ -403,18 +508,27 @@ def test_daemon_may_label_only_its_own_pod(
     ns = driver.namespace
     names = [f"test-deploy-config-{i}-{secrets.token_hex(2)}" for i in range(2)]
     for name in names:  # held by a scheduling gate: never scheduled, never run
-        admin.create(PODS, {"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": name, "namespace": ns},
-                            "spec": {"schedulingGates": [{"name": "test/hold"}],
-                                     "containers": [{"name": "c", "image": "busybox"}]}},
-                     namespace=ns)  # fmt: skip
+        admin.create(
+            PODS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {
+                    "schedulingGates": [{"name": "test/hold"}],
+                    "containers": [{"name": "c", "image": "busybox"}],
+                },
+            },
+            namespace=ns,
+        )
     try:
         me, other = names
 
         def label(pod: str, key: str, claim: dict[str, str], where: str = ns) -> tuple[int, str]:
             body = {"metadata": {"labels": {key: "x"}}}
-            return _patch_as(cluster, "compute-domain-daemon", claim,
-                             PODS.path(namespace=where, name=pod), body)  # fmt: skip
+            return _patch_as(
+                cluster, "compute-domain-daemon", claim, PODS.path(namespace=where, name=pod), body
+            )
 
         status, text = label(me, c.CLIQUE_ID_LABEL, {POD_CLAIM: me})
         assert status == 200, text

@@ -16,7 +16,8 @@ import sys
 import time
 
 import pytest
-from e2e_support import (
+from kubeletsim import NodeFleet
+from testsupport.e2e_support import (
     Driver,
     channel_claim,
     channels_seen,
@@ -26,8 +27,7 @@ from e2e_support import (
     wait_for,
     workload_pod,
 )
-from kubeletsim import NodeFleet
-from workloads import (
+from testsupport.workloads import (
     cd_status,
     create_cd,
     delete_pods,
@@ -50,8 +50,11 @@ def imex_peers(fleet: NodeFleet, node: str, cd_uid: str) -> list[str]:
     cfg = fleet[node].dirs.plugins / c.DRIVER_NAME / "domains" / cd_uid / "imexd.cfg"
     out = subprocess.run(
         [sys.executable, "-m", "pkg.imex.sim.ctl", "-c", str(cfg), "-N", "-j"],
-        capture_output=True, text=True, check=True, timeout=30,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
     return list(json.loads(out).get("connected", []))
 
 
@@ -85,8 +88,9 @@ def test_two_namespaces_same_clique_never_peer(
         nodes_b = {e["name"] for e in cd_status(admin, b)["nodes"]}
         assert nodes_a == {"gpu-node-1", "gpu-node-2"} and nodes_b == {"gpu-node-3", "gpu-node-4"}
         cliques = admin.list(COMPUTE_DOMAIN_CLIQUES, namespace=driver.namespace)["items"]
-        members = {q["metadata"]["name"]: {d["nodeName"] for d in q.get("daemons") or []}
-                   for q in cliques}  # fmt: skip
+        members = {
+            q["metadata"]["name"]: {d["nodeName"] for d in q.get("daemons") or []} for q in cliques
+        }
         clique = fleet["gpu-node-1"].spec.clique_id
         assert members[c.clique_object_name(a.cd_uid, clique)] == nodes_a
         assert members[c.clique_object_name(b.cd_uid, clique)] == nodes_b
@@ -115,13 +119,25 @@ def test_claim_for_other_namespaces_cd_is_refused(
     admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
     try:
         w = create_cd(admin, ns, "home")
-        params = {"apiVersion": c.API_VERSION, "kind": c.CHANNEL_CONFIG_KIND,
-                  "domainID": w.cd_uid, "allocationMode": "Single"}  # fmt: skip
+        params = {
+            "apiVersion": c.API_VERSION,
+            "kind": c.CHANNEL_CONFIG_KIND,
+            "domainID": w.cd_uid,
+            "allocationMode": "Single",
+        }
         admin.create(RESOURCE_CLAIMS, channel_claim("stolen", other, params))
         admin.create(PODS, workload_pod("thief", other, claim="stolen", node="gpu-node-5"))
-        event = wait_for("FailedPrepareDynamicResources", lambda: next(
-            (e for e in events_for(admin, other, "thief")
-             if e["reason"] == "FailedPrepareDynamicResources"), None))  # fmt: skip
+        event = wait_for(
+            "FailedPrepareDynamicResources",
+            lambda: next(
+                (
+                    e
+                    for e in events_for(admin, other, "thief")
+                    if e["reason"] == "FailedPrepareDynamicResources"
+                ),
+                None,
+            ),
+        )
         assert "namespace" in event["message"], event["message"]
         assert pod_phase(admin, other, "thief") == "Pending"
         assert channels_seen(fleet, other, "thief") == []

@@ -16,10 +16,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_support import Driver, events_for, wait_for
 from kubeletsim import NodeFleet
 from kubeletsim.node import SimulatedNode
-from workloads import cd_status, create_cd, daemon_pods, start_pods, wait_cd_ready, wait_running
+from testsupport.e2e_support import Driver, events_for, wait_for
+from testsupport.workloads import (
+    cd_status,
+    create_cd,
+    daemon_pods,
+    start_pods,
+    wait_cd_ready,
+    wait_running,
+)
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient

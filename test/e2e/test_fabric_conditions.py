@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import events_for, wait_for
 from kubeletsim import NodeFleet
 from localcluster import Cluster
-from workloads import cd_status, create_cd, start_pods, wait_bound, wait_cd_ready
+from testsupport.e2e_support import events_for, wait_for
+from testsupport.workloads import cd_status, create_cd, start_pods, wait_bound, wait_cd_ready
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
@@ -41,18 +41,35 @@ def check_one_namespace_user(cluster: Cluster, ns: str, env: dict[str, str]) -> 
     hidden, and ``get -A`` says what is missing."""
     user = f"viewer-{ns}"[:60]
     cluster.add_identity(user, user, ())
-    for args in (["role", "cd-viewer", "--verb=get,list",
-                  "--resource=computedomains.resource.nvidia.com,pods,events"],
-                 ["rolebinding", "cd-viewer", "--role=cd-viewer", f"--user={user}"]):  # fmt: skip
-        made = subprocess.run([str(VENV_BIN / "kubectl"), "create", "-n", ns, *args], env=env,
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    for args in (
+        [
+            "role",
+            "cd-viewer",
+            "--verb=get,list",
+            "--resource=computedomains.resource.nvidia.com,pods,events",
+        ],
+        ["rolebinding", "cd-viewer", "--role=cd-viewer", f"--user={user}"],
+    ):
+        made = subprocess.run(
+            [str(VENV_BIN / "kubectl"), "create", "-n", ns, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert made.returncode == 0, made.stderr
     mine = {**env, "KUBECONFIG": str(cluster.kubeconfig(user))}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(VENV_BIN / "kubectl"), "computedomain", *args],
-                              capture_output=True, text=True, env=mine, timeout=60,
-                              check=False)  # fmt: skip
+        return subprocess.run(
+            [str(VENV_BIN / "kubectl"), "computedomain", *args],
+            capture_output=True,
+            text=True,
+            env=mine,
+            timeout=60,
+            check=False,
+        )
 
     def described() -> subprocess.CompletedProcess[str] | None:
         d = cli("describe", "nvbw", "-n", ns)
@@ -83,9 +100,13 @@ def test_job_over_two_cliques_names_them_and_describe_shows_it(
     cliques = sorted({n["cliqueID"] for n in st["nodes"]})
     assert len(cliques) == 2
 
-    single = wait_for("SingleClique=False", lambda: (
-        cond if (cond := condition(admin, w, "SingleClique")).get("status") == "False" else None
-    ), timeout=30)  # fmt: skip
+    single = wait_for(
+        "SingleClique=False",
+        lambda: (
+            cond if (cond := condition(admin, w, "SingleClique")).get("status") == "False" else None
+        ),
+        timeout=30,
+    )
     assert single["reason"] == "MultipleCliques"
     by_node = {n["name"]: n["cliqueID"] for n in st["nodes"]}
     for cid in cliques:
@@ -96,8 +117,11 @@ def test_job_over_two_cliques_names_them_and_describe_shows_it(
     assert warnings and warnings[0]["type"] == "Warning"
 
     # Both daemons of clique 0 report their peer; then the link between them drops.
-    wait_for("IMEXConnected=True", lambda: condition(admin, w, "IMEXConnected").get("status")
-             == "True", timeout=60)  # fmt: skip
+    wait_for(
+        "IMEXConnected=True",
+        lambda: condition(admin, w, "IMEXConnected").get("status") == "True",
+        timeout=60,
+    )
     domain_dir = fleet["gpu-node-1"].dirs.plugins / c.DRIVER_NAME / "domains" / w.cd_uid
     ip_2 = next(n["ipAddress"] for n in st["nodes"] if n["name"] == "gpu-node-2")
     drop = domain_dir / "drop-peers"
@@ -114,11 +138,19 @@ def test_job_over_two_cliques_names_them_and_describe_shows_it(
         assert broken["reason"] == "PeersUnreachable"
 
         # kubectl finds the installed plugin on PATH: one screen with all of it.
-        env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
-               "KUBECONFIG": str(cluster.kubeconfig("admin"))}  # fmt: skip
-        done = subprocess.run([str(VENV_BIN / "kubectl"), "computedomain", "describe", "nvbw",
-                               "-n", ns], capture_output=True, text=True, env=env, timeout=60,
-                              check=False)  # fmt: skip
+        env = {
+            **os.environ,
+            "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(cluster.kubeconfig("admin")),
+        }
+        done = subprocess.run(
+            [str(VENV_BIN / "kubectl"), "computedomain", "describe", "nvbw", "-n", ns],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         out = done.stdout
         sys.stderr.write(out)
@@ -130,12 +162,20 @@ def test_job_over_two_cliques_names_them_and_describe_shows_it(
             assert pod in out.split("Workload pods:")[1]
         assert out.count(f"{w.cd_name}-") >= 3  # workload pods listed
         assert "Daemon pods:" in out and "MultipleCliques" in out.split("Events:")[1]
-        listing = subprocess.run([str(VENV_BIN / "kubectl"), "computedomain", "get", "-n", ns],
-                                 capture_output=True, text=True, env=env, timeout=60,
-                                 check=False)  # fmt: skip
+        listing = subprocess.run(
+            [str(VENV_BIN / "kubectl"), "computedomain", "get", "-n", ns],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
         assert "nvbw" in listing.stdout and "3/3" in listing.stdout
         check_one_namespace_user(cluster, ns, env)
     finally:
         drop.unlink(missing_ok=True)
-    wait_for("IMEXConnected=True again", lambda: condition(admin, w, "IMEXConnected").get(
-        "status") == "True", timeout=60)  # fmt: skip
+    wait_for(
+        "IMEXConnected=True again",
+        lambda: condition(admin, w, "IMEXConnected").get("status") == "True",
+        timeout=60,
+    )

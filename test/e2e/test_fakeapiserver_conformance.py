@@ -1,6 +1,6 @@
 """The fake API server's suite, unchanged, against a real kube-apiserver (like envtest).
 
-Every test of ``test/unit/testing/test_fakeapiserver.py`` is imported here and runs with the
+Every test of ``testsupport.fakeapiserver_suite`` is imported here and runs with the
 `server` fixture overridden by `RealTarget`: etcd, kube-apiserver, kube-scheduler and
 kube-controller-manager from ``hack/localcluster``, started once for this module (not the
 session cluster: the driver's controller must not act on these ComputeDomains), with
@@ -27,7 +27,6 @@ import os
 import re
 import secrets
 import shutil
-import sys
 import tempfile
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -35,13 +34,10 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 import pytest
-from e2e_support import Driver, wait_for
 from localcluster import Cluster, bin_dir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit" / "testing"))
-
-import test_fakeapiserver as suite
-from test_fakeapiserver import apply_server_markers
+from testsupport import fakeapiserver_suite as suite
+from testsupport.e2e_support import Driver, wait_for
+from testsupport.fakeapiserver_suite import apply_server_markers
 
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
@@ -76,9 +72,10 @@ class RealTarget:
 
     def _etcd_call(self, path: str, body: dict[str, object]) -> dict[str, object]:
         req = urllib.request.Request(
-            self._etcd + path, data=json.dumps(body).encode(),
+            self._etcd + path,
+            data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
-        )  # fmt: skip
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             out: dict[str, object] = json.loads(resp.read())
         return out
@@ -108,8 +105,12 @@ class RealTarget:
             for cd in c.list(res.COMPUTE_DOMAINS, namespace=ns)["items"]:
                 if cd["metadata"].get("finalizers"):
                     with contextlib.suppress(NotFoundError):
-                        c.patch(res.COMPUTE_DOMAINS, cd["metadata"]["name"],
-                                {"metadata": {"finalizers": None}}, namespace=ns)  # fmt: skip
+                        c.patch(
+                            res.COMPUTE_DOMAINS,
+                            cd["metadata"]["name"],
+                            {"metadata": {"finalizers": None}},
+                            namespace=ns,
+                        )
             with contextlib.suppress(NotFoundError):
                 c.delete(res.NAMESPACES, ns)
         for resource, name in self.created:
@@ -124,11 +125,15 @@ def real_control_plane() -> Iterator[tuple[RestClient, str]]:
     bins = bin_dir()
     missing = [b for b in REQUIRED if not (bins / b).is_file()]
     if missing:
-        pytest.fail(f"e2e: control-plane binaries missing in {bins}: {', '.join(missing)}. "
-                    "Build them with `hack/build-control-plane.sh`.", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"e2e: control-plane binaries missing in {bins}: {', '.join(missing)}. "
+            "Build them with `hack/build-control-plane.sh`.",
+            pytrace=False,
+        )
     workdir = Path(tempfile.mkdtemp(prefix="cdfakeapi-", dir="/tmp"))
-    cluster = Cluster.start(bins, workdir, node_names=[],
-                           apiserver_args=[f"--watch-cache-sizes={UNCACHED}#0"])  # fmt: skip
+    cluster = Cluster.start(
+        bins, workdir, node_names=[], apiserver_args=[f"--watch-cache-sizes={UNCACHED}#0"]
+    )
     try:
         Driver.deploy(cluster.kubeconfig("admin"))
         client = RestClient(
@@ -152,7 +157,8 @@ def server(
     suffix = secrets.token_hex(2)
     target = RealTarget(client, etcd_url, f"{base}-{suffix}", f"{base}-{suffix}-b")
     for ns in (target.ns, target.ns2):
-        client.create(res.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                       "metadata": {"name": ns}})  # fmt: skip
+        client.create(
+            res.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+        )
     yield target
     target.cleanup()

@@ -13,7 +13,9 @@ import signal
 import time
 
 import pytest
-from e2e_support import (
+from kubeletsim import NodeFleet
+from localcluster import Cluster
+from testsupport.e2e_support import (
     Driver,
     channel_claim,
     channels_seen,
@@ -22,9 +24,7 @@ from e2e_support import (
     wait_for,
     workload_pod,
 )
-from kubeletsim import NodeFleet
-from localcluster import Cluster
-from workloads import (
+from testsupport.workloads import (
     create_cd,
     daemon_pods,
     start_pods,
@@ -53,8 +53,12 @@ def test_controller_sigkill_mid_formation(
     w = create_cd(admin, ns, "ctl")
     start_pods(admin, w, 2, ["gpu-node-1", "gpu-node-2"])
     wait_bound(admin, w)
-    wait_for("a daemon pod", lambda: daemon_pods(admin, driver.namespace, w.cd_uid), timeout=60,
-             every=0.05)  # fmt: skip
+    wait_for(
+        "a daemon pod",
+        lambda: daemon_pods(admin, driver.namespace, w.cd_uid),
+        timeout=60,
+        every=0.05,
+    )
     restart_controller(cluster, driver)
     wait_running(admin, fleet, w)
     wait_cd_ready(admin, w, 2)
@@ -70,8 +74,12 @@ def test_plugin_sigkill_between_prepare_and_start(
     wait_bound(admin, w)
     # The workload's Prepare has labeled the node (the daemon follows it) but cannot finish
     # before the daemon is Ready: kill the plugin right there.
-    wait_for("daemon scheduled", lambda: daemon_pods(admin, driver.namespace, w.cd_uid),
-             timeout=60, every=0.05)  # fmt: skip
+    wait_for(
+        "daemon scheduled",
+        lambda: daemon_pods(admin, driver.namespace, w.cd_uid),
+        timeout=60,
+        every=0.05,
+    )
     node.kill_plugin()
     time.sleep(1.0)
     node.start_plugin()
@@ -82,8 +90,11 @@ def test_plugin_sigkill_between_prepare_and_start(
 
 
 def test_resourceslices_deleted_by_hand_come_back(admin: KubeClient, fleet: NodeFleet) -> None:
-    before = {s["metadata"]["name"] for s in admin.list(RESOURCE_SLICES)["items"]
-              if s["spec"]["driver"] == c.DRIVER_NAME}  # fmt: skip
+    before = {
+        s["metadata"]["name"]
+        for s in admin.list(RESOURCE_SLICES)["items"]
+        if s["spec"]["driver"] == c.DRIVER_NAME
+    }
     assert len(before) >= len(fleet.nodes)
     for name in before:
         admin.delete(RESOURCE_SLICES, name)
@@ -98,12 +109,25 @@ def test_resourceslices_deleted_by_hand_come_back(admin: KubeClient, fleet: Node
 
 def test_malformed_opaque_config_is_reported(admin: KubeClient, fleet: NodeFleet, ns: str) -> None:
     w = create_cd(admin, ns, "bad")
-    params = {"apiVersion": c.API_VERSION, "kind": c.CHANNEL_CONFIG_KIND,
-              "domainID": w.cd_uid, "unexpectedField": "x"}  # fmt: skip
+    params = {
+        "apiVersion": c.API_VERSION,
+        "kind": c.CHANNEL_CONFIG_KIND,
+        "domainID": w.cd_uid,
+        "unexpectedField": "x",
+    }
     admin.create(RESOURCE_CLAIMS, channel_claim("bad-config", ns, params))
     admin.create(PODS, workload_pod("bad", ns, claim="bad-config", node="gpu-node-5"))
-    event = wait_for("FailedPrepareDynamicResources", lambda: next(
-        (e for e in events_for(admin, ns, "bad")
-         if e["reason"] == "FailedPrepareDynamicResources"), None), timeout=60)  # fmt: skip
+    event = wait_for(
+        "FailedPrepareDynamicResources",
+        lambda: next(
+            (
+                e
+                for e in events_for(admin, ns, "bad")
+                if e["reason"] == "FailedPrepareDynamicResources"
+            ),
+            None,
+        ),
+        timeout=60,
+    )
     assert "unexpectedField" in event["message"], event["message"]
     assert channels_seen(fleet, ns, "bad") == []

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import Driver, free_port, leak_report, teardown_namespace, wait_for
 from kubeletsim import NodeFleet, config_from_cluster, layout
 from kubeletsim.formation import read_spans
 from localcluster import Cluster, bin_dir
-from workloads import create_cd, start_pods, wait_bound, wait_cd_ready, wait_running
+from testsupport.e2e_support import Driver, free_port, leak_report, teardown_namespace, wait_for
+from testsupport.workloads import create_cd, start_pods, wait_bound, wait_cd_ready, wait_running
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient, RestClient
@@ -54,8 +54,10 @@ REQUIRED = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager
 SPECS = layout([0, 0], prefix="tr-node", first_index=201)
 NAMES = [s.name for s in SPECS]
 CONTROLLER, PLUGIN, DAEMON = (
-    "compute-domain-controller", "compute-domain-kubelet-plugin", "compute-domain-daemon",
-)  # fmt: skip
+    "compute-domain-controller",
+    "compute-domain-kubelet-plugin",
+    "compute-domain-daemon",
+)
 Span = dict[str, Any]
 
 
@@ -74,8 +76,11 @@ def cluster() -> Iterator[Cluster]:
     bins = bin_dir()
     missing = [b for b in REQUIRED if not (bins / b).is_file()]
     if missing:
-        pytest.fail(f"e2e: control-plane binaries missing in {bins}: {', '.join(missing)}; "
-                    "run hack/build-control-plane.sh", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"e2e: control-plane binaries missing in {bins}: {', '.join(missing)}; "
+            "run hack/build-control-plane.sh",
+            pytrace=False,
+        )
     workdir = Path(tempfile.mkdtemp(prefix="cdtr-", dir="/tmp"))
     c_ = Cluster.start(bins, workdir, node_names=NAMES)
     yield c_
@@ -101,17 +106,19 @@ def driver(cluster: Cluster, spans_file: Path) -> Iterator[Driver]:
     daemon_env = ",".join(f"{k}={v}" for k, v in env.items())
     d.start_controller(
         kubeconfig=cluster.kubeconfig("compute-domain-controller"),
-        log_file=cluster.log_path("controller"), http_port=free_port(),
+        log_file=cluster.log_path("controller"),
+        http_port=free_port(),
         extra_env={**env, "CD_DAEMON_EXTRA_ENV": daemon_env},
-    )  # fmt: skip
+    )
     yield d
     d.kill_controller()
 
 
 @pytest.fixture(scope="module")
 def fleet(cluster: Cluster, driver: Driver, spans_file: Path) -> Iterator[NodeFleet]:
-    f = NodeFleet(config_from_cluster(cluster, cluster.workdir / "n",
-                                      plugin_env=tracing_env(spans_file)))  # fmt: skip
+    f = NodeFleet(
+        config_from_cluster(cluster, cluster.workdir / "n", plugin_env=tracing_env(spans_file))
+    )
     f.add(SPECS)
     yield f
     f.stop()
@@ -120,13 +127,16 @@ def fleet(cluster: Cluster, driver: Driver, spans_file: Path) -> Iterator[NodeFl
 @pytest.fixture
 def ns(admin: KubeClient, fleet: NodeFleet, driver: Driver) -> Iterator[str]:
     name = f"trace-{secrets.token_hex(2)}"
-    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                              "metadata": {"name": name}})  # fmt: skip
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
     teardown_namespace(admin, name)
     try:
-        wait_for("no leaks", lambda: not leak_report(admin, fleet, driver.namespace, [name]),
-                 timeout=60, every=0.5)  # fmt: skip
+        wait_for(
+            "no leaks",
+            lambda: not leak_report(admin, fleet, driver.namespace, [name]),
+            timeout=60,
+            every=0.5,
+        )
     except AssertionError:
         pytest.fail(f"leaked after test: {leak_report(admin, fleet, driver.namespace, [name])}")
     admin.delete(NAMESPACES, name)
@@ -185,8 +195,11 @@ def test_domain_formation_is_one_trace_across_all_processes(
     def formation() -> list[Span] | None:
         spans = [s for s in read_spans(spans_file) if s["context"]["trace_id"] == trace_hex]
         names = {(service(s), s["name"]) for s in spans}
-        wanted = {(CONTROLLER, "ComputeDomain formation"), (DAEMON, "IMEX daemon"),
-                  (PLUGIN, "wait for IMEX daemon")}  # fmt: skip
+        wanted = {
+            (CONTROLLER, "ComputeDomain formation"),
+            (DAEMON, "IMEX daemon"),
+            (PLUGIN, "wait for IMEX daemon"),
+        }
         daemons = {node_of(s) for s in spans if s["name"] == "IMEX daemon"}
         return spans if wanted <= names and daemons == set(NAMES) else None
 
@@ -205,8 +218,9 @@ def test_domain_formation_is_one_trace_across_all_processes(
     assert root_start == created and root_end > root_start
 
     def children(parent: Span, name: str, svc: str) -> list[Span]:
-        found = [s for s in spans if s["name"] == name and s["parent_id"] ==
-                 parent["context"]["span_id"]]  # fmt: skip
+        found = [
+            s for s in spans if s["name"] == name and s["parent_id"] == parent["context"]["span_id"]
+        ]
         assert found, f"no {name!r} under {parent['name']!r}"
         assert {service(s) for s in found} == {svc}, found
         return found
@@ -232,8 +246,9 @@ def test_domain_formation_is_one_trace_across_all_processes(
     assert sorted(node_of(d) for d in daemons) == sorted(NAMES)
     for daemon in daemons:
         assert daemon["status"]["status_code"] != "ERROR", daemon
-        steps = {name: children(daemon, name, DAEMON) for name in
-                 ("join", "start IMEX", "IMEX ready")}  # fmt: skip
+        steps = {
+            name: children(daemon, name, DAEMON) for name in ("join", "start IMEX", "IMEX ready")
+        }
         assert all(len(v) == 1 for v in steps.values()), steps
         assert root_start <= ns_time(daemon["start_time"])
         join, start, ready = (steps[n][0] for n in ("join", "start IMEX", "IMEX ready"))

@@ -11,9 +11,9 @@ empties the CD; deleting the CD removes everything (checked by the ``ns`` fixtur
 from __future__ import annotations
 
 import pytest
-from e2e_support import Driver, channels_seen, wait_for
 from kubeletsim import NodeFleet
-from workloads import (
+from testsupport.e2e_support import Driver, channels_seen, wait_for
+from testsupport.workloads import (
     cd_status,
     create_cd,
     daemon_pods,

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import KUBECTL, REPO
 from localcluster import Cluster, bin_dir
+from testsupport.e2e_support import KUBECTL, REPO
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +42,21 @@ def helm_cluster() -> Iterator[Cluster]:
 
 
 def helm(cluster: Cluster, *args: str) -> str:
-    found = subprocess.run([str(REPO / "hack" / "helm.sh")], capture_output=True, text=True,
-                           check=False, timeout=1800)  # fmt: skip
+    found = subprocess.run(
+        [str(REPO / "hack" / "helm.sh")], capture_output=True, text=True, check=False, timeout=1800
+    )
     assert found.returncode == 0, f"hack/helm.sh failed:\n{found.stderr}"
     done = subprocess.run(
-        [found.stdout.strip().splitlines()[-1], f"--kubeconfig={cluster.kubeconfig('admin')}",
-         *args],
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+        [
+            found.stdout.strip().splitlines()[-1],
+            f"--kubeconfig={cluster.kubeconfig('admin')}",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert done.returncode == 0, f"helm {' '.join(args)}:\n{done.stderr}"
     return done.stdout
 
@@ -57,14 +64,25 @@ def helm(cluster: Cluster, *args: str) -> str:
 def kubectl(cluster: Cluster, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(KUBECTL), f"--kubeconfig={cluster.kubeconfig('admin')}", *args],
-        input=stdin, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
 
 
 def exists(cluster: Cluster, obj: dict[str, Any]) -> bool:
     meta = obj["metadata"]
-    args = ["get", f"{obj['kind']}.{obj['apiVersion'].split('/')[0]}"
-            if "/" in obj["apiVersion"] else obj["kind"], meta["name"], "-o", "json"]  # fmt: skip
+    args = [
+        "get",
+        f"{obj['kind']}.{obj['apiVersion'].split('/')[0]}"
+        if "/" in obj["apiVersion"]
+        else obj["kind"],
+        meta["name"],
+        "-o",
+        "json",
+    ]
     if "namespace" in meta:
         args += ["-n", meta["namespace"]]
     done = kubectl(cluster, *args)
@@ -76,26 +94,36 @@ def exists(cluster: Cluster, obj: dict[str, Any]) -> bool:
 
 def test_install_then_uninstall_keeps_crds_and_compute_domains(helm_cluster: Cluster) -> None:
     rendered = [
-        d for d in yaml.safe_load_all(
-            helm(helm_cluster, "template", "cdd", str(CHART), "-n", NS, "--include-crds"))
+        d
+        for d in yaml.safe_load_all(
+            helm(helm_cluster, "template", "cdd", str(CHART), "-n", NS, "--include-crds")
+        )
         if d
-    ]  # fmt: skip
+    ]
     helm(helm_cluster, "install", "cdd", str(CHART), "-n", NS, "--create-namespace")
-    missing = [f"{d['kind']}/{d['metadata']['name']}" for d in rendered
-               if not exists(helm_cluster, d)]  # fmt: skip
+    missing = [
+        f"{d['kind']}/{d['metadata']['name']}" for d in rendered if not exists(helm_cluster, d)
+    ]
     assert not missing, f"helm install did not create: {missing}"
-    got = kubectl(helm_cluster, "get", "validatingadmissionpolicy",
-                  "compute-domain-kubelet-plugin-nodes", "-o", "json")  # fmt: skip
+    got = kubectl(
+        helm_cluster,
+        "get",
+        "validatingadmissionpolicy",
+        "compute-domain-kubelet-plugin-nodes",
+        "-o",
+        "json",
+    )
     policy = json.loads(got.stdout)
     [cond] = policy["spec"]["matchConditions"]
     assert f"system:serviceaccount:{NS}:compute-domain-kubelet-plugin" in cond["expression"]
 
     assert kubectl(helm_cluster, "create", "namespace", USER_NS).returncode == 0
     domain = {
-        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
         "metadata": {"name": "kept", "namespace": USER_NS},
         "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "kept-channel"}}},
-    }  # fmt: skip
+    }
     created = kubectl(helm_cluster, "create", "-f", "-", stdin=yaml.safe_dump(domain))
     assert created.returncode == 0, created.stderr
 
@@ -103,6 +131,9 @@ def test_install_then_uninstall_keeps_crds_and_compute_domains(helm_cluster: Clu
     crds = [d for d in rendered if d["kind"] == "CustomResourceDefinition"]
     assert len(crds) == 2 and all(exists(helm_cluster, d) for d in crds)
     assert exists(helm_cluster, domain), "helm uninstall deleted a ComputeDomain"
-    left = [f"{d['kind']}/{d['metadata']['name']}" for d in rendered
-            if d["kind"] != "CustomResourceDefinition" and exists(helm_cluster, d)]  # fmt: skip
+    left = [
+        f"{d['kind']}/{d['metadata']['name']}"
+        for d in rendered
+        if d["kind"] != "CustomResourceDefinition" and exists(helm_cluster, d)
+    ]
     assert not left, f"helm uninstall left: {left}"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import Driver, kubectl, wait_for
 from kubeletsim import NodeFleet
 from localcluster import Cluster
+from testsupport.e2e_support import Driver, kubectl, wait_for
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient

@@ -83,8 +83,12 @@ class StubPlugin(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
         self._servers.clear()
 
     def GetInfo(self, request: Any, context: Any) -> Any:
-        return reg.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=str(self.dra_sock),
-                              supported_versions=["v1.DRAPlugin", "v1beta1.DRAPlugin"])  # fmt: skip
+        return reg.PluginInfo(
+            type="DRAPlugin",
+            name=DRIVER,
+            endpoint=str(self.dra_sock),
+            supported_versions=["v1.DRAPlugin", "v1beta1.DRAPlugin"],
+        )
 
     def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
         self.registered.append(request.plugin_registered)
@@ -99,9 +103,11 @@ class StubPlugin(reg_grpc.RegistrationServicer, dra_grpc.DRAPluginServicer):
                 continue
             self.prepared.append(c.uid)
             resp.claims[c.uid].devices.add(
-                request_names=["channel"], pool_name="node", device_name="channel-0",
+                request_names=["channel"],
+                pool_name="node",
+                device_name="channel-0",
                 cdi_device_ids=[f"k8s.{DRIVER}/claim={c.uid}-channel-0"],
-            )  # fmt: skip
+            )
         return resp
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
@@ -126,9 +132,14 @@ class FakeCdi:
         if bad:
             raise CdiError(f"unresolvable CDI devices {bad[0]}")
         nodes = tuple(
-            {"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c", "major": 235,
-             "minor": 0} for _ in device_ids
-        )  # fmt: skip
+            {
+                "path": "/dev/nvidia-caps-imex-channels/channel0",
+                "type": "c",
+                "major": 235,
+                "minor": 0,
+            }
+            for _ in device_ids
+        )
         return ContainerEdits(env=tuple(f"DEV={i}" for i in device_ids), device_nodes=nodes)
 
 
@@ -162,14 +173,21 @@ def node(api: FakeApiServer, short_tmp: Path) -> Iterator[tuple[Kubelet, StubPlu
     cdi = FakeCdi()
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     ctx = NodeContext(
-        node_name=spec.name, node_ip=spec.ip, client=client, dirs=dirs, plugins=watcher,
+        node_name=spec.name,
+        node_ip=spec.ip,
+        client=client,
+        dirs=dirs,
+        plugins=watcher,
         events=EventRecorder(client, "kubelet", RealClock()),
-        dra=DraManager(dirs.kubelet / "dra_manager_state.json"), cdi=cdi,
-        commands=LocalCommands(programs={"sleeper": sleeper,
-                                         "probe-ok": [sys.executable, "-c", ""]},
-                               path_env={"/etc/hosts": "HOSTS"}),
-        kubeconfig_for=lambda pod: None, max_grace=2.0,
-    )  # fmt: skip
+        dra=DraManager(dirs.kubelet / "dra_manager_state.json"),
+        cdi=cdi,
+        commands=LocalCommands(
+            programs={"sleeper": sleeper, "probe-ok": [sys.executable, "-c", ""]},
+            path_env={"/etc/hosts": "HOSTS"},
+        ),
+        kubeconfig_for=lambda pod: None,
+        max_grace=2.0,
+    )
     kubelet = Kubelet(ctx)
     kubelet.start()
     yield kubelet, plugin, cdi
@@ -179,21 +197,45 @@ def node(api: FakeApiServer, short_tmp: Path) -> Iterator[tuple[Kubelet, StubPlu
 
 
 def seed_pod_with_claim(api: FakeApiServer, node: str, *, container: dict[str, Any]) -> str:
-    pod = api.seed(PODS, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "w", "namespace": "ns", "finalizers": ["test/hold"]},
-        "spec": {"nodeName": node, "containers": [container], "restartPolicy": "Always",
-                 "resourceClaims": [{"name": "cd", "resourceClaimTemplateName": "rct"}]},
-        "status": {"resourceClaimStatuses": [{"name": "cd", "resourceClaimName": "w-cd"}]},
-    })  # fmt: skip
-    api.seed(RESOURCE_CLAIMS, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": "w-cd", "namespace": "ns"},
-        "spec": {"devices": {"requests": [{"name": "channel"}]}},
-        "status": {"allocation": {"devices": {"results": [
-            {"request": "channel", "driver": DRIVER, "pool": node, "device": "channel-0"}]}},
-            "reservedFor": [{"resource": "pods", "name": "w", "uid": pod["metadata"]["uid"]}]},
-    })  # fmt: skip
+    pod = api.seed(
+        PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "w", "namespace": "ns", "finalizers": ["test/hold"]},
+            "spec": {
+                "nodeName": node,
+                "containers": [container],
+                "restartPolicy": "Always",
+                "resourceClaims": [{"name": "cd", "resourceClaimTemplateName": "rct"}],
+            },
+            "status": {"resourceClaimStatuses": [{"name": "cd", "resourceClaimName": "w-cd"}]},
+        },
+    )
+    api.seed(
+        RESOURCE_CLAIMS,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "w-cd", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "channel"}]}},
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "request": "channel",
+                                "driver": DRIVER,
+                                "pool": node,
+                                "device": "channel-0",
+                            }
+                        ]
+                    }
+                },
+                "reservedFor": [{"resource": "pods", "name": "w", "uid": pod["metadata"]["uid"]}],
+            },
+        },
+    )
     return str(pod["metadata"]["uid"])
 
 
@@ -202,8 +244,12 @@ def pod_status(api: FakeApiServer) -> dict[str, Any]:
     return pods[0].get("status", {}) if pods else {}
 
 
-WORKLOAD = {"name": "ctr", "image": "ubuntu", "command": ["sleep", "inf"],
-            "resources": {"claims": [{"name": "cd"}]}}  # fmt: skip
+WORKLOAD = {
+    "name": "ctr",
+    "image": "ubuntu",
+    "command": ["sleep", "inf"],
+    "resources": {"claims": [{"name": "cd"}]},
+}
 
 
 def test_plugin_registration_and_reregistration(short_tmp: Path) -> None:
@@ -270,12 +316,17 @@ def test_local_container_runs_with_env_and_probes(
 ) -> None:
     kubelet, _, _ = node
     container = {
-        "name": "daemon", "image": "driver", "command": ["sleeper"], "args": ["$(NODE_NAME)"],
-        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "name": "daemon",
+        "image": "driver",
+        "command": ["sleeper"],
+        "args": ["$(NODE_NAME)"],
+        "env": [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ],
         "readinessProbe": {"exec": {"command": ["probe-ok"]}, "periodSeconds": 1},
         "resources": {"claims": [{"name": "cd"}]},
-    }  # fmt: skip
+    }
     seed_pod_with_claim(api, kubelet.ctx.node_name, container=container)
     wait_for("Ready", lambda: pod_status(api).get("containerStatuses", [{}])[0].get("ready"))
     worker = next(iter(kubelet.workers().values()))
@@ -307,15 +358,25 @@ def test_threads_do_not_leak(node: tuple[Kubelet, StubPlugin, FakeCdi]) -> None:
 
 def _local_run(tmp: Path, argv: list[str], mounts: list[Mount]) -> LocalRun:
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {"nodeName": "n"}}
-    commands = LocalCommands(programs={"prog": argv}, image_path=DAEMON_IMAGE_PATH,
-                             path_env={"/dev/termination-log": "TLOG"})  # fmt: skip
+    commands = LocalCommands(
+        programs={"prog": argv},
+        image_path=DAEMON_IMAGE_PATH,
+        path_env={"/dev/termination-log": "TLOG"},
+    )
     hosts = tmp / "hosts"
     hosts.write_text("127.0.0.1\tlocalhost\n")
     return LocalRun.create(
-        ctx_commands=commands, pod=pod, container={"name": "c", "command": ["prog"]},
-        edits=ContainerEdits(), mounts=mounts, hosts_file=hosts, node_ip="127.0.0.9",
-        kubeconfig=None, log_file=tmp / "c.log", cwd=tmp,
-    )  # fmt: skip
+        ctx_commands=commands,
+        pod=pod,
+        container={"name": "c", "command": ["prog"]},
+        edits=ContainerEdits(),
+        mounts=mounts,
+        hosts_file=hosts,
+        node_ip="127.0.0.9",
+        kubeconfig=None,
+        log_file=tmp / "c.log",
+        cwd=tmp,
+    )
 
 
 def test_programs_are_found_only_where_cdi_mounted_them(tmp_path: Path) -> None:
@@ -396,8 +457,11 @@ def test_finalization_survives_an_api_outage_with_backoff(
     down_at = len(api.requests)
     plugin.fail_unprepare = 0
     time.sleep(4.0)  # every status PATCH / DELETE in here is dropped
-    attempts = [r for r in api.requests[down_at:] if r.method in ("PATCH", "DELETE")
-                and r.path.startswith("/api/v1/namespaces/ns/pods/w")]  # fmt: skip
+    attempts = [
+        r
+        for r in api.requests[down_at:]
+        if r.method in ("PATCH", "DELETE") and r.path.startswith("/api/v1/namespaces/ns/pods/w")
+    ]
     assert attempts, "the worker kept trying while the API server was down"
     # Backoff 0.25 s doubling to 2 s: about 5 tries in 4 s (a retry every 0.25 s tick: 16).
     assert len(attempts) <= 8, attempts

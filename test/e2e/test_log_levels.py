@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import Driver, free_port
 from localcluster import Cluster
-from workloads import create_cd
+from testsupport.e2e_support import Driver, free_port
+from testsupport.workloads import create_cd
 
 from pkg.kube.client import KubeClient
 
@@ -37,8 +37,9 @@ def restore(cluster: Cluster, driver: Driver) -> Iterator[None]:
     yield
     driver.kill_controller(signal.SIGTERM)
     kubeconfig = cluster.kubeconfig("compute-domain-controller")
-    driver.start_controller(kubeconfig=kubeconfig, log_file=cluster.log_path("controller"),
-                            http_port=free_port())  # fmt: skip
+    driver.start_controller(
+        kubeconfig=kubeconfig, log_file=cluster.log_path("controller"), http_port=free_port()
+    )
 
 
 def run_at(
@@ -46,9 +47,12 @@ def run_at(
 ) -> str:
     """The log of a controller run at ``-v level`` that reconciled one new domain."""
     driver.kill_controller(signal.SIGTERM)
-    driver.start_controller(kubeconfig=cluster.kubeconfig("compute-domain-controller"),
-                            log_file=log, http_port=free_port(),
-                            extra_env={"LOG_VERBOSITY": str(level)})  # fmt: skip
+    driver.start_controller(
+        kubeconfig=cluster.kubeconfig("compute-domain-controller"),
+        log_file=log,
+        http_port=free_port(),
+        extra_env={"LOG_VERBOSITY": str(level)},
+    )
     create_cd(admin, ns, f"v{level}")  # returns once its workload template exists
     return log.read_text()
 

@@ -24,10 +24,18 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e_support import REPO, Driver, channels_seen, free_port, kubectl, render_config, wait_for
 from kubeletsim import NodeFleet
 from kubeletsim.layout import GPU_CLIQUE_LABEL, Clique
 from localcluster import Cluster
+from testsupport.e2e_support import (
+    REPO,
+    Driver,
+    channels_seen,
+    free_port,
+    kubectl,
+    render_config,
+    wait_for,
+)
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
@@ -50,9 +58,10 @@ def _restart_controller(cluster: Cluster, driver: Driver, gates: str | None) -> 
     driver.kill_controller()
     driver.start_controller(
         kubeconfig=cluster.kubeconfig("compute-domain-controller"),
-        log_file=cluster.log_path("controller"), http_port=free_port(),
+        log_file=cluster.log_path("controller"),
+        http_port=free_port(),
         extra_env={"FEATURE_GATES": gates} if gates is not None else None,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +146,9 @@ def test_sample_job_forms_the_domain_and_tears_down(
         assert channels_seen(fleet, ns, pod["metadata"]["name"], "worker") == ["channel0"]
     # The daemons recorded themselves in the domain's status, never in a clique.
     cliques = admin.list(COMPUTE_DOMAIN_CLIQUES, namespace=driver.namespace)["items"]
-    assert not [q for q in cliques if (q["metadata"].get("labels") or {}).get(
-        c.COMPUTE_DOMAIN_LABEL) == uid]  # fmt: skip
+    assert not [
+        q for q in cliques if (q["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL) == uid
+    ]
     mode = "IP" if gates == IP_MODE else "DNS-name"
     for node_name in nodes:
         log = _daemon_log(fleet, node_name)

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import (
+from kubeletsim import NodeFleet, SimulatedNode, config_from_cluster, layout
+from localcluster import DEFAULT_CONTROLLERS, Cluster, bin_dir
+from testsupport.e2e_support import (
     Driver,
     compute_domain,
     events_for,
@@ -43,9 +45,7 @@ from e2e_support import (
     wait_for,
     workload_pod,
 )
-from kubeletsim import NodeFleet, SimulatedNode, config_from_cluster, layout
-from localcluster import DEFAULT_CONTROLLERS, Cluster, bin_dir
-from workloads import (
+from testsupport.workloads import (
     Workload,
     cd_status,
     create_cd,
@@ -67,9 +67,10 @@ pytestmark = pytest.mark.e2e
 
 REQUIRED = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "cdi-resolve")
 CONTROLLERS = tuple(
-    x for x in DEFAULT_CONTROLLERS
+    x
+    for x in DEFAULT_CONTROLLERS
     if x not in ("-node-lifecycle-controller", "-taint-eviction-controller")
-)  # fmt: skip
+)
 NODE_MONITOR_GRACE = 10
 NODE_LOSS_GRACE = 5
 SPECS = layout([0, 0, 0], prefix="nh-node", first_index=101)
@@ -85,14 +86,22 @@ def cluster() -> Iterator[Cluster]:
     bins = bin_dir()
     missing = [b for b in REQUIRED if not (bins / b).is_file()]
     if missing:
-        pytest.fail(f"e2e: control-plane binaries missing in {bins}: {', '.join(missing)}; "
-                    "run hack/build-control-plane.sh", pytrace=False)  # fmt: skip
+        pytest.fail(
+            f"e2e: control-plane binaries missing in {bins}: {', '.join(missing)}; "
+            "run hack/build-control-plane.sh",
+            pytrace=False,
+        )
     workdir = Path(tempfile.mkdtemp(prefix="cdnh-", dir="/tmp"))
     c_ = Cluster.start(
-        bins, workdir, node_names=NAMES, controllers=CONTROLLERS,
-        controller_manager_args=[f"--node-monitor-grace-period={NODE_MONITOR_GRACE}s",
-                                 "--node-monitor-period=1s"],
-    )  # fmt: skip
+        bins,
+        workdir,
+        node_names=NAMES,
+        controllers=CONTROLLERS,
+        controller_manager_args=[
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}s",
+            "--node-monitor-period=1s",
+        ],
+    )
     yield c_
     c_.stop()
     if os.environ.get("E2E_KEEP") != "1":
@@ -109,9 +118,10 @@ def driver(cluster: Cluster) -> Iterator[Driver]:
     d = Driver.deploy(cluster.kubeconfig("admin"))
     d.start_controller(
         kubeconfig=cluster.kubeconfig("compute-domain-controller"),
-        log_file=cluster.log_path("controller"), http_port=free_port(),
+        log_file=cluster.log_path("controller"),
+        http_port=free_port(),
         extra_env={"NODE_LOSS_GRACE_PERIOD": f"{NODE_LOSS_GRACE}s"},
-    )  # fmt: skip
+    )
     yield d
     d.kill_controller()
 
@@ -130,13 +140,16 @@ def ns(
 ) -> Iterator[str]:
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
     name = f"{name}-{secrets.token_hex(2)}"
-    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                              "metadata": {"name": name}})  # fmt: skip
+    admin.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
     teardown_namespace(admin, name)
     try:
-        wait_for("no leaks", lambda: not leak_report(admin, fleet, driver.namespace, [name]),
-                 timeout=60, every=0.5)  # fmt: skip
+        wait_for(
+            "no leaks",
+            lambda: not leak_report(admin, fleet, driver.namespace, [name]),
+            timeout=60,
+            every=0.5,
+        )
     except AssertionError:
         pytest.fail(f"leaked after test: {leak_report(admin, fleet, driver.namespace, [name])}")
     admin.delete(NAMESPACES, name)
@@ -160,8 +173,11 @@ def status_nodes(client: KubeClient, w: Workload) -> dict[str, str]:
 
 
 def clique_entries(client: KubeClient, driver_ns: str, cd_uid: str) -> dict[str, str]:
-    items = client.list(COMPUTE_DOMAIN_CLIQUES, namespace=driver_ns,
-                        label_selector=f"{c.COMPUTE_DOMAIN_LABEL}={cd_uid}")["items"]  # fmt: skip
+    items = client.list(
+        COMPUTE_DOMAIN_CLIQUES,
+        namespace=driver_ns,
+        label_selector=f"{c.COMPUTE_DOMAIN_LABEL}={cd_uid}",
+    )["items"]
     return {d["nodeName"]: d["status"] for cl in items for d in cl.get("daemons") or []}
 
 
@@ -216,8 +232,9 @@ def test_daemons_tolerate_every_taint_and_follow_the_workload_onto_a_tainted_nod
             assert mine == [{"key": key, "operator": "Exists", "effect": "NoExecute"}], mine
     finally:
         node = admin.get(NODES, tainted)
-        node["spec"]["taints"] = [t for t in node["spec"].get("taints") or []
-                                  if t["key"] != taint["key"]]  # fmt: skip
+        node["spec"]["taints"] = [
+            t for t in node["spec"].get("taints") or [] if t["key"] != taint["key"]
+        ]
         admin.update(NODES, node)
 
 
@@ -234,21 +251,29 @@ def test_a_dead_node_leaves_the_domain_and_rejoins_when_it_returns(
     power_off(fleet[victim])
     try:
         # The real node-lifecycle controller notices the silence ...
-        wait_for("node Unknown and tainted unreachable",
-                 lambda: node_condition(admin, victim) == "Unknown"
-                 and UNREACHABLE in node_taints(admin, victim),
-                 timeout=NODE_MONITOR_GRACE + 30)  # fmt: skip
+        wait_for(
+            "node Unknown and tainted unreachable",
+            lambda: (
+                node_condition(admin, victim) == "Unknown"
+                and UNREACHABLE in node_taints(admin, victim)
+            ),
+            timeout=NODE_MONITOR_GRACE + 30,
+        )
         # ... and after our grace the node has left the domain; the survivor carries on.
-        wait_for("victim out of the CD status",
-                 lambda: status_nodes(admin, w) == {survivor: "Ready"},
-                 timeout=NODE_LOSS_GRACE + 30)  # fmt: skip
+        wait_for(
+            "victim out of the CD status",
+            lambda: status_nodes(admin, w) == {survivor: "Ready"},
+            timeout=NODE_LOSS_GRACE + 30,
+        )
         st = cd_status(admin, w)
         assert st["status"] == c.STATUS_READY
         cond = next(x for x in st["conditions"] if x["type"] == "Ready")
         assert cond["reason"] == "AllNodesReady"
-        wait_for("victim out of its clique",
-                 lambda: clique_entries(admin, driver.namespace, w.cd_uid) == {survivor: "Ready"},
-                 timeout=30)  # fmt: skip
+        wait_for(
+            "victim out of its clique",
+            lambda: clique_entries(admin, driver.namespace, w.cd_uid) == {survivor: "Ready"},
+            timeout=30,
+        )
         lost = [e for e in events_for(admin, ns, w.cd_name) if e["reason"] == "NodeLost"]
         assert lost and victim in lost[0]["message"], lost
         # Its daemon pod was not evicted: it still is the same, undeleted pod on the node.
@@ -282,12 +307,19 @@ def test_a_crash_looping_daemon_is_not_ready_until_it_runs_again(
     killed_at = time.monotonic()
     killer.start()
     try:
-        wait_for("clique entry NotReady",
-                 lambda: clique_entries(admin, driver.namespace, w.cd_uid) == {node: "NotReady"},
-                 timeout=10, every=0.05)  # fmt: skip
+        wait_for(
+            "clique entry NotReady",
+            lambda: clique_entries(admin, driver.namespace, w.cd_uid) == {node: "NotReady"},
+            timeout=10,
+            every=0.05,
+        )
         noticed = time.monotonic() - killed_at
-        wait_for("CD NotReady", lambda: cd_status(admin, w).get("status") == c.STATUS_NOT_READY,
-                 timeout=10, every=0.05)  # fmt: skip
+        wait_for(
+            "CD NotReady",
+            lambda: cd_status(admin, w).get("status") == c.STATUS_NOT_READY,
+            timeout=10,
+            every=0.05,
+        )
         cond = next(x for x in cd_status(admin, w)["conditions"] if x["type"] == "Ready")
         assert cond["reason"] in ("DaemonNotRunning", "DaemonsNotReady"), cond
         # No daemon process ran meanwhile: it was the controller that took Ready back.
@@ -300,7 +332,8 @@ def test_a_crash_looping_daemon_is_not_ready_until_it_runs_again(
     wait_cd_ready(admin, w, 1, timeout=90)
     assert clique_entries(admin, driver.namespace, w.cd_uid) == {node: "Ready"}
     restarts = daemon_pod_on(admin, driver.namespace, w.cd_uid, node)["status"][
-        "containerStatuses"][0]["restartCount"]  # fmt: skip
+        "containerStatuses"
+    ][0]["restartCount"]
     assert restarts >= 1
 
 
@@ -310,8 +343,7 @@ def test_num_nodes_above_the_maximum_is_refused_by_the_api_server(
     with pytest.raises(InvalidError) as exc:
         admin.create(COMPUTE_DOMAINS, compute_domain("huge", ns, rct="r", num_nodes=2**62))
     assert "spec.numNodes" in exc.value.message and str(MAX_NUM_NODES) in exc.value.message
-    ok = admin.create(COMPUTE_DOMAINS,
-                      compute_domain("max", ns, rct="r", num_nodes=MAX_NUM_NODES))  # fmt: skip
+    ok = admin.create(COMPUTE_DOMAINS, compute_domain("max", ns, rct="r", num_nodes=MAX_NUM_NODES))
     assert ok["spec"]["numNodes"] == MAX_NUM_NODES
     admin.delete(COMPUTE_DOMAINS, "max", namespace=ns)
     wait_for("CD gone", lambda: _gone(admin, ns, "max"), timeout=60)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from e2e_support import events_for, wait_for, workload_pod
 from kubeletsim import NodeFleet
-from workloads import (
+from testsupport.e2e_support import events_for, wait_for, workload_pod
+from testsupport.workloads import (
     Workload,
     cd_status,
     create_cd,
@@ -45,16 +45,23 @@ def nvbandwidth_job(admin: KubeClient, w: Workload, workers: int = 3) -> None:
     label = {"cd-workload": w.cd_name}
     affinity: dict[str, Any] = {
         **node_affinity(NODES),
-        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100,
-            "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                                "labelSelector": {"matchLabels": label}},
-        }]},
-    }  # fmt: skip
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": label},
+                    },
+                }
+            ]
+        },
+    }
     for i in range(workers):
         name = f"{w.cd_name}-{i}"
-        admin.create(PODS, workload_pod(name, w.namespace, rct=w.rct, labels=label,
-                                        affinity=affinity))  # fmt: skip
+        admin.create(
+            PODS, workload_pod(name, w.namespace, rct=w.rct, labels=label, affinity=affinity)
+        )
         w.pods.append(name)
 
 
@@ -104,11 +111,15 @@ def test_the_opt_in_keeps_the_job_in_one_clique(
 
 
 def test_no_clique_with_room_waits_without_a_template(admin: KubeClient, ns: str) -> None:
-    cd = admin.create(COMPUTE_DOMAINS, {
-        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
-        "metadata": {"name": "huge", "namespace": ns, "annotations": OPT_IN},
-        "spec": {"numNodes": 5, "channel": {"resourceClaimTemplate": {"name": "huge-channel"}}},
-    })  # fmt: skip
+    cd = admin.create(
+        COMPUTE_DOMAINS,
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomain",
+            "metadata": {"name": "huge", "namespace": ns, "annotations": OPT_IN},
+            "spec": {"numNodes": 5, "channel": {"resourceClaimTemplate": {"name": "huge-channel"}}},
+        },
+    )
 
     def waiting() -> dict[str, Any] | None:
         st = admin.get(COMPUTE_DOMAINS, "huge", namespace=ns).get("status") or {}

@@ -63,9 +63,11 @@ def test_watch_list_without_not_older_than_is_refused(rest: RestClient) -> None:
     stream = rest.watch(r.NODES, resource_version="", timeout_seconds=5)
     stream.stop()
     with pytest.raises(ApiError) as err:
-        rest._call("GET", r.NODES.path(None),
-                   query={"watch": "true", "sendInitialEvents": "true",
-                          "allowWatchBookmarks": "true"})  # fmt: skip
+        rest._call(
+            "GET",
+            r.NODES.path(None),
+            query={"watch": "true", "sendInitialEvents": "true", "allowWatchBookmarks": "true"},
+        )
     assert 400 <= err.value.status < 500
 
 

@@ -35,7 +35,7 @@ from localcluster.hostnet import HOST_IP
 from localcluster.processes import teardown_on_sigterm
 from localcluster.realnode import RealNodes, missing_prerequisites
 from nodeimages import PAUSE_IMAGE, build_all
-from realsupport import (
+from testsupport.realsupport import (
     ARM64_NODE,
     GPU_NODE_LABELS,
     OVERLAY,
@@ -162,13 +162,21 @@ def _unready_pods(k: Kubectl, *, lines: int = 15, limit: int = 6) -> str:
         listed = k.items("pods", "-A")
     except AssertionError as err:
         return f"cannot list pods: {err}"
-    unready = [p for p in listed
-               if not pod_ready(p) and p.get("status", {}).get("phase") != "Succeeded"]  # fmt: skip
+    unready = [
+        p for p in listed if not pod_ready(p) and p.get("status", {}).get("phase") != "Succeeded"
+    ]
     parts = []
     for pod in unready[:limit]:
         meta = pod["metadata"]
-        log = k("logs", "-n", meta["namespace"], meta["name"], "--all-containers",
-                f"--tail={lines}", check=False)  # fmt: skip
+        log = k(
+            "logs",
+            "-n",
+            meta["namespace"],
+            meta["name"],
+            "--all-containers",
+            f"--tail={lines}",
+            check=False,
+        )
         parts.append(f"== {pod_summary(pod)}\n{log.rstrip()}")
     more = f"\n({len(unready) - limit} more)" if len(unready) > limit else ""
     return ("\n".join(parts) or "every pod is Ready or Succeeded") + more
@@ -185,8 +193,17 @@ def _container_logs(k: Kubectl, *, pods: int = 30, lines: int = 80) -> str:
     for pod in listed[:pods]:
         namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         for previous in ("false", "true"):
-            out = k("logs", "-n", namespace, name, "--all-containers", "--prefix",
-                    f"--previous={previous}", f"--tail={lines}", check=False)  # fmt: skip
+            out = k(
+                "logs",
+                "-n",
+                namespace,
+                name,
+                "--all-containers",
+                "--prefix",
+                f"--previous={previous}",
+                f"--tail={lines}",
+                check=False,
+            )
             if out.strip():
                 label = "previous" if previous == "true" else "current"
                 parts.append(f"===== {namespace}/{name} ({label}) =====\n{out}")

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from hostsys import binfmt
 from localcluster import hostnet
-from realsupport import REPO
 
 # A tunable the kubelet rewrites; the child changes it as the kubelet would.
 TUNABLE = "vm/overcommit_memory"
@@ -40,9 +39,8 @@ def test_interrupted_run_is_swept(tmp_path: Path) -> None:
     mounted_before = binfmt.mounted()
     child = textwrap.dedent(
         f"""
-        import sys, time
+        import time
         from pathlib import Path
-        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "hack")!r}]
         from localcluster import hostnet
         hostnet.record_host_state()
         arm64 = hostnet.foreign_arch("arm64")  # kept referenced: never exited (interrupted)

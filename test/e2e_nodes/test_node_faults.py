@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localcluster.realnode import RealNodes
-from realsupport import REAL_NODES, Kubectl, apply, wait_for
+from testsupport.realsupport import REAL_NODES, Kubectl, apply, wait_for
 
 HOST_BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 

@@ -34,7 +34,7 @@ from localcluster import hostnet
 from localcluster.realnode import RealNode, RealNodes, missing_prerequisites
 from nodeimages import PAUSE_IMAGE, build_all, driver_image_refs, images_dir
 from nodeimages.foreign import archive_platforms, build_pause
-from realsupport import (
+from testsupport.realsupport import (
     ARM64_NODE,
     CD_LABEL,
     GPU_NODE_LABELS,

@@ -18,7 +18,7 @@ from typing import Any
 from localcluster.realnode import RealNodes
 from nodeimages import archive_platforms, build_all, driver_image_refs
 from prometheus_client.parser import text_string_to_metric_families
-from realsupport import (
+from testsupport.realsupport import (
     REAL_NODES,
     REPO,
     Kubectl,
@@ -111,8 +111,11 @@ def test_version_log_and_metric_name_the_image_labels(
                 ).returncode
                 == 0
             ), f"{binary}: image revision {revision} is not in this history"
-        pods = [p for p in kubectl.items("pods", "-n", driver, "-l", selector)
-                if p["status"].get("phase") == "Running"]  # fmt: skip
+        pods = [
+            p
+            for p in kubectl.items("pods", "-n", driver, "-l", selector)
+            if p["status"].get("phase") == "Running"
+        ]
         assert pods, f"no running {binary} pod ({selector})"
         for pod in pods:
             name = pod["metadata"]["name"]

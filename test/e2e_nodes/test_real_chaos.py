@@ -22,7 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
-from chaosreal import (
+from chaosreport import Lifecycle, report, write_report
+from localcluster import Cluster
+from localcluster.realnode import RealNodes
+from testsupport.chaosreal import (
     PHASES,
     TARGETS,
     Env,
@@ -31,10 +34,7 @@ from chaosreal import (
     run_lifecycle,
     tag_alternates,
 )
-from chaosreport import Lifecycle, report, write_report
-from localcluster import Cluster
-from localcluster.realnode import RealNodes
-from realsupport import Kubectl
+from testsupport.realsupport import Kubectl
 
 from pkg.kube.client import RestClient
 from pkg.kube.config import load_api_client
@@ -77,11 +77,19 @@ def test_real_chaos_lifecycles(
     wall = time.monotonic() - start
     assert driver_settled(env), "the driver did not settle after the suite"
     command = f"CHAOS_REAL_SEED={seed} CHAOS_REAL_LIFECYCLES={count} " + " ".join(
-        shlex.quote(a) for a in ["python", "-m", "pytest", "test/e2e_nodes/test_real_chaos.py",
-                                 "-s"])  # fmt: skip
+        shlex.quote(a)
+        for a in ["python", "-m", "pytest", "test/e2e_nodes/test_real_chaos.py", "-s"]
+    )
     missed = "e.g. no daemon process on the node within the phase's wait"
-    text = report(results, targets=TARGETS, phases=PHASES, seed=seed, command=command, wall=wall,
-                  missed_note=missed)  # fmt: skip
+    text = report(
+        results,
+        targets=TARGETS,
+        phases=PHASES,
+        seed=seed,
+        command=command,
+        wall=wall,
+        missed_note=missed,
+    )
     print(text)
     out = os.environ.get("CHAOS_REAL_REPORT")
     if out:

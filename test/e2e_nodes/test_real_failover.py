@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from realsupport import (
+from testsupport.realsupport import (
     CD_LABEL,
     REAL_NODES,
     Kubectl,
@@ -60,8 +60,9 @@ def _running_workers(kubectl: Kubectl, ns: str) -> list[dict[str, Any]] | None:
 
 def _start(kubectl: Kubectl, ns: str) -> list[dict[str, Any]]:
     kubectl("apply", "-f", "-", stdin=sample_workload(ns, WORKLOAD_CMD))
-    pods = wait_for("both workers running with their channel",
-                    lambda: _running_workers(kubectl, ns), 240, 1)  # fmt: skip
+    pods = wait_for(
+        "both workers running with their channel", lambda: _running_workers(kubectl, ns), 240, 1
+    )
     wait_for("the domain Ready with both nodes", lambda: _ready_on_both(kubectl, ns), 120)
     return pods
 
@@ -77,8 +78,12 @@ def _replace_worker(kubectl: Kubectl, ns: str, *delete_args: str) -> None:
             return None
         return pods
 
-    after = wait_for(f"the Job to replace {victim['name']} and the new worker to get its channel",
-                     replaced, 300, 1)  # fmt: skip
+    after = wait_for(
+        f"the Job to replace {victim['name']} and the new worker to get its channel",
+        replaced,
+        300,
+        1,
+    )
     survivor = before[1]["metadata"]["uid"]
     assert survivor in {p["metadata"]["uid"] for p in after}, "the other worker was replaced too"
     wait_for("the domain Ready with both nodes again", lambda: _ready_on_both(kubectl, ns), 180)
@@ -100,8 +105,17 @@ def test_force_deleted_daemons_come_back_under_a_running_job(
     daemons = kubectl.items("pods", "-n", driver, "-l", f"{CD_LABEL}={uid}")
     assert sorted(d["spec"]["nodeName"] for d in daemons) == sorted(REAL_NODES)
     old = {d["metadata"]["uid"] for d in daemons}
-    kubectl("-n", driver, "delete", "pod", "-l", f"{CD_LABEL}={uid}", "--force",
-            "--grace-period=0", "--wait=false")  # fmt: skip
+    kubectl(
+        "-n",
+        driver,
+        "delete",
+        "pod",
+        "-l",
+        f"{CD_LABEL}={uid}",
+        "--force",
+        "--grace-period=0",
+        "--wait=false",
+    )
 
     seen: list[str] = []  # the new pods as last polled: the failure message says where each was
 

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from localcluster.realnode import RealNodes
-from realsupport import (
+from testsupport.realsupport import (
     REAL_NODES,
     Kubectl,
     PodWatch,

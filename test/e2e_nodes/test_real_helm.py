@@ -24,7 +24,7 @@ import pytest
 import yaml
 from localcluster.realnode import RealNodes
 from nodeimages import driver_image_refs
-from realsupport import (
+from testsupport.realsupport import (
     FAKE_GPUS,
     KUBECTL,
     OVERLAY,
@@ -50,8 +50,9 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def helm_binary() -> str:
-    done = subprocess.run([str(REPO / "hack" / "helm.sh")], capture_output=True, text=True,
-                          check=False, timeout=1800)  # fmt: skip
+    done = subprocess.run(
+        [str(REPO / "hack" / "helm.sh")], capture_output=True, text=True, check=False, timeout=1800
+    )
     assert done.returncode == 0, f"hack/helm.sh failed:\n{done.stderr}"
     return done.stdout.strip().splitlines()[-1]
 
@@ -59,19 +60,27 @@ def helm_binary() -> str:
 def lane_values() -> dict[str, Any]:
     """The lane's own settings, in upstream's value names: our images as the nodes hold them,
     the fake driver root and /proc/devices copy, fake GPU discovery."""
-    refs = {ref.rsplit(":", 1)[0].rsplit("/", 1)[0]: ref.rsplit(":", 1)[1]
-            for ref in driver_image_refs().values()}  # fmt: skip
+    refs = {
+        ref.rsplit(":", 1)[0].rsplit("/", 1)[0]: ref.rsplit(":", 1)[1]
+        for ref in driver_image_refs().values()
+    }
     assert len(refs) == 1, f"the chart takes one repository and tag for all images: {refs}"
     [(repository, tag)] = refs.items()
     return {
         "image": {"repository": repository, "tag": tag},
         "nvidiaDriverRoot": f"{FAKE_ROOT}/driver-root",
         "altProcDevices": f"{FAKE_ROOT}/proc-devices",
-        "kubeletPlugin": {"containers": {"computeDomains": {"env": [
-            {"name": "DEVICE_DISCOVERY", "value": "fake"},
-            {"name": "FAKE_GPU_CONFIG", "value": json.dumps(FAKE_GPUS)},
-        ]}}},
-    }  # fmt: skip
+        "kubeletPlugin": {
+            "containers": {
+                "computeDomains": {
+                    "env": [
+                        {"name": "DEVICE_DISCOVERY", "value": "fake"},
+                        {"name": "FAKE_GPU_CONFIG", "value": json.dumps(FAKE_GPUS)},
+                    ]
+                }
+            }
+        },
+    }
 
 
 class Helm:
@@ -95,11 +104,21 @@ class Helm:
         return self._run([self.binary, kubeconfig, *args])
 
     def handover(self, action: str, *args: str) -> str:
-        return self._run([
-            sys.executable, str(HANDOVER), action, "--release", RELEASE, "-n", self.driver,
-            f"--kubeconfig={self.kubectl.kubeconfig}", f"--kubectl={KUBECTL}",
-            f"--helm={self.binary}", *args,
-        ])  # fmt: skip
+        return self._run(
+            [
+                sys.executable,
+                str(HANDOVER),
+                action,
+                "--release",
+                RELEASE,
+                "-n",
+                self.driver,
+                f"--kubeconfig={self.kubectl.kubeconfig}",
+                f"--kubectl={KUBECTL}",
+                f"--helm={self.binary}",
+                *args,
+            ]
+        )
 
     def installed(self) -> bool:
         out = self("list", "-n", self.driver, "-q", "--filter", f"^{RELEASE}$")
@@ -193,10 +212,15 @@ def driver_rolled(kubectl: Kubectl, driver: str) -> None:
 def assert_as_rendered(kubectl: Kubectl, driver: str) -> None:
     """The controller Deployment and plugin DaemonSet are the overlay's again: its replicas and
     containers (env, image, mounts), none of the chart's labels."""
-    rendered = {(o["kind"], o["metadata"]["name"]): o
-                for o in yaml.safe_load_all(kubectl("kustomize", str(OVERLAY))) if o}  # fmt: skip
-    for kind, name in (("Deployment", "compute-domain-controller"),
-                       ("DaemonSet", "compute-domain-kubelet-plugin")):  # fmt: skip
+    rendered = {
+        (o["kind"], o["metadata"]["name"]): o
+        for o in yaml.safe_load_all(kubectl("kustomize", str(OVERLAY)))
+        if o
+    }
+    for kind, name in (
+        ("Deployment", "compute-domain-controller"),
+        ("DaemonSet", "compute-domain-kubelet-plugin"),
+    ):
         live = kubectl.json("-n", driver, "get", f"{kind.lower()}/{name}")
         want = rendered[(kind, name)]
         assert "helm.sh/chart" not in live["metadata"].get("labels", {}), live["metadata"]
@@ -239,8 +263,7 @@ def test_helm_takes_over_and_hands_back_with_a_workload_running(
     # Upstream's values reached the objects: one replica without leader election, verbosity 4.
     assert ctrl["spec"]["replicas"] == 1
     assert env_of(ctrl)["LEADER_ELECTION_ENABLED"] == "false"
-    config = kubectl.json("-n", driver, "get", "configmap",
-                          env_of_ref(ctrl, "LOG_VERBOSITY"))  # fmt: skip
+    config = kubectl.json("-n", driver, "get", "configmap", env_of_ref(ctrl, "LOG_VERBOSITY"))
     assert config["data"]["LOG_VERBOSITY"] == "4"
     plugin = kubectl.json("-n", driver, "get", "daemonset/compute-domain-kubelet-plugin")
     assert env_of(plugin)["DEVICE_DISCOVERY"] == "fake"

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hostimex import HostImex
 from localcluster.realnode import RealNodes
-from realsupport import (
+from testsupport.hostimex import HostImex
+from testsupport.realsupport import (
     CD_LABEL,
     DRIVER_NAMESPACE,
     OVERLAY,
@@ -59,9 +59,10 @@ def _deploy(kubectl: Kubectl, overlay: Any, *, mode: str) -> None:
                 if env.get("IMEX_MODE", "driverManaged") != mode:
                     return False
         ready = [
-            p for p in plugins
+            p
+            for p in plugins
             if all(s.get("ready") for s in p["status"].get("containerStatuses", []))
-        ]  # fmt: skip
+        ]
         return len(ready) == len(REAL_NODES)
 
     wait_for(f"controller and plugins in {mode} mode", switched, timeout=180)
@@ -103,18 +104,22 @@ def test_domain_ready_without_daemons_and_pod_gets_its_channel(
     apply(kubectl, domain(namespace))
     cd = wait_for(
         "the ComputeDomain Ready",
-        lambda: (c if (c := _cd(kubectl, namespace)).get("status", {}).get("status") == "Ready"
-                 else None),
+        lambda: (
+            c if (c := _cd(kubectl, namespace)).get("status", {}).get("status") == "Ready" else None
+        ),
         timeout=60,
-    )  # fmt: skip
+    )
     assert "nodes" not in cd["status"]
     uid = cd["metadata"]["uid"]
     apply(kubectl, channel_pod(namespace, "w", node, CHANNEL_CMD))
-    wait_for("the workload Running", lambda: phase(kubectl, namespace, "w") == "Running",
-             timeout=120)  # fmt: skip
-    logs = wait_for("the workload's listing",
-                    lambda: out if "channel" in (out := kubectl("-n", namespace, "logs", "w"))
-                    else None, timeout=30)  # fmt: skip
+    wait_for(
+        "the workload Running", lambda: phase(kubectl, namespace, "w") == "Running", timeout=120
+    )
+    logs = wait_for(
+        "the workload's listing",
+        lambda: out if "channel" in (out := kubectl("-n", namespace, "logs", "w")) else None,
+        timeout=30,
+    )
     lines = [ln for ln in logs.splitlines() if "channel" in ln]
     assert len(lines) == 1 and lines[0].rstrip().endswith("channel0"), logs
     assert lines[0].startswith("c"), f"channel0 is not a character device: {lines[0]}"
@@ -140,8 +145,9 @@ def test_host_imex_not_ready_keeps_the_pod_creating(
         apply(kubectl, domain(namespace), channel_pod(namespace, "w", node, CHANNEL_CMD))
 
         def failed_prepare() -> str | None:
-            events = kubectl.items("events", "-n", namespace,
-                                   "--field-selector", "involvedObject.name=w")  # fmt: skip
+            events = kubectl.items(
+                "events", "-n", namespace, "--field-selector", "involvedObject.name=w"
+            )
             for ev in events:
                 if ev.get("reason") == "FailedPrepareDynamicResources":
                     return str(ev.get("message", ""))
@@ -162,5 +168,8 @@ def test_host_imex_not_ready_keeps_the_pod_creating(
     finally:
         hold.unlink(missing_ok=True)
     # The kubelet's next retry finds the host IMEX ready.
-    wait_for("the workload Running once the host IMEX is ready",
-             lambda: phase(kubectl, namespace, "w") == "Running", timeout=120)  # fmt: skip
+    wait_for(
+        "the workload Running once the host IMEX is ready",
+        lambda: phase(kubectl, namespace, "w") == "Running",
+        timeout=120,
+    )

@@ -17,7 +17,7 @@ from typing import Any
 from localcluster.realnode import RealNodes
 from monitoringconfig import expression_metrics, label_selector, pod_monitors
 from prometheus_client.parser import text_string_to_metric_families
-from realsupport import (
+from testsupport.realsupport import (
     REAL_NODES,
     Kubectl,
     apply,
@@ -34,8 +34,11 @@ def _port(pod: dict[str, Any], endpoint: dict[str, Any]) -> int:
     """The port a PodMonitor endpoint scrapes on ``pod``: the named container port, else
     ``portNumber``."""
     if "port" in endpoint:
-        ports = {p.get("name"): p["containerPort"] for c in pod["spec"]["containers"]
-                 for p in c.get("ports", [])}  # fmt: skip
+        ports = {
+            p.get("name"): p["containerPort"]
+            for c in pod["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
         assert endpoint["port"] in ports, (
             f"pod {pod['metadata']['name']} has no container port named {endpoint['port']!r}"
         )
@@ -91,8 +94,11 @@ def test_every_alert_and_panel_metric_is_scraped_from_live_pods(
         name = monitor["metadata"]["name"]
         (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
         selector = label_selector(monitor["spec"]["selector"])
-        pods = [p for p in kubectl.items("pods", "-n", driver, "-l", selector)
-                if p["status"].get("podIP") and p["status"].get("phase") == "Running"]  # fmt: skip
+        pods = [
+            p
+            for p in kubectl.items("pods", "-n", driver, "-l", selector)
+            if p["status"].get("podIP") and p["status"].get("phase") == "Running"
+        ]
         assert pods, f"PodMonitor {name} ({selector}) selects no running pod"
         for pod in pods:
             text = scrape(nodes, pod, _port(pod, endpoint), endpoint.get("path", "/metrics"))

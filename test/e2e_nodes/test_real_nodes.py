@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 from localcluster.realnode import RealNodes
-from realsupport import REAL_NODES, Kubectl, sample_workload, wait_for
+from testsupport.realsupport import REAL_NODES, Kubectl, sample_workload, wait_for
 
 # Long enough to see the domain Ready while the workload runs: once the Job's pods finish, their
 # claims are released and the domain shrinks back to no nodes.
@@ -85,9 +85,12 @@ def _check_daemons_hardened(kubectl: Kubectl, driver: str, uid: str) -> None:
             assert st["NoNewPrivs"] == "1", (name, proc, st)
             assert st["Seccomp"] == "2", (name, proc, st)  # SECCOMP_MODE_FILTER: RuntimeDefault
         assert seen["write"] == {
-            "/opt/probe": "EROFS", "/etc/probe": "EROFS", "/tmp/probe": "ok",
-            "/var/log/probe": "ok", "/imexd/.probe": "ok",
-        }, (name, seen)  # fmt: skip
+            "/opt/probe": "EROFS",
+            "/etc/probe": "EROFS",
+            "/tmp/probe": "ok",
+            "/var/log/probe": "ok",
+            "/imexd/.probe": "ok",
+        }, (name, seen)
         assert seen["hostsBlock"] and seen["imexCfg"], (name, seen)
 
 

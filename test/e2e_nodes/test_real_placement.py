@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from localcluster.realnode import RealNodes
-from realsupport import (
+from testsupport.realsupport import (
     CD_LABEL,
     DRIVER_NAMESPACE,
     FAKE_GPUS,
@@ -48,10 +48,20 @@ def _set_clique(kubectl: Kubectl, nodes: RealNodes, node: str, clique_id: int) -
         if p["spec"]["nodeName"] == node:
             kubectl("-n", DRIVER_NAMESPACE, "delete", "pod", p["metadata"]["name"], "--wait=true")
     want = f"{FAKE_GPUS['clusterUUID']}.{clique_id}"
-    wait_for(f"{node} to publish clique {want}",
-             lambda: _slice_cliques(kubectl).get(node) == want, timeout=120, every=1)  # fmt: skip
-    kubectl("-n", DRIVER_NAMESPACE, "rollout", "status", "daemonset/compute-domain-kubelet-plugin",
-            "--timeout=120s")  # fmt: skip
+    wait_for(
+        f"{node} to publish clique {want}",
+        lambda: _slice_cliques(kubectl).get(node) == want,
+        timeout=120,
+        every=1,
+    )
+    kubectl(
+        "-n",
+        DRIVER_NAMESPACE,
+        "rollout",
+        "status",
+        "daemonset/compute-domain-kubelet-plugin",
+        "--timeout=120s",
+    )
     return want
 
 
@@ -70,23 +80,43 @@ def _job(ns: str, cd: str) -> list[dict[str, Any]]:
     label = {"job": cd}
     pods = []
     for i in range(2):
-        pods.append({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{cd}-{i}", "namespace": ns, "labels": label},
-            "spec": {
-                "terminationGracePeriodSeconds": 1,
-                "affinity": {"podAntiAffinity": {
-                    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100,
-                        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                                            "labelSelector": {"matchLabels": label}}}]}},
-                "nodeSelector": {"nvidia.com/gpu.present": "true"},
-                "containers": [{"name": "w", "image": "busybox:1.37",
-                                "command": ["sh", "-c",
-                                            "ls /dev/nvidia-caps-imex-channels; sleep 3600"],
-                                "resources": {"claims": [{"name": "ch"}]}}],
-                "resourceClaims": [{"name": "ch", "resourceClaimTemplateName": f"{cd}-rct"}],
-            },
-        })  # fmt: skip
+        pods.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{cd}-{i}", "namespace": ns, "labels": label},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "topologyKey": "kubernetes.io/hostname",
+                                        "labelSelector": {"matchLabels": label},
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                    "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                    "containers": [
+                        {
+                            "name": "w",
+                            "image": "busybox:1.37",
+                            "command": [
+                                "sh",
+                                "-c",
+                                "ls /dev/nvidia-caps-imex-channels; sleep 3600",
+                            ],
+                            "resources": {"claims": [{"name": "ch"}]},
+                        }
+                    ],
+                    "resourceClaims": [{"name": "ch", "resourceClaimTemplateName": f"{cd}-rct"}],
+                },
+            }
+        )
     return pods
 
 
@@ -126,16 +156,20 @@ def _run(kubectl: Kubectl, ns: str, cd_name: str, opt_in: bool) -> tuple[dict[st
 
 
 def _delete(kubectl: Kubectl, ns: str, cd_name: str) -> None:
-    kubectl("-n", ns, "delete", "pod", f"{cd_name}-0", f"{cd_name}-1", "--wait=true",
-            "--timeout=120s")  # fmt: skip
+    kubectl(
+        "-n", ns, "delete", "pod", f"{cd_name}-0", f"{cd_name}-1", "--wait=true", "--timeout=120s"
+    )
     uid = kubectl.json("-n", ns, "get", f"computedomain/{cd_name}")["metadata"]["uid"]
     kubectl("-n", ns, "delete", f"computedomain/{cd_name}", "--wait=true", "--timeout=120s")
 
     def nothing_left() -> bool:
         left = kubectl.items("resourceclaims", "-n", ns)
         left += kubectl.items("pods", "-n", DRIVER_NAMESPACE, "-l", f"{CD_LABEL}={uid}")
-        left += [n for n in kubectl.items("nodes")
-                 if n["metadata"].get("labels", {}).get(CD_LABEL) == uid]  # fmt: skip
+        left += [
+            n
+            for n in kubectl.items("nodes")
+            if n["metadata"].get("labels", {}).get(CD_LABEL) == uid
+        ]
         return not left
 
     wait_for(f"nothing of {cd_name} left", nothing_left, 120, 1)

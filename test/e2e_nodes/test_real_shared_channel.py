@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from realsupport import (
+from testsupport.realsupport import (
     CD_LABEL,
     DRIVER_NAMESPACE,
     REAL_NODES,
@@ -85,8 +85,12 @@ def test_two_pods_per_node_share_the_channel_and_outlive_a_sibling(
     apply(kubectl, domain(ns))
     apply(kubectl, *(channel_pod(ns, name, node, WORKLOAD_CMD) for name, node in PODS))
     names = [name for name, _ in PODS]
-    before = wait_for("four pods Running with their channel", lambda: _running(kubectl, ns, names),
-                      timeout=180, every=1)  # fmt: skip
+    before = wait_for(
+        "four pods Running with their channel",
+        lambda: _running(kubectl, ns, names),
+        timeout=180,
+        every=1,
+    )
     [cd] = kubectl.items("computedomains.resource.nvidia.com", "-n", ns)
     uid = cd["metadata"]["uid"]
 
@@ -99,30 +103,41 @@ def test_two_pods_per_node_share_the_channel_and_outlive_a_sibling(
     # One daemon and one label per node; the channel tainted for this domain on both.
     daemons = kubectl.items("pods", "-n", driver, "-l", f"{CD_LABEL}={uid}")
     assert sorted(d["spec"]["nodeName"] for d in daemons) == sorted(REAL_NODES)
-    labels = {n["metadata"]["name"]: n["metadata"]["labels"].get(CD_LABEL)
-              for n in kubectl.items("nodes") if n["metadata"]["name"] in REAL_NODES}  # fmt: skip
+    labels = {
+        n["metadata"]["name"]: n["metadata"]["labels"].get(CD_LABEL)
+        for n in kubectl.items("nodes")
+        if n["metadata"]["name"] in REAL_NODES
+    }
     assert labels == dict.fromkeys(REAL_NODES, uid)
     taints = {node: d.get("taints") for node, d in channel_devices(kubectl).items()}
     for node in REAL_NODES:
         [taint] = taints[node] or [{}]
         assert (taint.get("key"), taint.get("value"), taint.get("effect")) == (
-            CD_LABEL, uid, "NoSchedule",
-        ), taints  # fmt: skip
+            CD_LABEL,
+            uid,
+            "NoSchedule",
+        ), taints
 
     # A pod of another domain pinned to a node in use is kept away by the channel's taint: it
     # stays unscheduled (as with upstream's exclusive channel), it never waits on the node.
     apply(kubectl, domain(ns, "other"))
     outsider = channel_pod(ns, "outsider", REAL_NODES[0], WORKLOAD_CMD, rct="other-rct")
     apply(kubectl, outsider)
-    wait_for("the other domain's pod unschedulable",
-             lambda: _unschedulable(kubectl, ns, "outsider"), timeout=60)  # fmt: skip
+    wait_for(
+        "the other domain's pod unschedulable",
+        lambda: _unschedulable(kubectl, ns, "outsider"),
+        timeout=60,
+    )
 
     # One pod deleted mid-run: its sibling on the node and the other node's pods run on.
     victim, node = PODS[0]
     daemon_before = daemon_pod(kubectl, driver, uid, node)
     kubectl("-n", ns, "delete", "pod", victim, "--wait=true", "--timeout=120s")
-    wait_for(f"{victim}'s claim to be released",
-             lambda: len(kubectl.items("resourceclaims", "-n", ns)) == 4, timeout=60)  # fmt: skip
+    wait_for(
+        f"{victim}'s claim to be released",
+        lambda: len(kubectl.items("resourceclaims", "-n", ns)) == 4,
+        timeout=60,
+    )
     survivors = [n for n in names if n != victim]
     after = _running(kubectl, ns, survivors)
     assert after is not None, "a sibling stopped running when one pod was deleted"
@@ -144,14 +159,27 @@ def test_two_pods_per_node_share_the_channel_and_outlive_a_sibling(
 
     # The domain's last pods gone, the node is free: the other domain's pod runs there.
     kubectl("-n", ns, "delete", "pods", *survivors, "--wait=true", "--timeout=120s")
-    wait_for("the other domain's pod Running with its channel",
-             lambda: _running(kubectl, ns, ["outsider"]), timeout=120, every=1)  # fmt: skip
+    wait_for(
+        "the other domain's pod Running with its channel",
+        lambda: _running(kubectl, ns, ["outsider"]),
+        timeout=120,
+        every=1,
+    )
 
     # Deletion leaves nothing.
     kubectl("-n", ns, "delete", "pod", "outsider", "--wait=true", "--timeout=120s")
     other_uid = kubectl.json("-n", ns, "get", "computedomain/other")["metadata"]["uid"]
-    kubectl("-n", ns, "delete", "computedomain/cd", "computedomain/other", "--wait=true",
-            "--timeout=120s")  # fmt: skip
-    wait_for("nothing of either domain left",
-             lambda: not _left(kubectl, ns, uid) and not _left(kubectl, ns, other_uid),
-             timeout=120)  # fmt: skip
+    kubectl(
+        "-n",
+        ns,
+        "delete",
+        "computedomain/cd",
+        "computedomain/other",
+        "--wait=true",
+        "--timeout=120s",
+    )
+    wait_for(
+        "nothing of either domain left",
+        lambda: not _left(kubectl, ns, uid) and not _left(kubectl, ns, other_uid),
+        timeout=120,
+    )

@@ -44,7 +44,7 @@ from localcluster import bin_dir, hostnet
 from localcluster.processes import ClusterError
 from localcluster.realnode import missing_prerequisites
 from nodeimages import build_all
-from realsupport import REAL_NODES, REPO, Kubectl
+from testsupport.realsupport import REAL_NODES, REPO, Kubectl
 
 from pkg.testing.eventually import eventually
 
@@ -161,13 +161,18 @@ class HostState:
 
     def changes_since(self, before: HostState) -> list[str]:
         now = _namespaces()
-        out = [f"namespace {ns} of pid {now[ns]} ({_argv(now[ns])})" for ns in
-               sorted(set(now) - before.namespaces)]  # fmt: skip
+        out = [
+            f"namespace {ns} of pid {now[ns]} ({_argv(now[ns])})"
+            for ns in sorted(set(now) - before.namespaces)
+        ]
         out += [f"cgroup {c}" for c in sorted(self.cgroups - before.cgroups)]
         out += [f"link {n}" for n in sorted(self.links - before.links)]
         out += [f"mount {m}" for m in sorted(self.mounts - before.mounts)]
-        out += [f"sysctl {t} is {v}, was {before.tunables.get(t)}"
-                for t, v in self.tunables.items() if v != before.tunables.get(t)]  # fmt: skip
+        out += [
+            f"sysctl {t} is {v}, was {before.tunables.get(t)}"
+            for t, v in self.tunables.items()
+            if v != before.tunables.get(t)
+        ]
         out += [f"binfmt handler {h}" for h in self.binfmt if h not in before.binfmt]
         if self.binfmt_mounted and not before.binfmt_mounted:
             out.append(f"mount {binfmt.BINFMT_MISC}")
@@ -234,10 +239,14 @@ class Lane:
         with log.open("wb") as out:
             child = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CHILD],
-                cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
                 preexec_fn=_term_with_parent,  # noqa: PLW1509
-            )  # fmt: skip
+            )
         return cls(child=child, tag=tag, log=log, workdirs_before=workdirs)
 
     def log_tail(self, lines: int = 60) -> str:

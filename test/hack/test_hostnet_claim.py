@@ -12,10 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
 CLAIM = """
 import sys, time
-sys.path[:0] = [{repo!r}, {hack!r}]
 from localcluster import hostnet
 from localcluster.processes import ClusterError
 try:
@@ -30,9 +28,8 @@ time.sleep(float(sys.argv[1]))
 
 
 def _claimant(tmp: Path, hold: float) -> subprocess.Popen[str]:
-    code = CLAIM.format(repo=str(REPO), hack=str(REPO / "hack"))
     return subprocess.Popen(
-        [sys.executable, "-c", code, str(hold)],
+        [sys.executable, "-c", CLAIM, str(hold)],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "CD_E2E_CACHE": str(tmp)},

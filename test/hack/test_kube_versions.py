@@ -23,13 +23,20 @@ def _bin_dir(tmp_path: Path, version: str | None) -> subprocess.CompletedProcess
     env["CD_E2E_CACHE"] = str(tmp_path)
     if version is not None:
         env["K8S_VERSION"] = version
-    return subprocess.run([str(SCRIPT), "--print-bin-dir"], env=env, capture_output=True,
-                          text=True, check=False, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [str(SCRIPT), "--print-bin-dir"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
 
 
 def test_default_build_is_hack_kube(tmp_path: Path) -> None:
-    pinned = re.search(r"^require k8s\.io/kubernetes (v\S+)$",
-                       (REPO / "hack/kube/go.mod").read_text(), re.M)  # fmt: skip
+    pinned = re.search(
+        r"^require k8s\.io/kubernetes (v\S+)$", (REPO / "hack/kube/go.mod").read_text(), re.M
+    )
     assert pinned is not None
     done = _bin_dir(tmp_path, None)
     assert done.returncode == 0, done.stderr
@@ -62,7 +69,8 @@ def test_the_1_32_module_pins_one_release_throughout() -> None:
     assert len(replaces) > 25
     assert all(old == new and v == "v0.32.9" for old, new, v in replaces), replaces
     assert (REPO / "hack/kube-1.32/tools.go").read_text() == (
-        REPO / "hack/kube/tools.go").read_text()  # fmt: skip
+        REPO / "hack/kube/tools.go"
+    ).read_text()
 
 
 def test_dra_is_turned_on_before_1_34() -> None:

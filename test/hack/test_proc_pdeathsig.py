@@ -12,14 +12,11 @@ from pathlib import Path
 
 from localcluster.processes import Proc, pid_alive
 
-HACK = Path(__file__).resolve().parents[2] / "hack"
-
 STARTER = """
 import sys, time
-sys.path.insert(0, sys.argv[1])
 from pathlib import Path
 from localcluster.processes import Proc
-p = Proc.spawn("sleeper", ["/bin/sleep", "60"], Path(sys.argv[2]))
+p = Proc.spawn("sleeper", ["/bin/sleep", "60"], Path(sys.argv[1]))
 print(p.pid, flush=True)
 time.sleep(60)
 """
@@ -27,7 +24,7 @@ time.sleep(60)
 
 def test_a_spawned_component_dies_with_its_parent(tmp_path: Path) -> None:
     parent = subprocess.Popen(
-        [sys.executable, "-c", STARTER, str(HACK), str(tmp_path)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", STARTER, str(tmp_path)], stdout=subprocess.PIPE, text=True
     )
     try:
         assert parent.stdout is not None

@@ -58,8 +58,11 @@ def test_sigterm_runs_session_teardown(tmp_path: Path, install: bool) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "hack")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(suite)],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         eventually((tmp_path / "setup").exists, 30, what="the session fixture ran")
         time.sleep(0.2)  # inside the test's sleep

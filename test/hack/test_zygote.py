@@ -56,11 +56,23 @@ def script(tmp_path: Path) -> Path:
 def test_forked_container_gets_argv_env_cwd_own_session_and_its_exit_code(
     zygote: Zygote, tmp_path: Path
 ) -> None:
-    spec = ProcessSpec([sys.executable, str(script(tmp_path)), "3"], {"FOO": "bar"}, tmp_path,
-                       tmp_path / "c.log", zygote=zygote)  # fmt: skip
+    spec = ProcessSpec(
+        [sys.executable, str(script(tmp_path)), "3"],
+        {"FOO": "bar"},
+        tmp_path,
+        tmp_path / "c.log",
+        zygote=zygote,
+    )
     c = LocalContainer(spec)
-    sleeper = LocalContainer(ProcessSpec([sys.executable, str(script(tmp_path)), "sleep"], {},
-                                         tmp_path, tmp_path / "s.log", zygote=zygote))  # fmt: skip
+    sleeper = LocalContainer(
+        ProcessSpec(
+            [sys.executable, str(script(tmp_path)), "sleep"],
+            {},
+            tmp_path,
+            tmp_path / "s.log",
+            zygote=zygote,
+        )
+    )
     with pytest.raises(subprocess.TimeoutExpired):
         sleeper._popen.wait(0.2)
     sleeper.stop(5)
@@ -69,8 +81,15 @@ def test_forked_container_gets_argv_env_cwd_own_session_and_its_exit_code(
 
 
 def test_stop_signals_the_forked_process_group(zygote: Zygote, tmp_path: Path) -> None:
-    c = LocalContainer(ProcessSpec([sys.executable, str(script(tmp_path)), "sleep"], {},
-                                   tmp_path, tmp_path / "s.log", zygote=zygote))  # fmt: skip
+    c = LocalContainer(
+        ProcessSpec(
+            [sys.executable, str(script(tmp_path)), "sleep"],
+            {},
+            tmp_path,
+            tmp_path / "s.log",
+            zygote=zygote,
+        )
+    )
     assert c.exit_code() is None
     assert c.stop(5) == -signal.SIGTERM
 
@@ -78,16 +97,27 @@ def test_stop_signals_the_forked_process_group(zygote: Zygote, tmp_path: Path) -
 def test_exec_probe_through_the_zygote_reports_exit_output_and_timeout(
     zygote: Zygote, tmp_path: Path
 ) -> None:
-    c = LocalContainer(ProcessSpec([sys.executable, str(script(tmp_path)), "sleep"], {"FOO": "x"},
-                                   tmp_path, tmp_path / "s.log", zygote=zygote))  # fmt: skip
+    c = LocalContainer(
+        ProcessSpec(
+            [sys.executable, str(script(tmp_path)), "sleep"],
+            {"FOO": "x"},
+            tmp_path,
+            tmp_path / "s.log",
+            zygote=zygote,
+        )
+    )
     try:
         prog = str(script(tmp_path))
         assert c.exec_probe([sys.executable, prog, "0"], timeout=10) == (
-            True, f"['0'] x {tmp_path} True")  # fmt: skip
+            True,
+            f"['0'] x {tmp_path} True",
+        )
         ok, out = c.exec_probe([sys.executable, prog, "1"], timeout=10)
         assert not ok and out.startswith("['1']")
         assert c.exec_probe([sys.executable, prog, "sleep"], timeout=0.5) == (
-            False, "probe timed out after 0.5s")  # fmt: skip
+            False,
+            "probe timed out after 0.5s",
+        )
     finally:
         c.stop(5)
 
@@ -105,8 +135,11 @@ def test_a_client_that_hangs_up_before_its_pid_does_not_take_the_server_down(
         msg = json.dumps({"argv": [prog, "sleep"], "env": {}, "cwd": str(tmp_path)}).encode()
         socket.send_fds(conn, [msg + b"\n"], [0, 1, 2])
         conn.close()
-    c = LocalContainer(ProcessSpec([sys.executable, prog, "4"], {}, tmp_path,
-                                   tmp_path / "after.log", zygote=zygote))  # fmt: skip
+    c = LocalContainer(
+        ProcessSpec(
+            [sys.executable, prog, "4"], {}, tmp_path, tmp_path / "after.log", zygote=zygote
+        )
+    )
     deadline = time.monotonic() + 10
     while c.exit_code() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -119,8 +152,15 @@ def test_a_program_whose_fork_server_died_is_ended_not_leaked(
     """The server reports each program's exit; when it dies, nothing would ever end its
     programs (own sessions): a run once left 12 daemons polling a deleted cluster."""
     z = Zygote(tmp_path / "z.sock", preload=["json"]).start(tmp_path / "zygote.log")
-    c = LocalContainer(ProcessSpec([sys.executable, str(script(tmp_path)), "sleep"], {},
-                                   tmp_path, tmp_path / "s.log", zygote=z))  # fmt: skip
+    c = LocalContainer(
+        ProcessSpec(
+            [sys.executable, str(script(tmp_path)), "sleep"],
+            {},
+            tmp_path,
+            tmp_path / "s.log",
+            zygote=z,
+        )
+    )
     pid = c.pid
     assert _running(pid)
     assert z._server is not None
@@ -164,21 +204,37 @@ def test_milestones_come_from_watch_harness_and_spans() -> None:
         name: str, sid: str, parent: str | None, start: float, end: float
     ) -> dict[str, object]:
         iso = "1970-01-01T00:00:{:06.3f}Z".format
-        return {"name": name, "context": {"span_id": sid, "trace_id": "0x1"},
-                "parent_id": parent, "start_time": iso(start), "end_time": iso(end),
-                "attributes": {"k8s.node.name": "n1"}}  # fmt: skip
+        return {
+            "name": name,
+            "context": {"span_id": sid, "trace_id": "0x1"},
+            "parent_id": parent,
+            "start_time": iso(start),
+            "end_time": iso(end),
+            "attributes": {"k8s.node.name": "n1"},
+        }
 
-    spans = [span("prepare channel claim", "a", None, 1.0, 9.0),
-             span("label node", "b", "a", 1.0, 1.5),
-             span("IMEX daemon", "c", None, 4.0, 7.0), span("join", "d", "c", 4.0, 4.5),
-             span("start IMEX", "e", "c", 4.5, 5.0),
-             span("IMEX ready on the node", "g", "c", 6.2, 6.3),
-             span("IMEX ready", "f", "c", 5.0, 7.0)]  # fmt: skip
+    spans = [
+        span("prepare channel claim", "a", None, 1.0, 9.0),
+        span("label node", "b", "a", 1.0, 1.5),
+        span("IMEX daemon", "c", None, 4.0, 7.0),
+        span("join", "d", "c", 4.0, 4.5),
+        span("start IMEX", "e", "c", 4.5, 5.0),
+        span("IMEX ready on the node", "g", "c", 6.2, 6.3),
+        span("IMEX ready", "f", "c", 5.0, 7.0),
+    ]
     workload = [PodTimes("ns", "cd-0", node="n1", bound=0.5, ready=10.0)]
     daemons = [PodTimes("drv", "d-1", node="n1", seen=2.0, bound=2.5, ip=4.2)]
-    harness = {"n1": {"prepare_start": 1.0, "final_attempt_start": 1.0, "prepare_end": 9.0,
-                      "daemon_prepare_start": 3.0, "daemon_prepare_end": 3.5,
-                      "daemon_process": 3.8, "imex_listening": 6.0}}  # fmt: skip
+    harness = {
+        "n1": {
+            "prepare_start": 1.0,
+            "final_attempt_start": 1.0,
+            "prepare_end": 9.0,
+            "daemon_prepare_start": 3.0,
+            "daemon_prepare_end": 3.5,
+            "daemon_process": 3.8,
+            "imex_listening": 6.0,
+        }
+    }
     (f,) = formations(spans, workload, daemons, harness)
     # Ready is signalled by the earlier of the node-local record and the entry.
     assert f.milestones["labelled"] == 1.5 and f.milestones["imex_ready"] == 6.3
@@ -202,9 +258,14 @@ def test_a_node_the_controller_labelled_waits_for_the_driver_from_binding_not_fo
 
     def label_span(end: float) -> dict[str, object]:
         iso = "1970-01-01T00:00:{:06.3f}Z".format
-        return {"name": "label node", "context": {"span_id": "b", "trace_id": "0x1"},
-                "parent_id": "a", "start_time": iso(1.0), "end_time": iso(end),
-                "attributes": {"k8s.node.name": "n1"}}  # fmt: skip
+        return {
+            "name": "label node",
+            "context": {"span_id": "b", "trace_id": "0x1"},
+            "parent_id": "a",
+            "start_time": iso(1.0),
+            "end_time": iso(end),
+            "attributes": {"k8s.node.name": "n1"},
+        }
 
     attempt = {
         "name": "prepare channel claim",
@@ -217,21 +278,29 @@ def test_a_node_the_controller_labelled_waits_for_the_driver_from_binding_not_fo
     workload = [PodTimes("ns", "cd-0", node="n1", bound=0.5, ready=10.0)]
     harness = {"n1": {"prepare_start": 1.0}}
     for watched, driver in ((0.3, 0.0), (0.8, 0.3)):  # before / after the binding
-        (f,) = formations([attempt, label_span(1.5)], workload, [], harness,
-                          labelled={"n1": watched}, daemon_set=0.2)  # fmt: skip
+        (f,) = formations(
+            [attempt, label_span(1.5)],
+            workload,
+            [],
+            harness,
+            labelled={"n1": watched},
+            daemon_set=0.2,
+        )
         stages = f.stage_seconds()
         assert f.milestones["labelled"] == watched
         assert stages[STAGES[0][0]] == 0.0
         assert stages[STAGES[1][0]] == pytest.approx(driver)
     # The plugin wrote it first (the watch saw it later), but the DaemonSet came later still.
-    (f,) = formations([attempt, label_span(1.5)], workload, [], harness, labelled={"n1": 1.8},
-                      daemon_set=1.7)  # fmt: skip
+    (f,) = formations(
+        [attempt, label_span(1.5)], workload, [], harness, labelled={"n1": 1.8}, daemon_set=1.7
+    )
     assert f.milestones["labelled"] == 1.7 and f.milestones["label_start"] == 1.0
 
 
 def test_a_missing_milestone_leaves_its_time_unattributed_not_lost() -> None:
-    node = NodeFormation("n1", {"bound": 0.0, "label_start": 1.0, "daemon_created": 4.0,
-                                "pod_ready": 10.0})  # fmt: skip
+    node = NodeFormation(
+        "n1", {"bound": 0.0, "label_start": 1.0, "daemon_created": 4.0, "pod_ready": 10.0}
+    )
     stages = node.stage_seconds()
     assert stages[STAGES[0][0]] == 1.0
     assert stages[UNATTRIBUTED] == 9.0  # labelled and everything after daemon_created missing
@@ -250,8 +319,15 @@ def test_zclient_runs_a_script_forked_by_the_zygote_with_its_exit_code(
     zygote: Zygote, zclient: Path, tmp_path: Path
 ) -> None:
     env = {"FOO": "z", ZYGOTE_ENV: str(zygote.socket_path)}
-    out = subprocess.run([str(zclient), str(script(tmp_path)), "4"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    out = subprocess.run(
+        [str(zclient), str(script(tmp_path)), "4"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert out.returncode == 4
     assert out.stdout.strip() == f"['4'] z {tmp_path} True"
 
@@ -262,8 +338,9 @@ def test_zclient_forwards_sigterm_and_its_death_kills_the_program(
     env = {ZYGOTE_ENV: str(zygote.socket_path)}
     pidfile = tmp_path / "pid"
     prog = tmp_path / "pid.py"
-    prog.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
-                    "time.sleep(60)\n")  # fmt: skip
+    prog.write_text(
+        f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+    )
     for sig, expect in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
         pidfile.unlink(missing_ok=True)
         proc = subprocess.Popen([str(zclient), str(prog)], env=env)
@@ -282,9 +359,15 @@ def test_zclient_forwards_sigterm_and_its_death_kills_the_program(
 def test_zclient_without_a_zygote_runs_the_script_with_python(
     zclient: Path, tmp_path: Path
 ) -> None:
-    out = subprocess.run([str(zclient), str(script(tmp_path)), "0"], env={"FOO": "p"},
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                         check=False)  # fmt: skip
+    out = subprocess.run(
+        [str(zclient), str(script(tmp_path)), "0"],
+        env={"FOO": "p"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0 and out.stdout.startswith("['0'] p")
 
 

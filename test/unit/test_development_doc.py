@@ -21,6 +21,10 @@ def test_every_path_named_in_the_development_map_exists() -> None:
 
 def test_the_map_covers_every_component_and_shared_module() -> None:
     text = DOC.read_text()
-    for module in ("pkg/api/daemonentry.py", "pkg/api/daemoncontract.py",
-                   "pkg/reconcilers/conditions.py", "pkg/testing/eventually.py"):  # fmt: skip
+    for module in (
+        "pkg/api/daemonentry.py",
+        "pkg/api/daemoncontract.py",
+        "pkg/reconcilers/conditions.py",
+        "pkg/testing/eventually.py",
+    ):
         assert f"`{module}`" in text, module

@@ -36,21 +36,38 @@ def test_required_nodes_is_at_least_one() -> None:
 
 
 def test_set_condition_moves_transition_time_only_on_flips() -> None:
-    one = set_condition([], type_="Ready", status=False, reason="A", message="m",
-                        observed_generation=1, now="T1")  # fmt: skip
-    two = set_condition(one, type_="Ready", status=False, reason="B", message="n",
-                        observed_generation=2, now="T2")  # fmt: skip
-    three = set_condition(two, type_="Ready", status=True, reason="C", message="o",
-                          observed_generation=2, now="T3")  # fmt: skip
+    one = set_condition(
+        [], type_="Ready", status=False, reason="A", message="m", observed_generation=1, now="T1"
+    )
+    two = set_condition(
+        one, type_="Ready", status=False, reason="B", message="n", observed_generation=2, now="T2"
+    )
+    three = set_condition(
+        two, type_="Ready", status=True, reason="C", message="o", observed_generation=2, now="T3"
+    )
     assert [c["lastTransitionTime"] for c in (one[0], two[0], three[0])] == ["T1", "T1", "T3"]
     assert (two[0]["reason"], two[0]["observedGeneration"]) == ("B", 2)
-    other = set_condition(three, type_="Degraded", status=False, reason="X", message="",
-                          observed_generation=2, now="T4")  # fmt: skip
+    other = set_condition(
+        three,
+        type_="Degraded",
+        status=False,
+        reason="X",
+        message="",
+        observed_generation=2,
+        now="T4",
+    )
     assert [c["type"] for c in other] == ["Degraded", "Ready"]
     assert find_condition(other, "Ready") == three[0]
 
 
 def test_long_messages_are_truncated_to_fit_the_crd() -> None:
-    (cond,) = set_condition([], type_="Ready", status=True, reason="R", message="m" * 40000,
-                            observed_generation=1, now="T")  # fmt: skip
+    (cond,) = set_condition(
+        [],
+        type_="Ready",
+        status=True,
+        reason="R",
+        message="m" * 40000,
+        observed_generation=1,
+        now="T",
+    )
     assert len(cond["message"]) == 32000

@@ -26,16 +26,22 @@ PLAIN = DaemonEntry("n1", "10.0.0.2", "cl.1", 1)
 def test_round_trip(layout: Layout, entry: DaemonEntry) -> None:
     decoded = DaemonEntry.decode(entry.encode(layout), layout)
     if layout == "status":  # status.nodes[] never carries the peer report
-        entry = DaemonEntry(entry.node_name, entry.ip_address, entry.clique_id, entry.index,
-                            entry.status)  # fmt: skip
+        entry = DaemonEntry(
+            entry.node_name, entry.ip_address, entry.clique_id, entry.index, entry.status
+        )
     assert decoded == entry
 
 
 def test_wire_shape_is_upstreams_plus_the_peer_report_in_cliques_only() -> None:
     assert REPORTED.encode("clique") == {
-        "nodeName": "n0", "ipAddress": "10.0.0.1", "cliqueID": "cl.1", "index": 0,
-        "status": "Ready", "connectedPeers": 2, "unreachablePeers": ["n2"],
-    }  # fmt: skip
+        "nodeName": "n0",
+        "ipAddress": "10.0.0.1",
+        "cliqueID": "cl.1",
+        "index": 0,
+        "status": "Ready",
+        "connectedPeers": 2,
+        "unreachablePeers": ["n2"],
+    }
     assert REPORTED.encode("status") == {
         "name": "n0",
         "ipAddress": "10.0.0.1",
@@ -54,8 +60,13 @@ def test_decoding_defaults_and_malformed_items() -> None:
     assert odd is not None and (odd.index, odd.connected_peers) == (-1, None)
     clique = {"daemons": [{"nodeName": "a"}, {"noname": True}, "junk", {"nodeName": ""}]}
     assert [e.node_name for e in clique_daemons(clique)] == ["a"]
-    status = {"nodes": [{"name": "a", "ipAddress": "1", "cliqueID": "", "index": -1},
-                        {"noname": True}, "junk"]}  # fmt: skip
+    status = {
+        "nodes": [
+            {"name": "a", "ipAddress": "1", "cliqueID": "", "index": -1},
+            {"noname": True},
+            "junk",
+        ]
+    }
     (a,) = status_nodes(status)
     assert (a.node_name, a.status, a.index) == ("a", "NotReady", -1)
     assert status_nodes(None) == [] and clique_daemons(None) == []

@@ -26,8 +26,11 @@ def test_a_published_record_reads_back_while_its_writer_holds_the_lock(tmp_path:
     assert pub.acquire()
     assert pub.publish(REC)
     assert json.loads((tmp_path / "d" / FILE_NAME).read_text()) == {
-        "domainUID": "uid-1", "nodeName": "node-a", "ipAddress": "10.0.0.1", "status": "Ready",
-    }  # fmt: skip
+        "domainUID": "uid-1",
+        "nodeName": "node-a",
+        "ipAddress": "10.0.0.1",
+        "status": "Ready",
+    }
     assert localready.read(tmp_path / "d") == REC
     assert pub.withdraw() and localready.read(tmp_path / "d") is None
     assert not pub.withdraw()  # idempotent
@@ -73,9 +76,13 @@ def test_a_second_writer_cannot_take_the_lock_and_a_new_one_withdraws_the_old_re
 def test_malformed_or_not_ready_records_are_ignored(tmp_path: Path) -> None:
     pub = Publisher(tmp_path)
     assert pub.acquire()
-    for raw in ("", "{", "[]", '{"status": "NotReady", "domainUID": "u", "nodeName": "n", '
-                '"ipAddress": "i"}', '{"status": "Ready", "domainUID": 1, "nodeName": "n", '
-                '"ipAddress": "i"}'):  # fmt: skip
+    for raw in (
+        "",
+        "{",
+        "[]",
+        '{"status": "NotReady", "domainUID": "u", "nodeName": "n", "ipAddress": "i"}',
+        '{"status": "Ready", "domainUID": 1, "nodeName": "n", "ipAddress": "i"}',
+    ):
         (tmp_path / FILE_NAME).write_text(raw)
         assert localready.read(tmp_path) is None, raw
     assert (tmp_path / LOCK_NAME).exists()
@@ -155,8 +162,9 @@ def test_a_directory_or_oversized_record_does_not_count(tmp_path: Path) -> None:
     assert call() is None
     assert isinstance(seen[-1][1], UnsafeFileError) and seen[-1][1].kind == "not a regular file"
     (tmp_path / FILE_NAME).rmdir()
-    body = json.dumps({"domainUID": "uid-1", "nodeName": "node-a", "ipAddress": "10.0.0.1",
-                       "status": "Ready"})  # fmt: skip
+    body = json.dumps(
+        {"domainUID": "uid-1", "nodeName": "node-a", "ipAddress": "10.0.0.1", "status": "Ready"}
+    )
     (tmp_path / FILE_NAME).write_text(body + " " * (MAX_RECORD_BYTES - len(body) + 1))
     assert call() is None
     assert isinstance(seen[-1][1], UnsafeFileError) and seen[-1][1].kind == "too large"
@@ -174,9 +182,11 @@ def test_a_symlinked_lock_or_directory_does_not_count(tmp_path: Path) -> None:
     other = _live_daemon(tmp_path / "other")
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / LOCK_NAME).symlink_to(tmp_path / "other" / LOCK_NAME)
-    (tmp_path / "d" / FILE_NAME).write_text(json.dumps({
-        "domainUID": "uid-1", "nodeName": "node-a", "ipAddress": "10.0.0.1", "status": "Ready"
-    }))  # fmt: skip
+    (tmp_path / "d" / FILE_NAME).write_text(
+        json.dumps(
+            {"domainUID": "uid-1", "nodeName": "node-a", "ipAddress": "10.0.0.1", "status": "Ready"}
+        )
+    )
     seen, call = _reader(tmp_path / "d")
     assert call() is None
     assert [(p.name, e.kind) for p, e in seen if isinstance(e, UnsafeFileError)] == [

@@ -91,16 +91,18 @@ def test_a_symlink_is_not_followed(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "lf").symlink_to(tmp_path / "fifo")
     refused(
-        lambda: read_untrusted_file(tmp_path / "lf", max_bytes=CAP), "a symlink",
+        lambda: read_untrusted_file(tmp_path / "lf", max_bytes=CAP),
+        "a symlink",
         unblock=tmp_path / "fifo",
-    )  # fmt: skip
+    )
 
 
 def test_a_fifo_returns_at_once_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "f"
     os.mkfifo(fifo)  # no writer: a plain open() would wait forever
-    msg = refused(lambda: read_untrusted_file(fifo, max_bytes=CAP), "not a regular file",
-                  unblock=fifo)  # fmt: skip
+    msg = refused(
+        lambda: read_untrusted_file(fifo, max_bytes=CAP), "not a regular file", unblock=fifo
+    )
     assert "FIFO" in msg
 
 

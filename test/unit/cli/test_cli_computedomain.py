@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from testsupport.cliseed import NS, seed_domain
 
 from pkg.api import constants as c
 from pkg.cli.computedomain import age, run
@@ -17,75 +18,7 @@ from pkg.kube import resources as res
 from pkg.kube.errors import ForbiddenError
 from pkg.testing.fakeapiserver import FakeApiServer
 
-NS, DRIVER_NS = "team", "nvidia-dra-driver"
 NOW = 1_700_000_600.0
-
-
-def seed_domain(api: FakeApiServer) -> str:
-    cd = api.seed(res.COMPUTE_DOMAINS, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "train", "namespace": NS},
-        "spec": {"numNodes": 3, "channel": {"resourceClaimTemplate": {"name": "imex-ch"}}},
-    })  # fmt: skip
-    uid = str(cd["metadata"]["uid"])
-    cd["status"] = {
-        "status": "NotReady", "readyNodes": 2, "nodeCount": 3,
-        "nodes": [
-            {"name": "gpu-1", "ipAddress": "10.0.0.1", "cliqueID": "cl.0", "index": 0, "status": "Ready"},
-            {"name": "gpu-2", "ipAddress": "10.0.0.2", "cliqueID": "cl.0", "index": 1, "status": "Ready"},
-            {"name": "gpu-5", "ipAddress": "10.0.0.5", "cliqueID": "cl.1", "index": 0, "status": "NotReady"},
-        ],
-        "conditions": [
-            {"type": "Ready", "status": "False", "reason": "DaemonsNotReady",
-             "message": "2/3 nodes ready; waiting for: gpu-5", "lastTransitionTime": "2023-11-14T22:13:20Z"},
-            {"type": "SingleClique", "status": "False", "reason": "MultipleCliques",
-             "message": "the domain's nodes span 2 NVLink cliques (clique cl.0: gpu-1, gpu-2; clique cl.1: gpu-5)",
-             "lastTransitionTime": "2023-11-14T22:13:20Z"},
-        ],
-    }  # fmt: skip
-    api.client().update(res.COMPUTE_DOMAINS, cd, subresource="status")
-    for cid, daemons in (("cl.0", [
-        {"nodeName": "gpu-1", "ipAddress": "10.0.0.1", "cliqueID": "cl.0", "index": 0,
-         "status": "Ready", "connectedPeers": 0, "unreachablePeers": ["gpu-2"]},
-        {"nodeName": "gpu-2", "ipAddress": "10.0.0.2", "cliqueID": "cl.0", "index": 1,
-         "status": "Ready", "connectedPeers": 1, "unreachablePeers": []},
-    ]), ("cl.1", [{"nodeName": "gpu-5", "ipAddress": "10.0.0.5", "cliqueID": "cl.1", "index": 0,
-                   "status": "NotReady"}])):  # fmt: skip
-        api.seed(res.COMPUTE_DOMAIN_CLIQUES, {
-            "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-            "metadata": {"name": f"{uid}.{cid}", "namespace": DRIVER_NS,
-                         "labels": {c.COMPUTE_DOMAIN_LABEL: uid, c.CLIQUE_ID_LABEL: cid}},
-            "daemons": daemons,
-        })  # fmt: skip
-    for node in ("gpu-1", "gpu-2", "gpu-5"):
-        api.seed(res.PODS, {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"train-daemon-{node}", "namespace": DRIVER_NS,
-                         "labels": {c.COMPUTE_DOMAIN_LABEL: uid}},
-            "spec": {"nodeName": node, "containers": [{"name": "compute-domain-daemon"}]},
-            "status": {"phase": "Running", "containerStatuses": [
-                {"name": "compute-domain-daemon", "ready": node != "gpu-5", "restartCount": 2 if node == "gpu-5" else 0,
-                 "state": {"waiting": {"reason": "CrashLoopBackOff"}} if node == "gpu-5" else {"running": {}}}]},
-        })  # fmt: skip
-    for i, (name, rct) in enumerate(
-        (("worker-0", "imex-ch"), ("worker-1", "imex-ch"), ("other", "x"))
-    ):
-        api.seed(res.PODS, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-            "spec": {"nodeName": f"gpu-{i + 1}", "containers": [{"name": "w"}],
-                     "resourceClaims": [{"name": "ch", "resourceClaimTemplateName": rct}]},
-            "status": {"phase": "Pending"},
-        })  # fmt: skip
-    for reason, kind, obj_uid in (("MultipleCliques", "Warning", uid), ("NodeJoined", "Normal", uid),
-                                  ("Unrelated", "Normal", "someone-else")):  # fmt: skip
-        api.seed(res.EVENTS, {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"train.{reason}", "namespace": NS},
-            "involvedObject": {"kind": "ComputeDomain", "name": "train", "namespace": NS, "uid": obj_uid},
-            "type": kind, "reason": reason, "message": f"{reason} happened", "count": 1,
-            "lastTimestamp": "2023-11-14T22:13:20Z",
-        })  # fmt: skip
-    return uid
 
 
 def test_describe_shows_the_whole_domain_on_one_screen() -> None:
@@ -144,19 +77,40 @@ def test_installed_entry_point_uses_kubeconfig_context_namespace(tmp_path: Path)
     with FakeApiServer() as api:
         seed_domain(api)
         cfg = tmp_path / "kubeconfig"
-        cfg.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "other",
-            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-            "users": [{"name": "u", "user": {}}],
-            "contexts": [{"name": "mine", "context": {"cluster": "fake", "user": "u", "namespace": NS}},
-                         {"name": "other", "context": {"cluster": "fake", "user": "u"}}],
-        }))  # fmt: skip
-        done = subprocess.run([str(exe), "--kubeconfig", str(cfg), "--context", "mine", "get"],
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        cfg.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "other",
+                    "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                    "users": [{"name": "u", "user": {}}],
+                    "contexts": [
+                        {
+                            "name": "mine",
+                            "context": {"cluster": "fake", "user": "u", "namespace": NS},
+                        },
+                        {"name": "other", "context": {"cluster": "fake", "user": "u"}},
+                    ],
+                }
+            )
+        )
+        done = subprocess.run(
+            [str(exe), "--kubeconfig", str(cfg), "--context", "mine", "get"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         assert "train" in done.stdout
-        done = subprocess.run([str(exe), "--kubeconfig", str(cfg), "get"],  # namespace "default"
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(
+            [str(exe), "--kubeconfig", str(cfg), "get"],  # namespace "default"
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.stdout == "No ComputeDomains found.\n"
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-from test_cli_computedomain import NS, seed_domain
+from testsupport.cliseed import NS, seed_domain
 
 from pkg.testing.fakeapiserver import FakeApiServer
 
@@ -17,10 +18,12 @@ REPO = Path(__file__).resolve().parents[3]
 HEAVY = ("grpc", "google.protobuf", "pynvml", "prometheus_client", "opentelemetry", "cachetools")
 
 # Run the installed CLI with the driver's stacks made unimportable and the checkout out of
-# reach: only the wheel's files and the venv's third-party packages can be imported.
+# reach: only the wheel's files and the venv's third-party packages can be imported. The import
+# path is the wheel's target (PYTHONPATH), the standard library and the venv's site-packages
+# (`-P`: no working directory); the editable install's finder is dropped here.
 RUNNER = """
 import importlib.abc, sys
-target, repo, heavy, argv = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4:]
+target, heavy, argv = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
 
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -29,8 +32,6 @@ class Block(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path = [Block()] + [f for f in sys.meta_path if "editable" not in type(f).__module__]
-sys.path = [target] + [p for p in sys.path
-                       if p and (not p.startswith(repo) or "site-packages" in p)]
 import pkg.cli.computedomain as cli
 assert cli.__file__.startswith(target), cli.__file__
 code = cli.main(argv)
@@ -44,8 +45,13 @@ sys.exit(code)
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     script = REPO / "hack" / "build-cli-dist.py"
-    done = subprocess.run([sys.executable, str(script), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(script), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return Path(done.stdout.strip())
 
@@ -59,8 +65,9 @@ def test_wheel_holds_the_cli_and_requires_only_the_kubernetes_client(wheel: Path
     assert "pkg/cli/computedomain.py" in modules and "pkg/kube/client.py" in modules
     for heavy_pkg in ("pkg/kubeletplugin/", "pkg/draplugin/", "pkg/reconcilers/", "pkg/daemon/"):
         assert not any(n.startswith(heavy_pkg) for n in modules), heavy_pkg
-    requires = sorted(line.split(": ", 1)[1] for line in meta.splitlines()
-                      if line.startswith("Requires-Dist: "))  # fmt: skip
+    requires = sorted(
+        line.split(": ", 1)[1] for line in meta.splitlines() if line.startswith("Requires-Dist: ")
+    )
     assert [r.split("=")[0].split(">")[0] for r in requires] == ["kubernetes", "pyyaml"]
     assert "kubectl-computedomain = pkg.cli.computedomain:main" in entry
 
@@ -69,25 +76,64 @@ def test_installed_wheel_runs_without_grpc_nvml_metrics_or_tracing(
     wheel: Path, tmp_path: Path
 ) -> None:
     target = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
-                           "--target", str(target), str(wheel)],
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert (target / "bin" / "kubectl-computedomain").exists()
     with FakeApiServer() as api:
         seed_domain(api)
         cfg = tmp_path / "kubeconfig"
-        cfg.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "c",
-            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-            "users": [{"name": "u", "user": {}}],
-            "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
-        }))  # fmt: skip
+        cfg.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "c",
+                    "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                    "users": [{"name": "u", "user": {}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
+                }
+            )
+        )
         run = subprocess.run(
-            [sys.executable, "-c", RUNNER, str(target), str(REPO), ",".join(HEAVY),
-             "--kubeconfig", str(cfg), "describe", "train", "-n", NS, "-o", "json"],
-            capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-P",
+                "-c",
+                RUNNER,
+                str(target),
+                ",".join(HEAVY),
+                "--kubeconfig",
+                str(cfg),
+                "describe",
+                "train",
+                "-n",
+                NS,
+                "-o",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(target)},
+        )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["computeDomain"]["metadata"]["name"] == "train"
     assert "LOADED=\n" in run.stderr

@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_deploy_manifests import (  # type: ignore[import-not-found, unused-ignore]
+from testsupport.manifests import (
     DEPLOYABLE,
     NS,
     find,
@@ -75,8 +75,11 @@ def test_policy_covers_every_write_of_a_clique() -> None:
 def test_policy_takes_pod_node_and_uid_from_the_bound_token_and_fails_closed() -> None:
     spec = _policy()
     variables = _variables(spec)
-    for name, claim in (("userPodName", POD_CLAIM), ("userNodeName", NODE_CLAIM),
-                        ("userPodUID", POD_UID_CLAIM)):  # fmt: skip
+    for name, claim in (
+        ("userPodName", POD_CLAIM),
+        ("userNodeName", NODE_CLAIM),
+        ("userPodUID", POD_UID_CLAIM),
+    ):
         assert variables[name] == f"request.userInfo.?extra[?'{claim}'][0].orValue('')"
     rules = [v["expression"] for v in spec["validations"]]  # type: ignore[attr-defined]
     # Without the claims nothing limits the request to one pod / node: refused first.

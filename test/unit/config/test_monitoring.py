@@ -84,8 +84,10 @@ def test_every_pod_monitor_port_is_served() -> None:
     component's patch gives the daemons as METRICS_ADDRESS."""
     monitors = {m["metadata"]["name"]: m for m in pod_monitors()}
     assert set(monitors) == {
-        "compute-domain-controller", "compute-domain-kubelet-plugin", "compute-domain-daemon",
-    }  # fmt: skip
+        "compute-domain-controller",
+        "compute-domain-kubelet-plugin",
+        "compute-domain-daemon",
+    }
     templates = {
         "compute-domain-controller": REPO / "config" / "controller" / "deployment.yaml",
         "compute-domain-kubelet-plugin": REPO / "config" / "kubelet-plugin" / "daemonset.yaml",
@@ -93,8 +95,11 @@ def test_every_pod_monitor_port_is_served() -> None:
     for name, path in templates.items():
         (endpoint,) = monitors[name]["spec"]["podMetricsEndpoints"]
         obj = next(d for d in yaml.safe_load_all(path.read_text()) if d)
-        ports = {p.get("name") for c in obj["spec"]["template"]["spec"]["containers"]
-                 for p in c.get("ports", [])}  # fmt: skip
+        ports = {
+            p.get("name")
+            for c in obj["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
         assert endpoint["port"] in ports, f"{name}: no container port {endpoint['port']!r}"
     (endpoint,) = monitors["compute-domain-daemon"]["spec"]["podMetricsEndpoints"]
     (patch,) = documents("daemon-metrics.yaml")
@@ -109,10 +114,18 @@ def test_every_pod_monitor_port_is_served() -> None:
 def test_daemon_monitor_selects_by_domain_label() -> None:
     daemon = next(m for m in pod_monitors() if m["metadata"]["name"] == "compute-domain-daemon")
     assert label_selector(daemon["spec"]["selector"]) == "resource.nvidia.com/computeDomain"
-    assert label_selector({"matchLabels": {"a": "b"}, "matchExpressions": [
-        {"key": "k", "operator": "In", "values": ["x", "y"]},
-        {"key": "m", "operator": "DoesNotExist"},
-    ]}) == "a=b,k in (x,y),!m"  # fmt: skip
+    assert (
+        label_selector(
+            {
+                "matchLabels": {"a": "b"},
+                "matchExpressions": [
+                    {"key": "k", "operator": "In", "values": ["x", "y"]},
+                    {"key": "m", "operator": "DoesNotExist"},
+                ],
+            }
+        )
+        == "a=b,k in (x,y),!m"
+    )
     with pytest.raises(ValueError, match="Gt"):
         label_selector({"matchExpressions": [{"key": "k", "operator": "Gt"}]})
 
@@ -130,13 +143,19 @@ def test_alerted_series_exist_from_start_at_zero() -> None:
         (domains, "nvidia_dra_compute_domain_info", {"status": "Ready"}),
         (domains, "nvidia_dra_compute_domain_workload_waiting", {}),
         (plugin, "nvidia_dra_requests_total", {"driver": driver, "operation": "prepare"}),
-        (plugin, "nvidia_dra_node_prepare_errors_total",
-         {"driver": driver, "error_type": "retryable"}),
-        (plugin, "nvidia_dra_node_prepare_errors_total",
-         {"driver": driver, "error_type": "permanent"}),
+        (
+            plugin,
+            "nvidia_dra_node_prepare_errors_total",
+            {"driver": driver, "error_type": "retryable"},
+        ),
+        (
+            plugin,
+            "nvidia_dra_node_prepare_errors_total",
+            {"driver": driver, "error_type": "permanent"},
+        ),
         (plugin, "nvidia_dra_checkpoint_corruptions_total", {"driver": driver}),
         (daemon, "compute_domain_daemon_imex_restarts_total", {}),
-    ]:  # fmt: skip
+    ]:
         assert registry.get_sample_value(name, labels) == 0, (name, labels)
 
 
@@ -186,5 +205,6 @@ def test_every_label_value_an_expression_selects_is_exported(expr: str) -> None:
     series = series_at_start()
     for metric, matchers in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr):
         wanted = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"', matchers))
-        assert any(name == metric and wanted.items() <= labels.items()
-                   for name, labels in series), f"no series {metric}{wanted}"  # fmt: skip
+        assert any(
+            name == metric and wanted.items() <= labels.items() for name, labels in series
+        ), f"no series {metric}{wanted}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from test_deploy_manifests import EXPECTED_RBAC, render
+from testsupport.manifests import EXPECTED_RBAC, render
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "security.md"
 

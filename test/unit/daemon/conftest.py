@@ -16,6 +16,8 @@ NS = "nvidia-dra-driver"
 def api() -> Iterator[FakeApiServer]:
     """A fake API server holding the daemon's pod ``daemon-n0`` in the driver namespace."""
     with FakeApiServer() as srv:
-        srv.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": "daemon-n0", "namespace": NS}})  # fmt: skip
+        srv.seed(
+            res.PODS,
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "daemon-n0", "namespace": NS}},
+        )
         yield srv

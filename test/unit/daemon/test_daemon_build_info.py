@@ -27,14 +27,25 @@ def test_served_build_info_gauge() -> None:
     text = scrape(DaemonMetrics(build_info=INFO))
     (family,) = [f for f in text_string_to_metric_families(text) if f.name == BUILD_INFO_METRIC]
     assert family.type == "gauge"
-    assert [(s.labels, s.value) for s in family.samples] == [(
-        {"version": "1.2.3", "revision": "b" * 40, "build_date": "2026-11-26T10:00:00Z",
-         "python_version": platform.python_version()}, 1.0,
-    )]  # fmt: skip
+    assert [(s.labels, s.value) for s in family.samples] == [
+        (
+            {
+                "version": "1.2.3",
+                "revision": "b" * 40,
+                "build_date": "2026-11-26T10:00:00Z",
+                "python_version": platform.python_version(),
+            },
+            1.0,
+        )
+    ]
 
 
 def test_defaults_to_this_installations_build() -> None:
     info = load_build_info()
-    labels = {"version": info.version, "revision": info.revision, "build_date": info.build_date,
-              "python_version": platform.python_version()}  # fmt: skip
+    labels = {
+        "version": info.version,
+        "revision": info.revision,
+        "build_date": info.build_date,
+        "python_version": platform.python_version(),
+    }
     assert DaemonMetrics().registry.get_sample_value(BUILD_INFO_METRIC, labels) == 1.0

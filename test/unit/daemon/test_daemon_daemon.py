@@ -109,28 +109,46 @@ class FakeCtl:
 
 def options(tmp: Path, **env: str) -> Options:
     base = {
-        "CLIQUE_ID": CLIQUE, "COMPUTE_DOMAIN_UUID": UID, "COMPUTE_DOMAIN_NAME": "cd",
-        "COMPUTE_DOMAIN_NAMESPACE": "team", "NODE_NAME": "n0", "POD_IP": "10.0.0.1",
-        "POD_UID": "pu", "POD_NAME": "daemon-n0", "POD_NAMESPACE": NS,
-        "IMEX_CONFIG_DIR": str(tmp / "imexd"), "IMEX_HOSTS_FILE": str(tmp / "hosts"),
-    }  # fmt: skip
+        "CLIQUE_ID": CLIQUE,
+        "COMPUTE_DOMAIN_UUID": UID,
+        "COMPUTE_DOMAIN_NAME": "cd",
+        "COMPUTE_DOMAIN_NAMESPACE": "team",
+        "NODE_NAME": "n0",
+        "POD_IP": "10.0.0.1",
+        "POD_UID": "pu",
+        "POD_NAME": "daemon-n0",
+        "POD_NAMESPACE": NS,
+        "IMEX_CONFIG_DIR": str(tmp / "imexd"),
+        "IMEX_HOSTS_FILE": str(tmp / "hosts"),
+    }
     return parse(["run"], {**base, **env})
 
 
 def make(
-    api: FakeApiServer, opts: Options, *, timing: Timing | None = None,
+    api: FakeApiServer,
+    opts: Options,
+    *,
+    timing: Timing | None = None,
     rng: random.Random | None = None,
-) -> tuple[Daemon, FakeRunner, FakeCtl, DaemonMetrics]:  # fmt: skip
+) -> tuple[Daemon, FakeRunner, FakeCtl, DaemonMetrics]:
     """A daemon on fakes; its entry says Ready as soon as its record is written unless
     ``timing`` spreads that write (see the ``ready_write_spread`` tests)."""
     runner = FakeRunner()
     ctl = FakeCtl(runner)
     metrics = DaemonMetrics()
-    daemon = Daemon(opts, client=api.client(), clock=fake_clock(), runner=runner, commands=ctl,
-                    metrics=metrics, child_env={"PATH": "/bin"},
-                    timing=timing or Timing(ready_write_spread=0.0),
-                    informer_clock=FakeClock(advance_on_wait=True),
-                    locate=lambda program: f"/usr/bin/{program}", rng=rng)  # fmt: skip
+    daemon = Daemon(
+        opts,
+        client=api.client(),
+        clock=fake_clock(),
+        runner=runner,
+        commands=ctl,
+        metrics=metrics,
+        child_env={"PATH": "/bin"},
+        timing=timing or Timing(ready_write_spread=0.0),
+        informer_clock=FakeClock(advance_on_wait=True),
+        locate=lambda program: f"/usr/bin/{program}",
+        rng=rng,
+    )
     return daemon, runner, ctl, metrics
 
 
@@ -169,13 +187,29 @@ def own_entry(api: FakeApiServer) -> dict[str, object]:
 
 def seed_clique(client: KubeClient, daemons: list[tuple[str, str, int]]) -> None:
     """Our domain's clique, holding Ready entries (node, IP, index) of other daemons."""
-    client.create(res.COMPUTE_DOMAIN_CLIQUES, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
-                     "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}},
-        "daemons": [{"nodeName": node, "ipAddress": ip, "cliqueID": CLIQUE, "index": index,
-                     "status": "Ready"} for node, ip, index in daemons],
-    }, namespace=NS)  # fmt: skip
+    client.create(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+            "metadata": {
+                "name": f"{UID}.{CLIQUE}",
+                "namespace": NS,
+                "labels": {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE},
+            },
+            "daemons": [
+                {
+                    "nodeName": node,
+                    "ipAddress": ip,
+                    "cliqueID": CLIQUE,
+                    "index": index,
+                    "status": "Ready",
+                }
+                for node, ip, index in daemons
+            ],
+        },
+        namespace=NS,
+    )
 
 
 def test_step_joins_starts_imex_and_tracks_readiness(api: FakeApiServer, tmp_path: Path) -> None:
@@ -219,8 +253,9 @@ def test_entry_removed_externally_is_restored(api: FakeApiServer, tmp_path: Path
     assert own_entry(api)["index"] == 0 and own_entry(api)["status"] == c.STATUS_READY
     # One field-selected watch on the membership object, no polling of it.
     watches = [r for r in api.requests if r.query.get("watch") in ("true", "1")]
-    assert watches and all(r.query.get("fieldSelector") == f"metadata.name={UID}.{CLIQUE}"
-                           for r in watches)  # fmt: skip
+    assert watches and all(
+        r.query.get("fieldSelector") == f"metadata.name={UID}.{CLIQUE}" for r in watches
+    )
 
 
 def test_run_and_shutdown_removes_entry(
@@ -292,18 +327,26 @@ def test_check_requires_exact_ready(tmp_path: Path) -> None:
 def test_cli_reports_missing_cdi_edits() -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "cmd/compute-domain-daemon/compute_domain_daemon.py"), "run"],
-        env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, cwd="/", check=False,
-    )  # fmt: skip
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=False,
+    )
     assert done.returncode == 1
     assert CDI_MISSING in done.stderr
 
 
 def test_ip_mode_uses_cd_status_and_waits_for_num_nodes(api: FakeApiServer, tmp_path: Path) -> None:
-    cd = api.seed(res.COMPUTE_DOMAINS, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "cd", "namespace": "team"},
-        "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
-    })  # fmt: skip
+    cd = api.seed(
+        res.COMPUTE_DOMAINS,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": "cd", "namespace": "team"},
+            "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
+        },
+    )
     gates = "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false"
     opts = options(tmp_path, FEATURE_GATES=gates, COMPUTE_DOMAIN_UUID=cd["metadata"]["uid"])
     daemon, runner, _, _ = make(api, opts)
@@ -314,8 +357,15 @@ def test_ip_mode_uses_cd_status_and_waits_for_num_nodes(api: FakeApiServer, tmp_
         client = api.client()
         obj = client.get(res.COMPUTE_DOMAINS, "cd", namespace="team")
         assert [n["name"] for n in obj["status"]["nodes"]] == ["n0"]
-        obj["status"]["nodes"].append({"name": "n1", "ipAddress": "10.0.0.2", "cliqueID": CLIQUE,
-                                       "index": 1, "status": "NotReady"})  # fmt: skip
+        obj["status"]["nodes"].append(
+            {
+                "name": "n1",
+                "ipAddress": "10.0.0.2",
+                "cliqueID": CLIQUE,
+                "index": 1,
+                "status": "NotReady",
+            }
+        )
         daemon._kick.clear()
         observe(daemon, client.update(res.COMPUTE_DOMAINS, obj, subresource="status"))
         daemon.step()
@@ -422,11 +472,15 @@ def test_loop_sleeps_until_kicked_while_imex_waits_for_its_barrier(
     """IP mode behind its numNodes barrier: IMEX does not run and nothing else is due, so the
     loop sleeps until something changes (a kick), with no timeout at all: it woke every 0.5 s
     (fast_interval) before, and spun every 10 ms in a first version."""
-    cd = api.seed(res.COMPUTE_DOMAINS, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "cd", "namespace": "team"},
-        "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
-    })  # fmt: skip
+    cd = api.seed(
+        res.COMPUTE_DOMAINS,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": "cd", "namespace": "team"},
+            "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
+        },
+    )
     gates = "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false"
     opts = options(tmp_path, FEATURE_GATES=gates, COMPUTE_DOMAIN_UUID=cd["metadata"]["uid"])
     daemon, runner, _, _ = make(api, opts)
@@ -492,8 +546,13 @@ def test_the_join_does_not_wait_for_the_pod_label(api: FakeApiServer, tmp_path: 
     started = time.monotonic()
     ran.start()
     try:
-        eventually(lambda: bool(api.objects(res.COMPUTE_DOMAIN_CLIQUES))
-                   and own_entry(api)["status"] == c.STATUS_READY, timeout=2.5)  # fmt: skip
+        eventually(
+            lambda: (
+                bool(api.objects(res.COMPUTE_DOMAIN_CLIQUES))
+                and own_entry(api)["status"] == c.STATUS_READY
+            ),
+            timeout=2.5,
+        )
         assert time.monotonic() - started < 2.9
         assert not api.objects(res.PODS)[0]["metadata"].get("labels")
     finally:
@@ -504,8 +563,11 @@ def test_the_join_does_not_wait_for_the_pod_label(api: FakeApiServer, tmp_path: 
 
 
 def clique_writes(api: FakeApiServer) -> list[str]:
-    return [m for m, p in api.request_log
-            if m in ("POST", "PUT", "PATCH") and "computedomaincliques" in p]  # fmt: skip
+    return [
+        m
+        for m, p in api.request_log
+        if m in ("POST", "PUT", "PATCH") and "computedomaincliques" in p
+    ]
 
 
 def test_with_the_controller_writing_entries_the_daemon_waits_for_its_own(
@@ -526,8 +588,15 @@ def test_with_the_controller_writing_entries_the_daemon_waits_for_its_own(
         assert clique_writes(api) == [] and runner.procs == []
         seed_clique(client, [("n1", "10.0.0.2", 0)])
         (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
-        clique["daemons"].append({"nodeName": "n0", "ipAddress": "10.0.0.1", "cliqueID": CLIQUE,
-                                  "index": 1, "status": "NotReady"})  # fmt: skip
+        clique["daemons"].append(
+            {
+                "nodeName": "n0",
+                "ipAddress": "10.0.0.1",
+                "cliqueID": CLIQUE,
+                "index": 1,
+                "status": "NotReady",
+            }
+        )
         clique["metadata"]["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Pod", "name": "daemon-n0", "uid": "pu"}
         ]
@@ -582,8 +651,10 @@ def test_progress_of_the_connected_count_is_rewritten_at_most_every_peer_count_i
 
     def run(argv: Sequence[str], *, timeout: float) -> CommandResult:
         if "-N" in argv:
-            conns = {str(i): {"host": ip, "status": "CONNECTED"}
-                     for i, (_, ip, _) in enumerate(peers[: connected[0]])}  # fmt: skip
+            conns = {
+                str(i): {"host": ip, "status": "CONNECTED"}
+                for i, (_, ip, _) in enumerate(peers[: connected[0]])
+            }
             own = {"host": "10.0.0.1", "connections": conns}
             return CommandResult(0, json.dumps({"nodes": {"0": own}}))
         return answer(argv, timeout=timeout)
@@ -695,8 +766,9 @@ def test_the_entrys_ready_follows_the_record_after_a_random_share_of_the_spread(
     """The daemons one controller batch joined turn ready together: each holds its entry's
     Ready back by ``uniform(0, ready_write_spread)`` after its record released the workload,
     so their patches of the one clique do not pile up; a crash in between cancels it."""
-    daemon, runner, _, _ = make(api, options(tmp_path), timing=Timing(ready_write_spread=0.3),
-                                rng=FixedDraw(0.5))  # fmt: skip
+    daemon, runner, _, _ = make(
+        api, options(tmp_path), timing=Timing(ready_write_spread=0.3), rng=FixedDraw(0.5)
+    )
     clock = daemon._clock
     daemon._take_local_lock()
     daemon._write_imex_config()
@@ -725,8 +797,9 @@ def test_the_entrys_ready_follows_the_record_after_a_random_share_of_the_spread(
 def test_without_a_record_the_entry_says_ready_at_once(api: FakeApiServer, tmp_path: Path) -> None:
     """No lock (another process holds it), no record: only the entry releases the workload,
     so nothing holds it back."""
-    daemon, _, _, _ = make(api, options(tmp_path), timing=Timing(ready_write_spread=0.3),
-                           rng=FixedDraw(1.0))  # fmt: skip
+    daemon, _, _, _ = make(
+        api, options(tmp_path), timing=Timing(ready_write_spread=0.3), rng=FixedDraw(1.0)
+    )
     daemon._write_imex_config()
     daemon.step()
     assert localready.read(tmp_path / "imexd") is None

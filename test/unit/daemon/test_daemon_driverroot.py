@@ -44,31 +44,53 @@ class NoCtl:
 
 
 def options(tmp: Path) -> Options:
-    return parse(["run"], {
-        "CLIQUE_ID": "cl.1", "COMPUTE_DOMAIN_UUID": "uid-d", "COMPUTE_DOMAIN_NAME": "cd",
-        "COMPUTE_DOMAIN_NAMESPACE": "team", "NODE_NAME": "gpu-7", "POD_IP": "10.0.0.7",
-        "POD_UID": "pod-uid", "POD_NAME": "daemon-gpu-7", "POD_NAMESPACE": NS,
-        "IMEX_CONFIG_DIR": str(tmp / "imexd"), "IMEX_HOSTS_FILE": str(tmp / "hosts"),
-        "TERMINATION_LOG": str(tmp / "termination-log"),
-    })  # fmt: skip
+    return parse(
+        ["run"],
+        {
+            "CLIQUE_ID": "cl.1",
+            "COMPUTE_DOMAIN_UUID": "uid-d",
+            "COMPUTE_DOMAIN_NAME": "cd",
+            "COMPUTE_DOMAIN_NAMESPACE": "team",
+            "NODE_NAME": "gpu-7",
+            "POD_IP": "10.0.0.7",
+            "POD_UID": "pod-uid",
+            "POD_NAME": "daemon-gpu-7",
+            "POD_NAMESPACE": NS,
+            "IMEX_CONFIG_DIR": str(tmp / "imexd"),
+            "IMEX_HOSTS_FILE": str(tmp / "hosts"),
+            "TERMINATION_LOG": str(tmp / "termination-log"),
+        },
+    )
 
 
 @pytest.fixture
 def api() -> Iterator[FakeApiServer]:
     with FakeApiServer() as srv:
-        srv.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": "daemon-gpu-7", "namespace": NS}})  # fmt: skip
+        srv.seed(
+            res.PODS,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "daemon-gpu-7", "namespace": NS},
+            },
+        )
         yield srv
 
 
 def daemon_on(api: FakeApiServer, tmp: Path, root: FakeDriverRoot) -> Daemon:
     client = api.client()
-    return Daemon(options(tmp), client=client, clock=FakeClock(advance_on_wait=True),
-                  runner=NeverStarted(),  # type: ignore[arg-type]
-                  commands=NoCtl(), metrics=DaemonMetrics(),
-                  child_env={"PATH": str(root.root / "usr" / "bin")}, timing=Timing(),
-                  informer_clock=FakeClock(advance_on_wait=True),
-                  events=EventRecorder(client, "compute-domain-daemon", FakeClock()))  # fmt: skip
+    return Daemon(
+        options(tmp),
+        client=client,
+        clock=FakeClock(advance_on_wait=True),
+        runner=NeverStarted(),  # type: ignore[arg-type]
+        commands=NoCtl(),
+        metrics=DaemonMetrics(),
+        child_env={"PATH": str(root.root / "usr" / "bin")},
+        timing=Timing(),
+        informer_clock=FakeClock(advance_on_wait=True),
+        events=EventRecorder(client, "compute-domain-daemon", FakeClock()),
+    )
 
 
 def test_missing_binary_gives_event_termination_message_and_exit(
@@ -81,9 +103,12 @@ def test_missing_binary_gives_event_termination_message_and_exit(
     (event,) = api.objects(res.EVENTS)
     assert event["type"] == "Warning" and event["reason"] == c.REASON_DRIVER_ROOT_INCOMPLETE
     assert event["involvedObject"] == {
-        "apiVersion": "v1", "kind": "Pod", "name": "daemon-gpu-7", "namespace": NS,
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "daemon-gpu-7",
+        "namespace": NS,
         "uid": "pod-uid",
-    }  # fmt: skip
+    }
     assert "nvidia-imex not found" in event["message"] and "gpu-7" in event["message"]
     assert "nvidiaDriverRoot" in event["message"]
     message = (tmp_path / "termination-log").read_text()

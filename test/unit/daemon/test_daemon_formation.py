@@ -36,11 +36,19 @@ def traced(
 ) -> tuple[Daemon, FakeRunner]:
     runner = FakeRunner()
     tracing = Tracing.with_exporters("compute-domain-daemon", [exporter])
-    daemon = Daemon(opts, client=api.client(), clock=fake_clock(), runner=runner,
-                    commands=FakeCtl(runner), metrics=DaemonMetrics(),
-                    child_env={"PATH": "/bin"}, timing=Timing(), informer_clock=FakeClock(),
-                    locate=lambda program: f"/usr/bin/{program}",
-                    tracer=tracing.tracer)  # fmt: skip
+    daemon = Daemon(
+        opts,
+        client=api.client(),
+        clock=fake_clock(),
+        runner=runner,
+        commands=FakeCtl(runner),
+        metrics=DaemonMetrics(),
+        child_env={"PATH": "/bin"},
+        timing=Timing(),
+        informer_clock=FakeClock(),
+        locate=lambda program: f"/usr/bin/{program}",
+        tracer=tracing.tracer,
+    )
     return daemon, runner
 
 
@@ -79,8 +87,12 @@ def test_first_ready_records_join_imex_start_and_ready(api: FakeApiServer, tmp_p
 
     spans = by_name(formation)
     assert set(spans) == {
-        "IMEX daemon", "join", "start IMEX", "IMEX ready on the node", "IMEX ready",
-    }  # fmt: skip
+        "IMEX daemon",
+        "join",
+        "start IMEX",
+        "IMEX ready on the node",
+        "IMEX ready",
+    }
     top = spans["IMEX daemon"]
     assert top.parent is not None and top.context is not None
     assert (top.context.trace_id, top.parent.span_id) == (ids.trace_id, ids.span_id)

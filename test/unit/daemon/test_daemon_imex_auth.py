@@ -47,8 +47,12 @@ def test_off_by_default_as_upstream(api: FakeApiServer, tmp_path: Path) -> None:
     cfg = _written(tmp_path)
     assert cfg["IMEX_ENABLE_AUTH_ENCRYPTION"] == "0"
     assert cfg["IMEX_AUTH_ENCRYPTION_MODE"] == "SSL_TLS"
-    for key in ("IMEX_AUTH_SOURCE", "IMEX_SERVER_KEY", "IMEX_CLIENT_CERT_AUTH",
-                "IMEX_SECURITY_TARGET_OVERRIDE"):  # fmt: skip
+    for key in (
+        "IMEX_AUTH_SOURCE",
+        "IMEX_SERVER_KEY",
+        "IMEX_CLIENT_CERT_AUTH",
+        "IMEX_SECURITY_TARGET_OVERRIDE",
+    ):
         assert cfg[key] == "", key
 
 
@@ -63,15 +67,23 @@ def test_env_turns_tls_on_in_imexd_cfg(api: FakeApiServer, tmp_path: Path) -> No
 
 
 def test_flags_override_the_env() -> None:
-    opts = parse(["run", "--imex-enable-auth-encryption=false", "--imex-auth-source=ENV",
-                  "--imex-server-key=IMEX_KEY_PEM"], TLS_ENV)  # fmt: skip
+    opts = parse(
+        [
+            "run",
+            "--imex-enable-auth-encryption=false",
+            "--imex-auth-source=ENV",
+            "--imex-server-key=IMEX_KEY_PEM",
+        ],
+        TLS_ENV,
+    )
     assert opts.auth.enabled is False
     assert opts.auth.source == "ENV" and opts.auth.server_key == "IMEX_KEY_PEM"
     assert opts.auth.client_cert == "/etc/imex-tls/tls.crt"
 
 
-@pytest.mark.parametrize("env", ["IMEX_SERVER_CERT", "IMEX_AUTH_SOURCE",
-                                 "IMEX_AUTH_ENCRYPTION_MODE"])  # fmt: skip
+@pytest.mark.parametrize(
+    "env", ["IMEX_SERVER_CERT", "IMEX_AUTH_SOURCE", "IMEX_AUTH_ENCRYPTION_MODE"]
+)
 def test_a_value_that_would_break_the_file_is_refused_naming_it(env: str) -> None:
     with pytest.raises(OptionsError, match=env):
         parse(["run"], {**TLS_ENV, env: "x\nIMEX_ENABLE_AUTH_ENCRYPTION=0"})

@@ -60,12 +60,18 @@ class Cluster:
     def __init__(self, tmp: Path, api: FakeApiServer, port: int) -> None:
         self.tmp, self.api, self.port = tmp, api, port
         self.kubeconfig = tmp / "kubeconfig"
-        self.kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "c",
-            "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-            "users": [{"name": "u", "user": {}}],
-            "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
-        }))  # fmt: skip
+        self.kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "c",
+                    "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                    "users": [{"name": "u", "user": {}}],
+                    "contexts": [{"name": "c", "context": {"cluster": "fake", "user": "u"}}],
+                }
+            )
+        )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ips: dict[str, str] = {}
         # What CDI puts into a daemon container: the IMEX binaries at /usr/bin of the root.
@@ -73,21 +79,32 @@ class Cluster:
 
     def start(self, node: str, ip: str, *, uid: str) -> None:
         pod = f"daemon-{node}-{ip.rsplit('.', 1)[1]}"
-        self.api.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
-                                 "metadata": {"name": pod, "namespace": NS}})  # fmt: skip
+        self.api.seed(
+            res.PODS,
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": NS}},
+        )
         home = self.tmp / node
         home.mkdir(exist_ok=True)
         (home / "hosts").write_text(f"127.0.0.1\tlocalhost\n{ip}\t{pod}\n")
         env = {
             "PATH": f"{self.driver_root.root / 'usr' / 'bin'}:{os.environ.get('PATH', '')}",
-            "CLIQUE_ID": CLIQUE, "COMPUTE_DOMAIN_UUID": uid, "COMPUTE_DOMAIN_NAME": f"cd-{uid[0]}",
-            "COMPUTE_DOMAIN_NAMESPACE": "team", "NODE_NAME": node, "POD_IP": ip,
-            "POD_UID": f"uid-{pod}", "POD_NAME": pod, "POD_NAMESPACE": NS,
-            "KUBECONFIG": str(self.kubeconfig), "IMEX_CONFIG_DIR": str(home / "imexd"),
-            "IMEX_HOSTS_FILE": str(home / "hosts"), "IMEX_SIM_PROBE_INTERVAL": "0.2",
-            "IMEX_SERVER_PORT": str(self.port), "IMEX_CMD_PORT": str(self.port + 1),
+            "CLIQUE_ID": CLIQUE,
+            "COMPUTE_DOMAIN_UUID": uid,
+            "COMPUTE_DOMAIN_NAME": f"cd-{uid[0]}",
+            "COMPUTE_DOMAIN_NAMESPACE": "team",
+            "NODE_NAME": node,
+            "POD_IP": ip,
+            "POD_UID": f"uid-{pod}",
+            "POD_NAME": pod,
+            "POD_NAMESPACE": NS,
+            "KUBECONFIG": str(self.kubeconfig),
+            "IMEX_CONFIG_DIR": str(home / "imexd"),
+            "IMEX_HOSTS_FILE": str(home / "hosts"),
+            "IMEX_SIM_PROBE_INTERVAL": "0.2",
+            "IMEX_SERVER_PORT": str(self.port),
+            "IMEX_CMD_PORT": str(self.port + 1),
             "MAX_NODES_PER_IMEX_DOMAIN": "8",
-        }  # fmt: skip
+        }
         log = (self.tmp / f"{node}.log").open("ab")
         self.procs[node] = subprocess.Popen(
             [sys.executable, str(ENTRY), "run"], env=env, cwd="/", stdout=log, stderr=log
@@ -164,8 +181,10 @@ def test_domains_form_reform_and_stay_apart(cluster: Cluster) -> None:
 
     # Every daemon publishes what its IMEX (nvidia-imex-ctl -N -j) sees of its clique peers.
     def peers(uid: str) -> dict[str, tuple[object, object]]:
-        return {e["nodeName"]: (e.get("connectedPeers"), tuple(e.get("unreachablePeers", ["-"])))
-                for e in cluster.clique(uid)}  # fmt: skip
+        return {
+            e["nodeName"]: (e.get("connectedPeers"), tuple(e.get("unreachablePeers", ["-"])))
+            for e in cluster.clique(uid)
+        }
 
     eventually(
         lambda: set(peers(UID_A).values()) == {(2, ())},

@@ -41,10 +41,16 @@ CLIQUES_PATH = res.COMPUTE_DOMAIN_CLIQUES.path(NS)
 
 def ident(node: str, ip: str, *, clique: str = CLIQUE, uid: str = UID) -> Identity:
     return Identity(
-        domain_uid=uid, domain_name="cd", domain_namespace="team", clique_id=clique,
-        node_name=node, pod_ip=ip, pod_name=f"daemon-{node}", pod_uid=f"pod-uid-{node}",
+        domain_uid=uid,
+        domain_name="cd",
+        domain_namespace="team",
+        clique_id=clique,
+        node_name=node,
+        pod_ip=ip,
+        pod_name=f"daemon-{node}",
+        pod_uid=f"pod-uid-{node}",
         pod_namespace=NS,
-    )  # fmt: skip
+    )
 
 
 def entry(node: str, index: int, *, ip: str = "", clique: str = CLIQUE) -> DaemonEntry:
@@ -75,8 +81,11 @@ def test_upsert_keeps_index_and_resets_status_on_new_ip() -> None:
 
 
 def test_upsert_reallocates_out_of_range_index() -> None:
-    out = upsert([entry("a", 0), DaemonEntry("b", "10.0.0.2", CLIQUE, 40)],
-                 ident("b", "10.0.0.2"), max_nodes=18)  # fmt: skip
+    out = upsert(
+        [entry("a", 0), DaemonEntry("b", "10.0.0.2", CLIQUE, 40)],
+        ident("b", "10.0.0.2"),
+        max_nodes=18,
+    )
     assert out is not None and [e.index for e in out] == [0, 1]
 
 
@@ -117,8 +126,12 @@ def clique_members(client: RestClient, *, uid: str = UID) -> list[DaemonEntry]:
 
 
 def test_join_creates_labelled_owned_clique(client: RestClient) -> None:
-    m = Membership(CliqueStore(client, ident("n1", "10.0.0.1")), ident("n1", "10.0.0.1"),
-                   max_nodes=18, sleep=no_sleep)  # fmt: skip
+    m = Membership(
+        CliqueStore(client, ident("n1", "10.0.0.1")),
+        ident("n1", "10.0.0.1"),
+        max_nodes=18,
+        sleep=no_sleep,
+    )
     m.join()
     obj = client.get(res.COMPUTE_DOMAIN_CLIQUES, f"{UID}.{CLIQUE}", namespace=NS)
     assert obj["metadata"]["labels"] == {c.COMPUTE_DOMAIN_LABEL: UID, c.CLIQUE_ID_LABEL: CLIQUE}
@@ -126,9 +139,14 @@ def test_join_creates_labelled_owned_clique(client: RestClient) -> None:
         {"apiVersion": "v1", "kind": "Pod", "name": "daemon-n1", "uid": "pod-uid-n1"}
     ]
     assert obj["daemons"] == [
-        {"nodeName": "n1", "ipAddress": "10.0.0.1", "cliqueID": CLIQUE, "index": 0,
-         "status": "NotReady"}
-    ]  # fmt: skip
+        {
+            "nodeName": "n1",
+            "ipAddress": "10.0.0.1",
+            "cliqueID": CLIQUE,
+            "index": 0,
+            "status": "NotReady",
+        }
+    ]
 
 
 def test_restart_with_new_ip_keeps_index_and_leave_is_ip_guarded(client: RestClient) -> None:
@@ -160,8 +178,13 @@ def test_concurrent_joins_get_unique_indices_and_lose_nothing(client: RestClient
 
     def daemon(i: int) -> None:
         me = ident(f"node-{i:02d}", f"10.1.0.{i + 1}")
-        m = Membership(CliqueStore(client, me), me, max_nodes=18, sleep=no_sleep,
-                       on_conflict=lambda: conflicts.append(1))  # fmt: skip
+        m = Membership(
+            CliqueStore(client, me),
+            me,
+            max_nodes=18,
+            sleep=no_sleep,
+            on_conflict=lambda: conflicts.append(1),
+        )
         barrier.wait()
         try:
             m.join()
@@ -218,27 +241,46 @@ def test_concurrent_leaves_and_status_flips_keep_other_entries(client: RestClien
 
 def test_clique_of_other_domain_is_rejected(client: RestClient, server: FakeApiServer) -> None:
     me = ident("n1", "10.0.0.1")
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
-        "metadata": {"name": f"{UID}.{CLIQUE}", "namespace": NS,
-                     "labels": {c.COMPUTE_DOMAIN_LABEL: "someone-else"}},
-        "daemons": [],
-    })  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+            "metadata": {
+                "name": f"{UID}.{CLIQUE}",
+                "namespace": NS,
+                "labels": {c.COMPUTE_DOMAIN_LABEL: "someone-else"},
+            },
+            "daemons": [],
+        },
+    )
     with pytest.raises(MembershipError, match="belongs to domain"):
         Membership(CliqueStore(client, me), me, max_nodes=18, sleep=no_sleep).join()
 
 
 def test_status_store_allocates_per_clique(server: FakeApiServer) -> None:
     client = server.client()
-    cd = server.seed(res.COMPUTE_DOMAINS, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "cd", "namespace": "team"},
-        "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
-        "status": {"status": "NotReady", "nodes": [
-            {"name": "other", "ipAddress": "10.3.0.1", "cliqueID": "x.1", "index": 0,
-             "status": "Ready"},
-        ]},
-    })  # fmt: skip
+    cd = server.seed(
+        res.COMPUTE_DOMAINS,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": "cd", "namespace": "team"},
+            "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "r"}}},
+            "status": {
+                "status": "NotReady",
+                "nodes": [
+                    {
+                        "name": "other",
+                        "ipAddress": "10.3.0.1",
+                        "cliqueID": "x.1",
+                        "index": 0,
+                        "status": "Ready",
+                    },
+                ],
+            },
+        },
+    )
     uid = cd["metadata"]["uid"]
     me = ident("n1", "10.3.0.2", uid=uid)
     m = Membership(StatusStore(client, me), me, max_nodes=18, sleep=no_sleep)
@@ -258,11 +300,15 @@ def test_status_store_allocates_per_clique(server: FakeApiServer) -> None:
 def test_status_store_omits_nodes_when_the_last_one_leaves(server: FakeApiServer) -> None:
     """Upstream's ``nodes`` is ``omitempty``: an empty list is never written."""
     client = server.client()
-    cd = server.seed(res.COMPUTE_DOMAINS, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "cd-empty", "namespace": "team"},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
-    })  # fmt: skip
+    cd = server.seed(
+        res.COMPUTE_DOMAINS,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": "cd-empty", "namespace": "team"},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
+        },
+    )
     me = replace(ident("n1", "10.3.0.2", uid=cd["metadata"]["uid"]), domain_name="cd-empty")
     m = Membership(StatusStore(client, me), me, max_nodes=18, sleep=no_sleep)
     m.join()
@@ -313,10 +359,12 @@ def cached(client: RestClient) -> Iterator[Callable[..., Membership]]:
 def writes(server: FakeApiServer) -> collections.Counter[str]:
     """Requests on the clique object itself (the informers' list/watch excluded)."""
     return collections.Counter(
-        r.method for r in server.requests
-        if r.path.startswith(CLIQUES_PATH) and r.query.get("watch") != "true"
+        r.method
+        for r in server.requests
+        if r.path.startswith(CLIQUES_PATH)
+        and r.query.get("watch") != "true"
         and not (r.method == "GET" and r.path == CLIQUES_PATH)
-    )  # fmt: skip
+    )
 
 
 def test_cached_membership_reads_no_object_and_writes_once_per_change(
@@ -353,7 +401,7 @@ def test_conflict_waits_for_the_cache_instead_of_reading(
     assert len(conflicts) <= 1
     assert {e.node_name: (e.index, e.status) for e in clique_members(client)} == {
         "b": (1, c.STATUS_READY)
-    }  # fmt: skip
+    }
 
 
 def test_status_flips_patch_only_our_entry_and_never_conflict(

@@ -24,8 +24,11 @@ def test_env_contract_and_defaults() -> None:
     opts = parse(["run"], ENV)
     opts.validate_run()
     assert (opts.clique_id, opts.domain_uid, opts.node_name, opts.pod_ip) == (
-        "cluster.1", "uid-1", "node-1", "10.0.0.1",
-    )  # fmt: skip
+        "cluster.1",
+        "uid-1",
+        "node-1",
+        "10.0.0.1",
+    )
     assert opts.max_nodes == 18 and opts.config_path == "/imexd/imexd.cfg"
     assert opts.hosts_file == "/etc/hosts" and opts.metrics_address == ""
     # Found through PATH, where CDI put them (no simulator back door such as IMEX_BIN_DIR).
@@ -37,12 +40,27 @@ def test_env_contract_and_defaults() -> None:
 
 
 def test_overrides_from_env_and_flags() -> None:
-    env = {**ENV, "IMEX_CONFIG_DIR": "/tmp/n1", "IMEX_BINARY": "/opt/imex/nvidia-imex",
-           "MAX_NODES_PER_IMEX_DOMAIN": "4", "IMEX_HOSTS_FILE": "/tmp/n1/hosts",
-           "TERMINATION_LOG": "/tmp/n1/termination-log",
-           "FEATURE_GATES": "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false"}  # fmt: skip
-    opts = parse(["-v", "5", "--imex-ctl-binary", "python3 -m pkg.imex.sim.ctl",
-                  "--imex-server-port", "41000", "run"], env)  # fmt: skip
+    env = {
+        **ENV,
+        "IMEX_CONFIG_DIR": "/tmp/n1",
+        "IMEX_BINARY": "/opt/imex/nvidia-imex",
+        "MAX_NODES_PER_IMEX_DOMAIN": "4",
+        "IMEX_HOSTS_FILE": "/tmp/n1/hosts",
+        "TERMINATION_LOG": "/tmp/n1/termination-log",
+        "FEATURE_GATES": "IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false",
+    }
+    opts = parse(
+        [
+            "-v",
+            "5",
+            "--imex-ctl-binary",
+            "python3 -m pkg.imex.sim.ctl",
+            "--imex-server-port",
+            "41000",
+            "run",
+        ],
+        env,
+    )
     assert opts.verbosity == 5 and opts.max_nodes == 4
     assert opts.nodes_config_path == "/tmp/n1/nodes.cfg"
     assert opts.imex_argv == ("/opt/imex/nvidia-imex",)
@@ -116,5 +134,7 @@ def test_repeated_feature_gates_are_laid_over_the_env_as_upstreams() -> None:
     argv = ["--feature-gates=MPSSupport=false", "--feature-gates=TimeSlicingSettings=true"]
     opts = parse([*argv, "run"], env)
     assert opts.gates.overrides == {
-        "MPSSupport": False, "DynamicMIG": True, "TimeSlicingSettings": True,
-    }  # fmt: skip
+        "MPSSupport": False,
+        "DynamicMIG": True,
+        "TimeSlicingSettings": True,
+    }

@@ -38,10 +38,16 @@ NS = "nvidia-dra-driver"
 
 def ident(node: str, ip: str) -> Identity:
     return Identity(
-        domain_uid=UID, domain_name="cd", domain_namespace="team", clique_id=CLIQUE,
-        node_name=node, pod_ip=ip, pod_name=f"daemon-{node}", pod_uid=f"pod-uid-{node}",
+        domain_uid=UID,
+        domain_name="cd",
+        domain_namespace="team",
+        clique_id=CLIQUE,
+        node_name=node,
+        pod_ip=ip,
+        pod_name=f"daemon-{node}",
+        pod_uid=f"pod-uid-{node}",
         pod_namespace=NS,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -114,8 +120,10 @@ def test_daemon_run_loop_waits_out_an_outage_and_then_joins(
     """The whole ``run``: labelling its pod, the membership informer and the clique writes all
     meet a dead API server at start, retry, and the daemon joins once it is back."""
     api = server
-    api.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": "daemon-n0", "namespace": NS}})  # fmt: skip
+    api.seed(
+        res.PODS,
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "daemon-n0", "namespace": NS}},
+    )
     daemon, runner, _, _ = make(api, options(tmp_path))
     api.set_available(False)
     stop = threading.Event()

@@ -59,12 +59,18 @@ def stepped_daemon(api: FakeApiServer, tmp: Path) -> tuple[Daemon, FakeRunner, S
     """A daemon whose loop clock moves only when the test steps it."""
     runner = FakeRunner()
     ctl = SwitchableCtl(runner)
-    daemon = Daemon(options(tmp), client=api.client(),
-                    clock=FakeClock(start=100.0, monotonic_start=100.0), runner=runner,
-                    commands=ctl, metrics=DaemonMetrics(), child_env={"PATH": "/bin"},
-                    timing=Timing(ready_write_spread=0.0),
-                    informer_clock=FakeClock(advance_on_wait=True),
-                    locate=lambda program: f"/usr/bin/{program}")  # fmt: skip
+    daemon = Daemon(
+        options(tmp),
+        client=api.client(),
+        clock=FakeClock(start=100.0, monotonic_start=100.0),
+        runner=runner,
+        commands=ctl,
+        metrics=DaemonMetrics(),
+        child_env={"PATH": "/bin"},
+        timing=Timing(ready_write_spread=0.0),
+        informer_clock=FakeClock(advance_on_wait=True),
+        locate=lambda program: f"/usr/bin/{program}",
+    )
     return daemon, runner, ctl
 
 
@@ -182,10 +188,17 @@ def test_the_membership_informer_does_not_resync(api: FakeApiServer, tmp_path: P
     assert Timing().resync_seconds == 0
     informer_clock = FakeClock()
     runner = FakeRunner()
-    daemon = Daemon(options(tmp_path), client=api.client(), clock=FakeClock(), runner=runner,
-                    commands=FakeCtl(runner), metrics=DaemonMetrics(),
-                    child_env={"PATH": "/bin"}, informer_clock=informer_clock,
-                    locate=lambda program: f"/usr/bin/{program}")  # fmt: skip
+    daemon = Daemon(
+        options(tmp_path),
+        client=api.client(),
+        clock=FakeClock(),
+        runner=runner,
+        commands=FakeCtl(runner),
+        metrics=DaemonMetrics(),
+        child_env={"PATH": "/bin"},
+        informer_clock=informer_clock,
+        locate=lambda program: f"/usr/bin/{program}",
+    )
     woken = threading.Event()
     daemon._changed = woken.set  # type: ignore[method-assign]
     with following(daemon):
@@ -298,8 +311,10 @@ def test_peer_polls_back_off_while_nothing_changes_and_come_back_on_a_change(
     def run(argv: Sequence[str], *, timeout: float) -> CommandResult:
         if "-N" in argv:
             polls.append(round(clock.monotonic() - start, 3))
-            conns = {str(i): {"host": ip, "status": "CONNECTED"}
-                     for i, ip in enumerate(sorted(connected))}  # fmt: skip
+            conns = {
+                str(i): {"host": ip, "status": "CONNECTED"}
+                for i, ip in enumerate(sorted(connected))
+            }
             own = {"host": "10.0.0.1", "connections": conns}
             return CommandResult(0, json.dumps({"nodes": {"0": own}}))
         result: CommandResult = answer(argv, timeout=timeout)
@@ -322,9 +337,15 @@ def test_peer_polls_back_off_while_nothing_changes_and_come_back_on_a_change(
         assert polls == [5, 10, 20, 40, 70, 100, 130, 160, 190]
         assert (own_entry_of(api, "n0")["connectedPeers"], daemon._peer_backoff) == (1, 30.0)
         (clique,) = api.objects(res.COMPUTE_DOMAIN_CLIQUES)
-        clique["daemons"].append({"nodeName": "x2", "ipAddress": "10.0.1.2", "cliqueID":
-                                  clique["daemons"][0]["cliqueID"], "index": 2,
-                                  "status": "Ready"})  # fmt: skip
+        clique["daemons"].append(
+            {
+                "nodeName": "x2",
+                "ipAddress": "10.0.1.2",
+                "cliqueID": clique["daemons"][0]["cliqueID"],
+                "index": 2,
+                "status": "Ready",
+            }
+        )
         daemon._kick.clear()
         observe(daemon, client.update(res.COMPUTE_DOMAIN_CLIQUES, clique))
         step_to(203)  # the change is seen at 201

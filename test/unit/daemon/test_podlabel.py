@@ -26,8 +26,10 @@ ENTRY = REPO / "cmd" / "compute-domain-daemon" / "compute_domain_daemon.py"
 @pytest.fixture
 def server() -> Iterator[FakeApiServer]:
     with FakeApiServer() as srv:
-        srv.seed(res.PODS, {"apiVersion": "v1", "kind": "Pod",
-                            "metadata": {"name": POD, "namespace": NS}})  # fmt: skip
+        srv.seed(
+            res.PODS,
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": POD, "namespace": NS}},
+        )
         yield srv
 
 
@@ -86,14 +88,25 @@ def test_run_sends_the_label_before_importing_the_rest_of_the_daemon(tmp_path: P
     """``compute-domain-daemon run`` starts the labeller (its first API request) before the
     informers, IMEX supervision, metrics and tracing are imported (issue 32)."""
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u"}}],
-    }))  # fmt: skip
-    heavy = ("pkg.daemon.daemon", "pkg.informers", "pkg.imex.supervisor", "opentelemetry",
-             "prometheus_client")  # fmt: skip
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u"}}],
+            }
+        )
+    )
+    heavy = (
+        "pkg.daemon.daemon",
+        "pkg.informers",
+        "pkg.imex.supervisor",
+        "opentelemetry",
+        "prometheus_client",
+    )
     probe = (
         "import json, os, runpy, sys\n"
         "from pkg.daemon import podlabel\n"
@@ -105,13 +118,27 @@ def test_run_sends_the_label_before_importing_the_rest_of_the_daemon(tmp_path: P
         f"runpy.run_path({str(ENTRY)!r}, run_name='__main__')\n"
     )
     env = {
-        "PATH": "/usr/bin:/bin", "CLIQUE_ID": "cl.7", "COMPUTE_DOMAIN_UUID": "uid-1",
-        "COMPUTE_DOMAIN_NAME": "cd", "COMPUTE_DOMAIN_NAMESPACE": "team", "NODE_NAME": "n1",
-        "POD_IP": "10.0.0.1", "POD_UID": "uid-p", "POD_NAME": POD, "POD_NAMESPACE": NS,
-        "KUBECONFIG": str(kubeconfig), "IMEX_CONFIG_DIR": str(tmp_path / "imexd"),
+        "PATH": "/usr/bin:/bin",
+        "CLIQUE_ID": "cl.7",
+        "COMPUTE_DOMAIN_UUID": "uid-1",
+        "COMPUTE_DOMAIN_NAME": "cd",
+        "COMPUTE_DOMAIN_NAMESPACE": "team",
+        "NODE_NAME": "n1",
+        "POD_IP": "10.0.0.1",
+        "POD_UID": "uid-p",
+        "POD_NAME": POD,
+        "POD_NAMESPACE": NS,
+        "KUBECONFIG": str(kubeconfig),
+        "IMEX_CONFIG_DIR": str(tmp_path / "imexd"),
         "PYTHONPATH": str(REPO),
-    }  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []

@@ -249,9 +249,13 @@ def test_slice_publisher_publishes_exactly_the_devices_it_is_handed(api: FakeApi
     devices: list[JSON] = [{"name": "gpu-0", "attributes": {"model": {"string": "toy"}}}]
     factory = SharedInformerFactory(api.client(), clock=RealClock())
     publisher = SlicePublisher(
-        client=api.client(), informers=factory, driver_name=DRIVER, node_name=NODE,
-        devices=devices, retry_delay=0.02,
-    )  # fmt: skip
+        client=api.client(),
+        informers=factory,
+        driver_name=DRIVER,
+        node_name=NODE,
+        devices=devices,
+        retry_delay=0.02,
+    )
     devices[0]["name"] = "mutated-after-construction"  # the publisher keeps its own copy
     publisher.start()
     try:
@@ -297,15 +301,22 @@ def test_slice_publisher_accepts_the_servers_form_of_its_last_write(api: FakeApi
     devices: list[JSON] = [{"name": "gpu-0", "allowMultipleAllocations": True}]
     factory = SharedInformerFactory(api.client(), clock=RealClock())
     publisher = SlicePublisher(
-        client=client, informers=factory, driver_name=DRIVER, node_name=NODE,
-        devices=devices, retry_delay=0.02,
-    )  # fmt: skip
+        client=client,
+        informers=factory,
+        driver_name=DRIVER,
+        node_name=NODE,
+        devices=devices,
+        retry_delay=0.02,
+    )
     factory.start()
     try:
         assert factory.wait_for_cache_sync(10)
-        lister = Lister(factory.informer_for(
-            res.RESOURCE_SLICES, field_selector=f"spec.nodeName={NODE}").indexer,
-            res.RESOURCE_SLICES)  # fmt: skip
+        lister = Lister(
+            factory.informer_for(
+                res.RESOURCE_SLICES, field_selector=f"spec.nodeName={NODE}"
+            ).indexer,
+            res.RESOURCE_SLICES,
+        )
 
         def generation() -> int:
             return max([int(s["spec"]["pool"]["generation"]) for s in lister.list()] or [0])

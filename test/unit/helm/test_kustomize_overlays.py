@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import yaml
-from helmchart import CONFIG, NS, Obj, find, kustomize
+from testsupport.helmchart import CONFIG, NS, Obj, find, kustomize
 
 REPLACEMENTS = "namespace-replacements.yaml"
 EXAMPLE = CONFIG / "overlays" / "other-namespace"

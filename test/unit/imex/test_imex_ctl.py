@@ -53,14 +53,19 @@ REAL_SHAPE = {
     "status": "DEGRADED",
     "timestamp": "9/4/2026 00:00:00.000",
     "nodes": {
-        "0": {"host": "10.0.0.1", "hostName": "a", "status": "READY", "connections": {
-            "0": {"host": "10.0.0.1", "status": "CONNECTED", "changed": False},
-            "1": {"host": "10.0.0.2", "status": "CONNECTED", "changed": False},
-            "2": {"host": "10.0.0.3", "status": "DISCONNECTED", "changed": True},
-        }},
+        "0": {
+            "host": "10.0.0.1",
+            "hostName": "a",
+            "status": "READY",
+            "connections": {
+                "0": {"host": "10.0.0.1", "status": "CONNECTED", "changed": False},
+                "1": {"host": "10.0.0.2", "status": "CONNECTED", "changed": False},
+                "2": {"host": "10.0.0.3", "status": "DISCONNECTED", "changed": True},
+            },
+        },
         "1": {"host": "10.0.0.2", "status": "READY", "connections": {}},
     },
-}  # fmt: skip
+}
 
 
 def test_peer_connections_reads_own_row() -> None:

@@ -27,8 +27,9 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def service(tmp_path: Path, root: Path) -> Iterator[Path]:
-    config = write_config(tmp_path / "config.cfg", IMEX_CMD_ENABLED="1",
-                          IMEX_CMD_UNIX_DOMAIN_PATH=SOCKET)  # fmt: skip
+    config = write_config(
+        tmp_path / "config.cfg", IMEX_CMD_ENABLED="1", IMEX_CMD_UNIX_DOMAIN_PATH=SOCKET
+    )
     stop = threading.Event()
     result: list[int] = []
     thread = threading.Thread(
@@ -80,17 +81,21 @@ def test_unreachable_socket_exits_1(root: Path, capsys: pytest.CaptureFixture[st
     ids=["cmd-disabled", "no-socket-path"],
 )
 def test_host_without_a_control_socket_exits_1(
-    tmp_path: Path, root: Path, values: dict[str, str], message: str,
+    tmp_path: Path,
+    root: Path,
+    values: dict[str, str],
+    message: str,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     config = write_config(tmp_path / "config.cfg", **values)
     assert hostservice.serve(config, root=root, stop=threading.Event()) == 1
     assert message in capsys.readouterr().err
 
 
 def test_a_regular_file_at_the_socket_path_is_never_replaced(tmp_path: Path, root: Path) -> None:
-    config = write_config(tmp_path / "config.cfg", IMEX_CMD_ENABLED="1",
-                          IMEX_CMD_UNIX_DOMAIN_PATH=SOCKET)  # fmt: skip
+    config = write_config(
+        tmp_path / "config.cfg", IMEX_CMD_ENABLED="1", IMEX_CMD_UNIX_DOMAIN_PATH=SOCKET
+    )
     path = root / SOCKET.lstrip("/")
     path.parent.mkdir(parents=True)
     path.write_text("not a socket")

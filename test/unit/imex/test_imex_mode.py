@@ -20,20 +20,38 @@ from pkg.imex.mode import (
 @pytest.mark.parametrize(
     ("mode", "isolation", "gate", "message"),
     [
-        ("hostManaged", "domain", False,
-         'imex.mode="hostManaged" requires the HostManagedIMEXDaemon feature gate to be enabled'),
+        (
+            "hostManaged",
+            "domain",
+            False,
+            'imex.mode="hostManaged" requires the HostManagedIMEXDaemon feature gate to be enabled',
+        ),
         ("", "domain", True, 'unknown imex.mode ""'),
         ("HostManaged", "", True, 'unknown imex.mode "HostManaged"'),
-        ("driverManaged", "channel", False,
-         'imex.isolation="channel" is not supported yet: per-workload IMEX channel allocation '
-         "is not implemented"),
-        ("hostManaged", "node", True,
-         'unknown imex.isolation "node": must be "domain" or "channel"'),
+        (
+            "driverManaged",
+            "channel",
+            False,
+            'imex.isolation="channel" is not supported yet: per-workload IMEX channel allocation '
+            "is not implemented",
+        ),
+        (
+            "hostManaged",
+            "node",
+            True,
+            'unknown imex.isolation "node": must be "domain" or "channel"',
+        ),
         ("bogus", "bogus", True, 'unknown imex.mode "bogus"'),
     ],
-    ids=["host-without-gate", "empty-mode", "case-matters", "channel", "bad-isolation",
-         "mode-reported-first"],
-)  # fmt: skip
+    ids=[
+        "host-without-gate",
+        "empty-mode",
+        "case-matters",
+        "channel",
+        "bad-isolation",
+        "mode-reported-first",
+    ],
+)
 def test_invalid_combinations_carry_upstreams_message(
     mode: str, isolation: str, gate: bool, message: str
 ) -> None:

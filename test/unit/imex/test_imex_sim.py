@@ -52,9 +52,10 @@ class SimNode:
         self.nodes = self.dir / "nodes.cfg"
         self.hosts = HostsFile(self.dir / "hosts", name_prefix=nc.NAME_PREFIX)
         self.cfg.write_text(
-            ImexConfig(bind_ip=ip, node_config_path=str(self.nodes), server_port=port,
-                       cmd_port=port + 1).render()
-        )  # fmt: skip
+            ImexConfig(
+                bind_ip=ip, node_config_path=str(self.nodes), server_port=port, cmd_port=port + 1
+            ).render()
+        )
         self.nodes.write_text("".join(f"{e}\n" for e in entries))
         self.env = {
             **os.environ,
@@ -77,8 +78,11 @@ class SimNode:
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "pkg.imex.sim.ctl", "-c", str(self.cfg), *args],
-            capture_output=True, text=True, cwd=REPO, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=False,
+        )
 
     def status(self) -> dict[str, Any]:
         done = self.ctl("-N", "-j")
@@ -104,8 +108,7 @@ def nodes() -> Iterator[list[SimNode]]:
 
 
 def test_bad_bind_address_fails(tmp_path: Path, nodes: list[SimNode]) -> None:
-    node = SimNode(tmp_path, ip="192.0.2.77", port=free_port(["127.0.0.1"]), domain="d",
-                   entries=[])  # fmt: skip
+    node = SimNode(tmp_path, ip="192.0.2.77", port=free_port(["127.0.0.1"]), domain="d", entries=[])
     nodes.append(node)
     proc = node.start()
     _, err = proc.communicate(timeout=20)
@@ -141,11 +144,13 @@ def _upstream_shape(node: SimNode, cmd_ip: str) -> None:
     """Rewrite ``node``'s config as upstream's daemon writes it: ``BIND_INTERFACE_IP`` empty,
     the pod IP in ``IMEX_CMD_BIND_INTERFACE_IP``."""
     lines = [
-        "BIND_INTERFACE_IP=" if line.startswith("BIND_INTERFACE_IP=")
+        "BIND_INTERFACE_IP="
+        if line.startswith("BIND_INTERFACE_IP=")
         else f"IMEX_CMD_BIND_INTERFACE_IP={cmd_ip}"
-        if line.startswith("IMEX_CMD_BIND_INTERFACE_IP=") else line
+        if line.startswith("IMEX_CMD_BIND_INTERFACE_IP=")
+        else line
         for line in node.cfg.read_text().splitlines()
-    ]  # fmt: skip
+    ]
     node.cfg.write_text("\n".join(lines) + "\n")
 
 
@@ -157,8 +162,9 @@ def test_empty_bind_address_comes_from_the_nodes_config(
     (a foreign IP, the empty-slot sentinel) are passed over."""
     ip, uid = "127.0.0.26", "uid-e"
     names = nc.node_names(uid, max_nodes=3)
-    node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain=uid,
-                   entries=["192.0.2.77", *names])  # fmt: skip
+    node = SimNode(
+        tmp_path, ip=ip, port=free_port([ip]), domain=uid, entries=["192.0.2.77", *names]
+    )
     nodes.append(node)
     node.hosts.update(nc.dns_mapping(uid, {2: ip}, max_nodes=3))  # slots 0, 1: the sentinel
     _upstream_shape(node, ip)
@@ -171,8 +177,9 @@ def test_empty_bind_address_without_a_local_entry_fails(
     tmp_path: Path, nodes: list[SimNode]
 ) -> None:
     ip = "127.0.0.27"
-    node = SimNode(tmp_path, ip=ip, port=free_port([ip]), domain="d",
-                   entries=["192.0.2.77", "unmapped-name"])  # fmt: skip
+    node = SimNode(
+        tmp_path, ip=ip, port=free_port([ip]), domain="d", entries=["192.0.2.77", "unmapped-name"]
+    )
     nodes.append(node)
     _upstream_shape(node, ip)
     proc = node.start()

@@ -32,9 +32,12 @@ class Rig:
         self.clock = FakeClock()
         self.client = api.client()
         self.inf = SharedInformer(
-            ResourceListerWatcher(self.client, r.PODS, **lw), clock=self.clock,
-            page_size=page_size, backoff=NO_JITTER, min_watch_timeout=60,
-        )  # fmt: skip
+            ResourceListerWatcher(self.client, r.PODS, **lw),
+            clock=self.clock,
+            page_size=page_size,
+            backoff=NO_JITTER,
+            min_watch_timeout=60,
+        )
         self.events: list[tuple[str, Any]] = []
         self.reg = self.inf.add_event_handler(
             lambda o: self.events.append(("add", o["metadata"]["name"])),

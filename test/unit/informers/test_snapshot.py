@@ -45,8 +45,12 @@ def test_snapshot_names_each_slice_and_holds_keys_and_resource_versions() -> Non
         assert factory.wait_for_cache_sync(5)
         pods, meta_nodes, one_node = factory_snapshot(factory)
         assert {k: pods[k] for k in ("group", "version", "resource", "kind", "namespaced")} == {
-            "group": "", "version": "v1", "resource": "pods", "kind": "Pod", "namespaced": True,
-        }  # fmt: skip
+            "group": "",
+            "version": "v1",
+            "resource": "pods",
+            "kind": "Pod",
+            "namespaced": True,
+        }
         selectors = (pods["namespace"], pods["labelSelector"], pods["fieldSelector"])
         assert selectors == ("ns", "app", None)
         assert pods["synced"] and pods["metadataOnly"] is False

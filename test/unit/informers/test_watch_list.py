@@ -25,16 +25,27 @@ from pkg.testing.fakeapiserver import FakeApiServer
 
 def node(name: str, **labels: str) -> JSON:
     return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": labels,
-                     "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
+        },
         "spec": {"taints": [{"key": "k", "effect": "NoSchedule"}]},
-        "status": {"conditions": [{"type": "Ready", "status": "True",
-                                    "lastHeartbeatTime": "2026-11-27T10:00:00Z",
-                                    "lastTransitionTime": "2026-11-27T09:00:00Z"}],
-                   "images": [{"names": ["x" * 200], "sizeBytes": 1}] * 20,
-                   "nodeInfo": {"kubeletVersion": "v1.37.1"}},
-    }  # fmt: skip
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "lastHeartbeatTime": "2026-11-27T10:00:00Z",
+                    "lastTransitionTime": "2026-11-27T09:00:00Z",
+                }
+            ],
+            "images": [{"names": ["x" * 200], "sizeBytes": 1}] * 20,
+            "nodeInfo": {"kubeletVersion": "v1.37.1"},
+        },
+    }
 
 
 @pytest.fixture
@@ -56,8 +67,11 @@ def test_watch_list_syncs_with_one_request_then_streams(api: FakeApiServer) -> N
     inf = start(factory.informer_for(r.NODES))
     try:
         assert sorted(o["metadata"]["name"] for o in inf.indexer.list()) == ["n0", "n1", "n2"]
-        gets = [q for m, p, q in ((x.method, x.path, x.query) for x in api.requests)
-                if m == "GET" and p == "/api/v1/nodes"]  # fmt: skip
+        gets = [
+            q
+            for m, p, q in ((x.method, x.path, x.query) for x in api.requests)
+            if m == "GET" and p == "/api/v1/nodes"
+        ]
         assert len(gets) == 1  # no LIST: one WATCH carried the initial state
         assert gets[0]["sendInitialEvents"] == "true"
         assert gets[0]["resourceVersionMatch"] == "NotOlderThan"
@@ -145,8 +159,12 @@ def test_watch_list_broken_before_its_end_bookmark_starts_over(api: FakeApiServe
     the reflector must ask for the initial state again, not resume a plain watch."""
     api.seed(r.NODES, node("n0"))
     api.inject_error("WATCH", r.NODES, 0, count=2)  # drop the first two watch-lists
-    factory = SharedInformerFactory(api.client(), clock=FakeClock(), watch_list=True,
-                                    backoff=BackoffPolicy(initial=0.01, cap=0.02))  # fmt: skip
+    factory = SharedInformerFactory(
+        api.client(),
+        clock=FakeClock(),
+        watch_list=True,
+        backoff=BackoffPolicy(initial=0.01, cap=0.02),
+    )
     inf = factory.informer_for(r.NODES)
     inf.start()
     try:

@@ -145,9 +145,11 @@ class QueueMachine(RuleBasedStateMachine):
 
 TestQueueMachine = QueueMachine.TestCase
 TestQueueMachine.settings = settings(
-    max_examples=40, stateful_step_count=25, deadline=None,
+    max_examples=40,
+    stateful_step_count=25,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
-)  # fmt: skip
+)
 
 
 def test_adds_during_processing_collapse_into_one_rerun() -> None:
@@ -226,10 +228,16 @@ def test_rate_limited_requeue_and_metrics() -> None:
 
 @pytest.mark.parametrize(
     ("base", "cap", "failures", "expected"),
-    [(0.005, 1000, 1, 0.005), (0.005, 1000, 2, 0.01), (0.005, 1000, 11, 5.12),
-     (0.005, 1000, 30, 1000), (1, 8, 5, 8), (0.005, 1000, 5000, 1000)],
+    [
+        (0.005, 1000, 1, 0.005),
+        (0.005, 1000, 2, 0.01),
+        (0.005, 1000, 11, 5.12),
+        (0.005, 1000, 30, 1000),
+        (1, 8, 5, 8),
+        (0.005, 1000, 5000, 1000),
+    ],
     ids=["first", "second", "eleventh", "capped", "small-cap", "huge-count"],
-)  # fmt: skip
+)
 def test_item_exponential(base: float, cap: float, failures: int, expected: float) -> None:
     rl = ItemExponentialFailureRateLimiter(base, cap)
     delays = [rl.when("x") for _ in range(failures)]

@@ -123,8 +123,14 @@ def test_similar_events_are_aggregated_after_ten_within_ten_minutes() -> None:
     corr = EventCorrelator(clock)
     out = []
     for i in range(12):
-        ev = {"involvedObject": {"uid": "u1"}, "source": {"component": "c"}, "type": "Warning",
-              "reason": "NodeNotReady", "message": f"node-{i}", "count": 1}  # fmt: skip
+        ev = {
+            "involvedObject": {"uid": "u1"},
+            "source": {"component": "c"},
+            "type": "Warning",
+            "reason": "NodeNotReady",
+            "message": f"node-{i}",
+            "count": 1,
+        }
         result = corr.correlate(ev)
         assert result is not None
         out.append(result)

@@ -30,14 +30,20 @@ from pkg.testing.fakeapiserver import FakeApiServer
 @pytest.mark.parametrize(
     ("resource", "kw", "path"),
     [
-        (r.PODS, {"namespace": "ns", "name": "p", "subresource": "status"},
-         "/api/v1/namespaces/ns/pods/p/status"),
+        (
+            r.PODS,
+            {"namespace": "ns", "name": "p", "subresource": "status"},
+            "/api/v1/namespaces/ns/pods/p/status",
+        ),
         (r.RESOURCE_SLICES, {}, "/apis/resource.k8s.io/v1/resourceslices"),
-        (r.COMPUTE_DOMAINS, {"namespace": "x"},
-         "/apis/resource.nvidia.com/v1beta1/namespaces/x/computedomains"),
+        (
+            r.COMPUTE_DOMAINS,
+            {"namespace": "x"},
+            "/apis/resource.nvidia.com/v1beta1/namespaces/x/computedomains",
+        ),
         (r.NODES, {"name": "n"}, "/api/v1/nodes/n"),
     ],
-)  # fmt: skip
+)
 def test_resource_paths(resource: r.Resource, kw: dict[str, str], path: str) -> None:
     assert resource.path(**kw) == path
 
@@ -54,13 +60,20 @@ def test_resource_api_version_and_validation() -> None:
 @pytest.mark.parametrize(
     ("status", "reason", "cls"),
     [
-        (400, "", BadRequestError), (401, "", UnauthorizedError), (403, "", ForbiddenError),
-        (404, "", NotFoundError), (409, "Conflict", ConflictError),
-        (409, "AlreadyExists", AlreadyExistsError), (410, "", GoneError),
-        (422, "", InvalidError), (429, "", TooManyRequestsError), (500, "", ServerError),
-        (503, "", ServerError), (418, "", ApiError),
+        (400, "", BadRequestError),
+        (401, "", UnauthorizedError),
+        (403, "", ForbiddenError),
+        (404, "", NotFoundError),
+        (409, "Conflict", ConflictError),
+        (409, "AlreadyExists", AlreadyExistsError),
+        (410, "", GoneError),
+        (422, "", InvalidError),
+        (429, "", TooManyRequestsError),
+        (500, "", ServerError),
+        (503, "", ServerError),
+        (418, "", ApiError),
     ],
-)  # fmt: skip
+)
 def test_error_from_status(status: int, reason: str, cls: type[ApiError]) -> None:
     err = error_from_status(status, {"reason": reason, "message": "m"})
     assert type(err) is cls and err.status == status and err.reason == reason
@@ -88,9 +101,12 @@ def test_verbs_round_trip_and_rest_paths() -> None:
             c.get(r.NODES, "n")
         assert exc.value.body is not None and exc.value.body["kind"] == "Status"
         assert api.request_log == [
-            ("POST", "/api/v1/nodes"), ("GET", "/api/v1/nodes/n"), ("PUT", "/api/v1/nodes/n"),
-            ("DELETE", "/api/v1/nodes/n"), ("GET", "/api/v1/nodes/n"),
-        ]  # fmt: skip
+            ("POST", "/api/v1/nodes"),
+            ("GET", "/api/v1/nodes/n"),
+            ("PUT", "/api/v1/nodes/n"),
+            ("DELETE", "/api/v1/nodes/n"),
+            ("GET", "/api/v1/nodes/n"),
+        ]
 
 
 def test_json_patch_is_not_rewritten_to_strategic() -> None:
@@ -147,8 +163,7 @@ def test_event_recorder_retries_an_outage_with_backoff_then_gives_up() -> None:
         obj = c.create(r.COMPUTE_DOMAINS, {"metadata": {"name": "cd", "namespace": "ns"}})
         pauses: list[float] = []
         clock = FakeClock()
-        rec = EventRecorder(c, "controller", clock, retry_delays=(0.1, 0.4),
-                            sleep=pauses.append)  # fmt: skip
+        rec = EventRecorder(c, "controller", clock, retry_delays=(0.1, 0.4), sleep=pauses.append)
         api.inject_error("POST", r.EVENTS, 0, count=1)  # connection dropped
         api.inject_error("POST", r.EVENTS, 503, count=1)
         rec.event(obj, "Warning", "Lost", "delivered on the third try")

@@ -3,6 +3,7 @@ appear on first use, and the daemon's start never loads the kubeconfig parser's 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,18 @@ from pkg.kube.lazypkg import defer_package_init
 REPO = Path(__file__).resolve().parents[3]
 
 
-def run(code: str) -> str:
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
+def run(code: str, path: Path | None = None) -> str:
+    """``code`` in a child interpreter, with ``path`` first on its import path."""
+    env = {**os.environ, "PYTHONPATH": str(path)} if path is not None else None
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -27,14 +37,14 @@ def test_a_submodule_loads_without_the_package_init(tmp_path: Path) -> None:
     (pkg / "__init__.py").write_text("import json\nLOADED = True\nfrom . import light\n")
     (pkg / "light" / "__init__.py").write_text("VALUE = 1\n")
     out = run(
-        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
         "from pkg.kube.lazypkg import defer_package_init, is_deferred\n"
         "assert defer_package_init('heavy') and not defer_package_init('heavy')\n"
         "from heavy import light\n"
         "import heavy\n"
         "print(light.VALUE, is_deferred(heavy), 'LOADED' in vars(heavy))\n"
         "print(heavy.LOADED, is_deferred(heavy))\n"
-        "try:\n    heavy.missing\nexcept AttributeError as e:\n    print('AttributeError', e)\n"
+        "try:\n    heavy.missing\nexcept AttributeError as e:\n    print('AttributeError', e)\n",
+        tmp_path,
     )
     assert out.splitlines() == [
         "1 True False",

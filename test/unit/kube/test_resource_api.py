@@ -197,11 +197,20 @@ def test_v1beta1_defaults_come_back_under_exactly() -> None:
     # firstAvailable request.
     claim = {
         "kind": "ResourceClaim",
-        "spec": {"devices": {"requests": [
-            {"name": "r", "deviceClassName": "c", "allocationMode": "ExactCount", "count": 1},
-            {"name": "f", "deviceClassName": "", "firstAvailable": [{"name": "s"}]},
-        ]}},
-    }  # fmt: skip
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "r",
+                        "deviceClassName": "c",
+                        "allocationMode": "ExactCount",
+                        "count": 1,
+                    },
+                    {"name": "f", "deviceClassName": "", "firstAvailable": [{"name": "s"}]},
+                ]
+            }
+        },
+    }
     requests = from_served("ResourceClaim", claim, "v1beta1")["spec"]["devices"]["requests"]
     assert requests == [
         {

@@ -69,20 +69,27 @@ def test_a_silent_watch_with_bookmarks_is_dropped_after_the_idle_timeout() -> No
         stream = client.watch(res.NODES, resource_version=rv, timeout_seconds=4)
         events = [e.type for e in stream]  # bookmarks every 0.5 s, then the server's end
         assert events and set(events) == {"BOOKMARK"}
-        quiet = client.watch(res.NODES, resource_version=rv, timeout_seconds=3,
-                             allow_watch_bookmarks=False)  # fmt: skip
+        quiet = client.watch(
+            res.NODES, resource_version=rv, timeout_seconds=3, allow_watch_bookmarks=False
+        )
         assert list(quiet) == []  # no bookmarks asked: only the server's timeout ends it
 
 
 def test_api_clients_keep_their_connections_alive(tmp_path: Path) -> None:
     """load_api_client turns on TCP keepalive (client-go's timings) on every pooled socket."""
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-    }))  # fmt: skip
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+            }
+        )
+    )
     client = load_api_client(str(kubeconfig))
     options = client.rest_client.pool_manager.connection_pool_kw.get("socket_options") or []
     assert (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1) in options

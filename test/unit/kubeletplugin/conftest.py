@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kp_harness import seed_world, short_tmpdir
+from testsupport.kp_harness import seed_world, short_tmpdir
 
 from pkg.testing.fakeapiserver import FakeApiServer
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from kp_harness import CLIQUE, DRIVER_NS, Kubelet, make_config, seed_claim, seed_domain
+from testsupport.kp_harness import CLIQUE, DRIVER_NS, Kubelet, make_config, seed_claim, seed_domain
 
 from pkg.api import constants as c
 from pkg.kubeletplugin.discovery import NodeDevices
@@ -85,8 +85,12 @@ def test_an_invalid_namespace_stops_the_plugin_at_start() -> None:
     script = REPO / "cmd" / "compute-domain-kubelet-plugin" / "compute_domain_kubelet_plugin.py"
     done = subprocess.run(
         [sys.executable, str(script), "--node-name=n", "--additional-namespaces=ok,Not_OK"],
-        capture_output=True, text=True, cwd="/", check=False, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd="/",
+        check=False,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert done.returncode == 1, done.stderr
     assert "additional-namespaces: 'Not_OK' is not a valid namespace name" in done.stderr

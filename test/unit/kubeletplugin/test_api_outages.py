@@ -39,10 +39,14 @@ def publisher(api: FakeApiServer) -> tuple[SlicePublisher, SharedInformerFactory
     client = api.client()
     factory = SharedInformerFactory(client, clock=RealClock())
     pub = SlicePublisher(
-        client=client, informers=factory, driver_name=c.DRIVER_NAME, node_name=NODE,
+        client=client,
+        informers=factory,
+        driver_name=c.DRIVER_NAME,
+        node_name=NODE,
         devices=slice_devices("cl.1"),
-        retry_delay=0.02, max_retry_delay=0.1,
-    )  # fmt: skip
+        retry_delay=0.02,
+        max_retry_delay=0.1,
+    )
     return pub, factory
 
 
@@ -86,9 +90,13 @@ def test_slice_publisher_survives_a_dropped_write(api: FakeApiServer) -> None:
 def tracker(api: FakeApiServer, clock: FakeClock) -> DomainTracker:
     client = api.client()
     return DomainTracker(
-        client=client, informers=SharedInformerFactory(client, clock=clock), node_name=NODE,
-        driver_namespace=DRIVER_NS, clique_id=lambda: "cl.1", clock=clock,
-    )  # fmt: skip
+        client=client,
+        informers=SharedInformerFactory(client, clock=clock),
+        node_name=NODE,
+        driver_namespace=DRIVER_NS,
+        clique_id=lambda: "cl.1",
+        clock=clock,
+    )
 
 
 def node_label(api: FakeApiServer) -> str | None:

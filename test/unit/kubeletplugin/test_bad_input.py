@@ -23,7 +23,14 @@ import yaml
 from badinput import SEED, Tally, examples
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
-from kp_harness import DRIVER_NS, NODE, running_plugin, seed_claim, seed_domain, short_tmpdir
+from testsupport.kp_harness import (
+    DRIVER_NS,
+    NODE,
+    running_plugin,
+    seed_claim,
+    seed_domain,
+    short_tmpdir,
+)
 
 from pkg.api import constants as c
 from pkg.api.opaque import OpaqueConfigError, decode_opaque_config
@@ -153,7 +160,7 @@ def well_formed_status(kind: str, domain: str) -> dict[str, Any]:
         "requests": [kind],
         "opaque": {"driver": c.DRIVER_NAME, "parameters": params},
     }
-    return {"allocation": {"devices": {"results": [result], "config": [config]}}}  # fmt: skip
+    return {"allocation": {"devices": {"results": [result], "config": [config]}}}
 
 
 @st.composite
@@ -428,17 +435,28 @@ def grpc_claims(draw: st.DrawFn, api: FakeApiServer, domains: list[str]) -> list
             refs.append(draw(st.sampled_from(refs)))
             continue
         if how == "made up":
-            refs.append({"namespace": draw(printable), "name": draw(printable),
-                         "uid": draw(printable | st.text(min_size=300, max_size=300))})  # fmt: skip
+            refs.append(
+                {
+                    "namespace": draw(printable),
+                    "name": draw(printable),
+                    "uid": draw(printable | st.text(min_size=300, max_size=300)),
+                }
+            )
             continue
         status = draw(claim_statuses(domains=domains))
-        obj = api.seed(res.RESOURCE_CLAIMS, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": f"claim-{uuid.uuid4().hex[:8]}",
-                         "namespace": draw(st.sampled_from(["team", "team", "other"]))},
-            "spec": {"devices": {"requests": [{"name": "channel"}]}},
-            "status": status,
-        })  # fmt: skip
+        obj = api.seed(
+            res.RESOURCE_CLAIMS,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {
+                    "name": f"claim-{uuid.uuid4().hex[:8]}",
+                    "namespace": draw(st.sampled_from(["team", "team", "other"])),
+                },
+                "spec": {"devices": {"requests": [{"name": "channel"}]}},
+                "status": status,
+            },
+        )
         meta = dict(obj["metadata"])
         if how == "wrong uid":
             meta["uid"] = str(uuid.uuid4())
@@ -462,9 +480,12 @@ def test_generated_grpc_requests_get_per_claim_errors_and_leave_nothing(
     with short_tmpdir() as root, running_plugin(api, root) as (plugin, kubelet):
         # A prepared daemon claim that every request must leave alone.
         daemon = seed_claim(
-            api, namespace=DRIVER_NS, device="daemon-0", request="daemon",
+            api,
+            namespace=DRIVER_NS,
+            device="daemon-0",
+            request="daemon",
             params={"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd_a},
-        )  # fmt: skip
+        )
         baseline = kubelet.prepare(daemon).claims[daemon["metadata"]["uid"]]
         assert not baseline.error and baseline.devices
         cdi_before = sorted(p.name for p in plugin.config.cdi_root.iterdir())

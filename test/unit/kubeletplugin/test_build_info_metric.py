@@ -12,8 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kp_harness import CLIQUE, DRIVER_NS, NODE, make_config
 from prometheus_client.parser import text_string_to_metric_families
+from testsupport.kp_harness import CLIQUE, DRIVER_NS, NODE, make_config
 
 from pkg.runtime.buildinfo import load_build_info
 from pkg.testing.eventually import eventually
@@ -32,12 +32,18 @@ def free_port() -> int:
 
 def kubeconfig(root: Path, url: str) -> Path:
     path = root / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "fake",
+                "clusters": [{"name": "fake", "cluster": {"server": url}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+            }
+        )
+    )
     return path
 
 
@@ -53,16 +59,19 @@ def test_metrics_endpoint_serves_the_build_info_gauge(api: FakeApiServer, root: 
     make_config(root)  # writes the fake /proc/devices
     port = free_port()
     env = {
-        "NODE_NAME": NODE, "NAMESPACE": DRIVER_NS, "CDI_ROOT": str(root / "cdi"),
+        "NODE_NAME": NODE,
+        "NAMESPACE": DRIVER_NS,
+        "CDI_ROOT": str(root / "cdi"),
         "KUBELET_REGISTRAR_DIRECTORY_PATH": str(root / "reg"),
         "KUBELET_PLUGINS_DIRECTORY_PATH": str(root / "plugins"),
         "ALT_PROC_DEVICES_PATH": str(root / "proc-devices"),
-        "KUBECONFIG": str(kubeconfig(root, api.url)), "DEVICE_DISCOVERY": "fake",
+        "KUBECONFIG": str(kubeconfig(root, api.url)),
+        "DEVICE_DISCOVERY": "fake",
         "FAKE_GPU_CONFIG": json.dumps(
             {"gpuCount": 1, "clusterUUID": CLIQUE.split(".")[0], "cliqueId": 7}
         ),
         "HTTP_ENDPOINT": f"127.0.0.1:{port}",
-    }  # fmt: skip
+    }
     plugin = subprocess.Popen([sys.executable, str(ENTRY)], env=env, cwd="/")
     try:
         texts: list[str] = []
@@ -76,10 +85,17 @@ def test_metrics_endpoint_serves_the_build_info_gauge(api: FakeApiServer, root: 
         (family,) = [f for f in text_string_to_metric_families(texts[0]) if f.name == METRIC]
         info = load_build_info()
         assert family.type == "gauge"
-        assert [(s.labels, s.value) for s in family.samples] == [(
-            {"version": info.version, "revision": info.revision, "build_date": info.build_date,
-             "python_version": platform.python_version()}, 1.0,
-        )]  # fmt: skip
+        assert [(s.labels, s.value) for s in family.samples] == [
+            (
+                {
+                    "version": info.version,
+                    "revision": info.revision,
+                    "build_date": info.build_date,
+                    "python_version": platform.python_version(),
+                },
+                1.0,
+            )
+        ]
         plugin.send_signal(signal.SIGTERM)
         assert plugin.wait(15) == 0
     finally:

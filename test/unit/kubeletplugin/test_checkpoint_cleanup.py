@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kp_harness import channel_params, running_plugin, seed_claim, seed_domain
+from testsupport.kp_harness import channel_params, running_plugin, seed_claim, seed_domain
 
 from pkg.api import constants as c
 from pkg.base.types import JSON
@@ -50,9 +50,12 @@ def cleanup_lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
 def entry_of(claim: JSON, state: ClaimState = ClaimState.PREPARE_STARTED, **kw: Any) -> ClaimEntry:
     meta = claim["metadata"]
     fields: dict[str, Any] = {
-        "uid": meta["uid"], "state": state, "status": canonical_status(claim["status"]),
-        "namespace": meta["namespace"], "name": meta["name"],
-    }  # fmt: skip
+        "uid": meta["uid"],
+        "state": state,
+        "status": canonical_status(claim["status"]),
+        "namespace": meta["namespace"],
+        "name": meta["name"],
+    }
     fields.update(kw)
     return ClaimEntry(**fields)
 
@@ -101,17 +104,22 @@ def test_startup_pass_unprepares_only_stale_started_claims(
         nameless_uid, replaced_uid = nameless["metadata"]["uid"], replaced["metadata"]["uid"]
         expected = [
             (V(4), f"{PREFIX}claims in PrepareStarted state: 4 (of 5)"),
-            (V(4), f"{PREFIX}partially prepared claim '{ref(gone)}' is stale: "
-                   "not found in API server"),
+            (
+                V(4),
+                f"{PREFIX}partially prepared claim '{ref(gone)}' is stale: not found in API server",
+            ),
             (V(6), f"Marked claim PrepareAborted in checkpoint: {ref(gone)}"),
             (V(0), f"{PREFIX}unprepared stale claim: {ref(gone)}"),
             (V(4), f"{PREFIX}partially prepared claim not stale: {ref(alive)}"),
             (V(4), f"{PREFIX}skip checkpointed claim '{nameless_uid}': RC name not in checkpoint"),
-            (V(4), f"{PREFIX}partially prepared claim '{replaced_ref}' is stale: UID changed "
-                   f"(checkpoint: {old_uid}, API server: {replaced_uid})"),
+            (
+                V(4),
+                f"{PREFIX}partially prepared claim '{replaced_ref}' is stale: UID changed "
+                f"(checkpoint: {old_uid}, API server: {replaced_uid})",
+            ),
             (V(6), f"Marked claim PrepareAborted in checkpoint: {replaced_ref}:{old_uid}"),
             (V(0), f"{PREFIX}unprepared stale claim: {replaced_ref}:{old_uid}"),
-        ]  # fmt: skip
+        ]
         seen = cleanup_lines(logs)
         assert sorted(seen) == sorted(expected)
         # Per claim: looked up, marked Aborted by the Unprepare, then reported.

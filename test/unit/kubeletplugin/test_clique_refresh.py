@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kp_harness import (
+from testsupport.kp_harness import (
     CLIQUE,
     DRIVER_NS,
     NODE,
@@ -93,9 +93,11 @@ def test_an_empty_detection_never_replaces_a_clique(tmp_path: Path) -> None:
     write_fabric(config, "")
     changes: list[str] = []
     refresher = CliqueRefresher(
-        initial=CLIQUE, discovery=discovery_from(config), clock=FakeClock(),
+        initial=CLIQUE,
+        discovery=discovery_from(config),
+        clock=FakeClock(),
         on_change=changes.append,
-    )  # fmt: skip
+    )
     refresher.refresh()
     assert refresher.clique_id() == CLIQUE and changes == []
 
@@ -314,8 +316,9 @@ def test_every_reader_sees_a_refreshed_clique(api: FakeApiServer, root: Path) ->
         assert [n["path"] for n in nodes] == ["/dev/nvidia-caps-imex-channels/channel0"]
 
         params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}
-        daemon = seed_claim(api, namespace=DRIVER_NS, device=c.DAEMON_DEVICE_NAME,
-                            request="daemon", params=params)  # fmt: skip
+        daemon = seed_claim(
+            api, namespace=DRIVER_NS, device=c.DAEMON_DEVICE_NAME, request="daemon", params=params
+        )
         result = kubelet.prepare(daemon).claims[daemon["metadata"]["uid"]]
         assert result.error == ""
         spec = json.loads(

@@ -243,9 +243,13 @@ def test_nvml_fabric_structs_have_the_nvml_h_layout() -> None:
     assert ctypes.sizeof(FabricInfoV1) == 28
     v2 = [(f[0], getattr(FabricInfoV2, f[0]).offset) for f in FabricInfoV2._fields_]
     assert v2 == [
-        ("version", 0), ("clusterUuid", 4), ("status", 20), ("cliqueId", 24), ("state", 28),
+        ("version", 0),
+        ("clusterUuid", 4),
+        ("status", 20),
+        ("cliqueId", 24),
+        ("state", 28),
         ("healthMask", 32),
-    ]  # fmt: skip
+    ]
     assert FabricInfoV2().version == 0x02000024  # nvmlGpuFabricInfo_v2 in nvml.h
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kp_harness import (
+from testsupport.kp_harness import (
     CLIQUE,
     DRIVER_NS,
     NODE,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kp_harness import (
+from testsupport.kp_harness import (
     CLIQUE,
     DRIVER_NS,
     NODE,
@@ -79,7 +79,7 @@ def test_sigkill_between_checkpoint_steps(api: FakeApiServer, root: Path, crash_
     claim = seed_claim(api, params=channel_params(cd))
     uid = claim["metadata"]["uid"]
     crashing = subprocess.Popen(
-        [sys.executable, str(HERE / "kp_crashing_plugin.py"), str(root), api.url, crash_at],
+        [sys.executable, "-m", "testsupport.kp_crashing_plugin", str(root), api.url, crash_at],
         stdout=subprocess.PIPE,
     )
     assert crashing.stdout is not None and crashing.stdout.readline().strip() == b"READY"
@@ -116,7 +116,8 @@ def test_stale_started_entry_of_deleted_claim_is_unprepared_at_start(
     crashing = subprocess.Popen(
         [
             sys.executable,
-            str(HERE / "kp_crashing_plugin.py"),
+            "-m",
+            "testsupport.kp_crashing_plugin",
             str(root),
             api.url,
             "PrepareCompleted",

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kp_harness import CLIQUE, DRIVER_NS, NODE, running_plugin, seed_claim, set_daemon_ready
 from test_contract import cdi_spec  # type: ignore[import-not-found, unused-ignore]
+from testsupport.kp_harness import (
+    CLIQUE,
+    DRIVER_NS,
+    NODE,
+    running_plugin,
+    seed_claim,
+    set_daemon_ready,
+)
 
 from pkg.api import constants as c
 from pkg.api import daemoncontract as dc
@@ -32,8 +39,12 @@ POD = {
 
 def daemonset_env(cd: dict[str, object]) -> dict[str, str]:
     """The env of a daemon container as the kubelet starts it from the controller's DaemonSet."""
-    config = ControllerConfig(namespace=DRIVER_NS, image_name="img:1", log_verbosity_cd_daemon=5,
-                              feature_gates="ComputeDomainCliques=true")  # fmt: skip
+    config = ControllerConfig(
+        namespace=DRIVER_NS,
+        image_name="img:1",
+        log_verbosity_cd_daemon=5,
+        feature_gates="ComputeDomainCliques=true",
+    )
     ds = render_daemonset(parse_compute_domain(cd), config)
     (container,) = ds["spec"]["template"]["spec"]["containers"]
     env = {}
@@ -46,8 +57,9 @@ def daemonset_env(cd: dict[str, object]) -> dict[str, str]:
 def cdi_env_and_mount(api: FakeApiServer, root: Path, cd_uid: str) -> tuple[dict[str, str], str]:
     """The env and the mount target of the plugin's CDI spec for the domain's daemon claim."""
     params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd_uid}
-    claim = seed_claim(api, namespace=DRIVER_NS, device=c.DAEMON_DEVICE_NAME, request="daemon",
-                       params=params)  # fmt: skip
+    claim = seed_claim(
+        api, namespace=DRIVER_NS, device=c.DAEMON_DEVICE_NAME, request="daemon", params=params
+    )
     uid = claim["metadata"]["uid"]
     with running_plugin(api, root) as (_plugin, kubelet):
         assert kubelet.prepare(claim).claims[uid].error == ""
@@ -60,12 +72,19 @@ def cdi_env_and_mount(api: FakeApiServer, root: Path, cd_uid: str) -> tuple[dict
 def test_what_the_daemonset_and_the_cdi_spec_set_is_what_the_daemon_parses(
     api: FakeApiServer, root: Path
 ) -> None:
-    cd = api.seed(res.COMPUTE_DOMAINS, {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "cd-contract", "namespace": "team",
-                     "annotations": {c.TRACEPARENT_ANNOTATION: TRACEPARENT}},
-        "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "rct"}}},
-    })  # fmt: skip
+    cd = api.seed(
+        res.COMPUTE_DOMAINS,
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {
+                "name": "cd-contract",
+                "namespace": "team",
+                "annotations": {c.TRACEPARENT_ANNOTATION: TRACEPARENT},
+            },
+            "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "rct"}}},
+        },
+    )
     cd_uid = str(cd["metadata"]["uid"])
     set_daemon_ready(api, cd_uid, ready=True)
     from_ds = daemonset_env(cd)
@@ -81,10 +100,17 @@ def test_what_the_daemonset_and_the_cdi_spec_set_is_what_the_daemon_parses(
     assert opts.gates.enabled("ComputeDomainCliques")
     assert opts.join_by_controller is True
     assert (opts.node_name, opts.pod_ip, opts.pod_uid, opts.pod_name, opts.pod_namespace) == (
-        NODE, "10.0.0.9", "pod-uid-1", "computedomain-daemon-x", DRIVER_NS,
-    )  # fmt: skip
+        NODE,
+        "10.0.0.9",
+        "pod-uid-1",
+        "computedomain-daemon-x",
+        DRIVER_NS,
+    )
     assert (opts.clique_id, opts.domain_uid, opts.domain_name, opts.domain_namespace) == (
-        CLIQUE, cd_uid, "cd-contract", "team",
-    )  # fmt: skip
+        CLIQUE,
+        cd_uid,
+        "cd-contract",
+        "team",
+    )
     assert opts.traceparent == TRACEPARENT
     assert opts.config_dir == mount == dc.CONFIG_DIR

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kp_harness import DRIVER_NS, NODE, make_config, seed_domain
+from testsupport.kp_harness import DRIVER_NS, NODE, make_config, seed_domain
 
 from pkg.kube import resources as res
 from pkg.kubeletplugin.discovery import NodeDevices
@@ -33,8 +33,13 @@ def get(url: str) -> tuple[int, bytes]:
 def start(
     api: FakeApiServer, root: Path, *, debug: bool, metrics_path: str = "/metrics"
 ) -> KubeletPlugin:
-    config = dataclasses.replace(make_config(root), metrics_port=0, metrics_host="127.0.0.1",
-                                 debug_endpoints=debug, metrics_path=metrics_path)  # fmt: skip
+    config = dataclasses.replace(
+        make_config(root),
+        metrics_port=0,
+        metrics_host="127.0.0.1",
+        debug_endpoints=debug,
+        metrics_path=metrics_path,
+    )
     devices = NodeDevices(driver_version="580.65.06", gpus=(), clique_id="")
     plugin = KubeletPlugin(config=config, client=api.client(), devices=devices)
     plugin.start()
@@ -68,10 +73,12 @@ def test_debug_informers_lists_every_cache_when_enabled(api: FakeApiServer, root
         d = doc()
         assert (d["component"], d["node"]) == ("compute-domain-kubelet-plugin", NODE)
         slices = {(i["resource"], i["namespace"], i["fieldSelector"]): i for i in d["informers"]}
-        assert set(slices) == {("computedomains", None, None),
-                               ("computedomaincliques", DRIVER_NS, None),
-                               ("resourceslices", None, f"spec.nodeName={NODE}"),
-                               ("nodes", None, f"metadata.name={NODE}")}  # fmt: skip
+        assert set(slices) == {
+            ("computedomains", None, None),
+            ("computedomaincliques", DRIVER_NS, None),
+            ("resourceslices", None, f"spec.nodeName={NODE}"),
+            ("nodes", None, f"metadata.name={NODE}"),
+        }
         eventually(lambda: all(i["synced"] for i in doc()["informers"]))
 
         def cached(resource: str) -> dict[str, str]:

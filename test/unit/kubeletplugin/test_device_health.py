@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 import pytest
-from kp_harness import (
+from testsupport.kp_harness import (
     CLIQUE,
     DRIVER_NS,
     NODE,

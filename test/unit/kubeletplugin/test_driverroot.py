@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kp_harness import make_config
+from testsupport.kp_harness import make_config
 
 from pkg.kubeletplugin import driverroot as dr
 from pkg.kubeletplugin import procdevices
@@ -44,8 +44,14 @@ TOOLKIT_DRIVER_BINARIES = (
     "nvidia-imex-ctl",
 )
 # pkg/lookup/path.go defaultPATH (searched under the driver root)
-TOOLKIT_EXECUTABLE_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin",
-                           "/bin")  # fmt: skip
+TOOLKIT_EXECUTABLE_PATH = (
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+)
 # pkg/lookup/library.go NewLibraryLocator search paths (besides the root itself)
 TOOLKIT_LIBRARY_PATHS = (
     "/usr/lib64",
@@ -199,8 +205,11 @@ def test_discovery_finds_everything_in_either_architectures_layout(
     edits = management_edits(files, uvm_major=511, extra_nodes=gpus)
     assert edits.env == ()
     assert [n["path"] for n in edits.device_nodes] == [
-        "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-    ]  # fmt: skip
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    ]
     caps = root.imex_mgmt_caps_file(proc_root=tmp_path / "no-proc")
     assert caps == tmp_path / "proc/driver/nvidia/capabilities/fabric-imex-mgmt"
     mgmt = procdevices.imex_mgmt_node(caps_file=caps, caps_major=236)
@@ -310,10 +319,18 @@ def test_missing_nvml_names_the_driver_root(tmp_path: Path) -> None:
 def test_plugin_nvml_discovery_uses_the_driver_root(tmp_path: Path, pynvml_unloaded: Any) -> None:
     made = FakeDriverRoot.create(tmp_path)
     args = parse_args(
-        ["--node-name", "n", "--device-discovery", "nvml",
-         "--nvidia-driver-root", "/run/nvidia/driver", "--container-driver-root", str(tmp_path)],
+        [
+            "--node-name",
+            "n",
+            "--device-discovery",
+            "nvml",
+            "--nvidia-driver-root",
+            "/run/nvidia/driver",
+            "--container-driver-root",
+            str(tmp_path),
+        ],
         {},
-    )  # fmt: skip
+    )
     # The placeholder is no ELF file: the error shows which file the plugin tried to load.
     with pytest.raises(
         DiscoveryError, match=re.escape(f"cannot load NVML from {tmp_path}/{made.lib_dir}/")

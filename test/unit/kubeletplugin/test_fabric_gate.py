@@ -6,10 +6,9 @@ registration is skipped even in strict mode."""
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import json
 import logging
-import sys
 import uuid
 from pathlib import Path
 from types import ModuleType
@@ -61,12 +60,14 @@ def test_fake_discovery_honours_the_gate() -> None:
 
 @pytest.fixture
 def cli() -> ModuleType:
-    here = Path(__file__).resolve().parents[3] / "cmd/compute-domain-kubelet-plugin"
-    sys.path.insert(0, str(here))
-    try:
-        return importlib.import_module("compute_domain_kubelet_plugin")
-    finally:
-        sys.path.pop(0)
+    entry = Path(__file__).resolve().parents[3] / "cmd/compute-domain-kubelet-plugin"
+    spec = importlib.util.spec_from_file_location(
+        "compute_domain_kubelet_plugin", entry / "compute_domain_kubelet_plugin.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize(
@@ -93,8 +94,16 @@ def test_plugin_binary_start_up(
     """Discovery passes or fails before the API client is built ("cannot load kubeconfig")."""
     fabric = {"clusterUUID": CLUSTER, "gpuCount": 1, "fabric": {"state": "IN_PROGRESS"}}
     monkeypatch.setenv("FAKE_GPU_CONFIG", json.dumps(fabric))
-    argv = ["--node-name", "n", "--device-discovery", "fake", "--feature-gates", gates,
-            "--kubeconfig", str(tmp_path / "missing")]  # fmt: skip
+    argv = [
+        "--node-name",
+        "n",
+        "--device-discovery",
+        "fake",
+        "--feature-gates",
+        gates,
+        "--kubeconfig",
+        str(tmp_path / "missing"),
+    ]
     assert cli.main(argv) == 1
     assert outcome in caplog.text
 
@@ -216,8 +225,17 @@ def test_plugin_binary_tolerates_pending_registration_under_the_gate(
     make_root(driver_root)
     fabric = {"clusterUUID": CLUSTER, "gpuCount": 1, "fabric": {"state": "IN_PROGRESS"}}
     monkeypatch.setenv("FAKE_GPU_CONFIG", json.dumps(fabric))
-    argv = ["--node-name", "n", "--device-discovery", "fake", "--feature-gates", gates,
-            "--container-driver-root", str(driver_root),
-            "--kubeconfig", str(tmp_path / "missing")]  # fmt: skip
+    argv = [
+        "--node-name",
+        "n",
+        "--device-discovery",
+        "fake",
+        "--feature-gates",
+        gates,
+        "--container-driver-root",
+        str(driver_root),
+        "--kubeconfig",
+        str(tmp_path / "missing"),
+    ]
     assert cli.main(argv) == 1
     assert outcome in caplog.text

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kp_harness import (  # type: ignore[import-not-found, unused-ignore]
+from testsupport.kp_harness import (  # type: ignore[import-not-found, unused-ignore]
     CLIQUE,
     DRIVER_NS,
     NODE,
@@ -86,8 +86,9 @@ def test_ready_query_runs_chrooted_ctl_with_the_socket(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("where", ["opt/bin", "usr/sbin", "sbin", "bin", "."])
 def test_ctl_is_found_in_every_upstream_directory(tmp_path: Path, where: str) -> None:
-    ctl = HostImexCtl(dev_root=dev_root(tmp_path, ctl_dir=where), socket_path=SOCKET,
-                      runner=FakeRunner())  # fmt: skip
+    ctl = HostImexCtl(
+        dev_root=dev_root(tmp_path, ctl_dir=where), socket_path=SOCKET, runner=FakeRunner()
+    )
     assert ctl.find_ctl() == f"/{where}/nvidia-imex-ctl".replace("/./", "/")
 
 
@@ -103,17 +104,23 @@ def test_ctl_symlink_resolves_inside_the_root_and_a_directory_is_skipped(tmp_pat
 @pytest.mark.parametrize(
     ("runner", "message"),
     [
-        (FakeRunner(result=CommandResult(0, "UNAVAILABLE\n")),
-         "host nvidia-imex daemon not ready: UNAVAILABLE\n"),
-        (FakeRunner(result=CommandResult(1, "connect: No such file or directory\n")),
-         'error running nvidia-imex-ctl (socket "/etc/nvidia-imex/imex_ctrl.sock"): exit status '
-         "1, output: connect: No such file or directory\n"),
-        (FakeRunner(error=subprocess.TimeoutExpired(["chroot"], 30)),
-         'error running nvidia-imex-ctl (socket "/etc/nvidia-imex/imex_ctrl.sock"): no answer '
-         "within 30s, output: "),
+        (
+            FakeRunner(result=CommandResult(0, "UNAVAILABLE\n")),
+            "host nvidia-imex daemon not ready: UNAVAILABLE\n",
+        ),
+        (
+            FakeRunner(result=CommandResult(1, "connect: No such file or directory\n")),
+            'error running nvidia-imex-ctl (socket "/etc/nvidia-imex/imex_ctrl.sock"): exit status '
+            "1, output: connect: No such file or directory\n",
+        ),
+        (
+            FakeRunner(error=subprocess.TimeoutExpired(["chroot"], 30)),
+            'error running nvidia-imex-ctl (socket "/etc/nvidia-imex/imex_ctrl.sock"): no answer '
+            "within 30s, output: ",
+        ),
     ],
     ids=["not-ready", "exit-1", "timeout"],
-)  # fmt: skip
+)
 def test_not_ready_answers_carry_upstreams_text(
     tmp_path: Path, runner: FakeRunner, message: str
 ) -> None:
@@ -145,18 +152,25 @@ def test_missing_ctl_is_named_and_nothing_runs(tmp_path: Path) -> None:
 
 @contextmanager
 def host_managed_plugin(
-    server: FakeApiServer, root: Path, runner: FakeRunner, *, clique: str = CLIQUE,
+    server: FakeApiServer,
+    root: Path,
+    runner: FakeRunner,
+    *,
+    clique: str = CLIQUE,
     ctl: bool = True,
-) -> Iterator[KubeletPlugin]:  # fmt: skip
+) -> Iterator[KubeletPlugin]:
     config = replace(
-        make_config(root), imex=ImexModeConfig(mode="hostManaged"),
+        make_config(root),
+        imex=ImexModeConfig(mode="hostManaged"),
         container_driver_root=dev_root(root / "driver-root", ctl_dir="usr/bin" if ctl else None),
-    )  # fmt: skip
+    )
     server.seed(res.NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     plugin = KubeletPlugin(
-        config=config, client=server.client(), command_runner=runner,
+        config=config,
+        client=server.client(),
+        command_runner=runner,
         devices=NodeDevices(driver_version="580.65.06", gpus=(), clique_id=clique),
-    )  # fmt: skip
+    )
     plugin.start()
     try:
         yield plugin
@@ -173,11 +187,14 @@ def server() -> Iterator[FakeApiServer]:
 def seed_domain(server: FakeApiServer, *, namespace: str = "team", name: str = "cd") -> str:
     cd = server.seed(
         res.COMPUTE_DOMAINS,
-        {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-         "metadata": {"name": name, "namespace": namespace},
-         "spec": {"channel": {"resourceClaimTemplate": {"name": "rct"}}},
-         "status": {"status": "Ready"}},
-    )  # fmt: skip
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "rct"}}},
+            "status": {"status": "Ready"},
+        },
+    )
     return str(cd["metadata"]["uid"])
 
 
@@ -235,8 +252,10 @@ def test_missing_ctl_fails_the_claim_retryably(server: FakeApiServer) -> None:
     runner = FakeRunner()
     with short_tmpdir() as root, host_managed_plugin(server, root, runner, ctl=False) as plugin:
         claim = seed_claim(server, params=channel_params(seed_domain(server)))
-        with pytest.raises(RetryableError, match="readiness check failed: nvidia-imex-ctl not "
-                           "found under driver root"):  # fmt: skip
+        with pytest.raises(
+            RetryableError,
+            match="readiness check failed: nvidia-imex-ctl not found under driver root",
+        ):
             prepare(plugin, claim)
         assert runner.calls == []
 
@@ -254,8 +273,13 @@ def test_daemon_claim_is_refused_permanently(server: FakeApiServer) -> None:
     with short_tmpdir() as root, host_managed_plugin(server, root, FakeRunner()) as plugin:
         uid = seed_domain(server)
         params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": uid}
-        claim = seed_claim(server, namespace=DRIVER_NS, device=c.DAEMON_DEVICE_NAME,
-                           params=params, request="daemon")  # fmt: skip
+        claim = seed_claim(
+            server,
+            namespace=DRIVER_NS,
+            device=c.DAEMON_DEVICE_NAME,
+            params=params,
+            request="daemon",
+        )
         with pytest.raises(PermanentError) as err:
             prepare(plugin, claim)
         assert str(err.value) == DAEMON_CLAIMS_REFUSED
@@ -298,24 +322,32 @@ def test_unprepare_removes_no_node_label(server: FakeApiServer) -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"IMEX_MODE": "hostManaged"},
-         'imex.mode="hostManaged" requires the HostManagedIMEXDaemon feature gate to be enabled'),
+        (
+            {"IMEX_MODE": "hostManaged"},
+            'imex.mode="hostManaged" requires the HostManagedIMEXDaemon feature gate to be enabled',
+        ),
         ({"IMEX_MODE": ""}, 'unknown imex.mode ""'),
-        ({"IMEX_ISOLATION": "channel"},
-         'imex.isolation="channel" is not supported yet: per-workload IMEX channel allocation '
-         "is not implemented"),
+        (
+            {"IMEX_ISOLATION": "channel"},
+            'imex.isolation="channel" is not supported yet: per-workload IMEX channel allocation '
+            "is not implemented",
+        ),
         ({"IMEX_ISOLATION": "x"}, 'unknown imex.isolation "x": must be "domain" or "channel"'),
     ],
     ids=["no-gate", "empty-mode", "channel", "unknown-isolation"],
-)  # fmt: skip
+)
 def test_plugin_binary_exits_1_on_bad_imex_config(
     tmp_path: Path, env: dict[str, str], message: str
 ) -> None:
     base = {k: v for k, v in os.environ.items() if k not in ("FEATURE_GATES", "PYTHONPATH")}
     done = subprocess.run(
         [sys.executable, str(PLUGIN), "--node-name=n1"],
-        env={**base, **env}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        env={**base, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
         check=False,
-    )  # fmt: skip
+    )
     assert done.returncode == 1, done.stderr
     assert f"Error: imex configuration validation failed: {message}\n" in done.stderr

@@ -37,19 +37,23 @@ IP = "10.0.0.1"
 
 def clique(status: str, ip: str = IP, node: str = NODE) -> JSON:
     return {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_CLIQUE_KIND,
         "metadata": {"name": f"{UID}.cl.1", "namespace": NS},
-        "daemons": [{"nodeName": node, "ipAddress": ip, "cliqueID": "cl.1", "index": 0,
-                     "status": status}],
-    }  # fmt: skip
+        "daemons": [
+            {"nodeName": node, "ipAddress": ip, "cliqueID": "cl.1", "index": 0, "status": status}
+        ],
+    }
 
 
 def domain(nodes: list[JSON]) -> JSON:
     return {
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_KIND,
         "metadata": {"name": "cd", "namespace": "team", "uid": UID},
-        "spec": {"numNodes": 1}, "status": {"nodes": nodes},
-    }  # fmt: skip
+        "spec": {"numNodes": 1},
+        "status": {"nodes": nodes},
+    }
 
 
 @pytest.fixture
@@ -61,11 +65,15 @@ def api() -> Iterator[FakeApiServer]:
 def tracker(api: FakeApiServer, plugin_dir: Path, *, clique_id: str = "cl.1") -> DomainTracker:
     client = api.client()
     t = DomainTracker(
-        client=client, informers=SharedInformerFactory(client, clock=RealClock()),
-        node_name=NODE, driver_namespace=NS, clique_id=lambda: clique_id, clock=RealClock(),
+        client=client,
+        informers=SharedInformerFactory(client, clock=RealClock()),
+        node_name=NODE,
+        driver_namespace=NS,
+        clique_id=lambda: clique_id,
+        clock=RealClock(),
         local_ready=lambda uid: localready.read(domain_dir(plugin_dir, uid)),
         local_poll=0.02,
-    )  # fmt: skip
+    )
     t.start()
     assert t.wait_synced(5)
     return t
@@ -156,8 +164,20 @@ def test_the_status_mode_entry_works_with_the_record_too(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
     """Cliques gate off (or a node without a clique object): ``status.nodes`` holds the entry."""
-    api.seed(res.COMPUTE_DOMAINS, domain([{"name": NODE, "ipAddress": IP, "cliqueID": "cl.1",
-                                           "index": 0, "status": c.STATUS_NOT_READY}]))  # fmt: skip
+    api.seed(
+        res.COMPUTE_DOMAINS,
+        domain(
+            [
+                {
+                    "name": NODE,
+                    "ipAddress": IP,
+                    "cliqueID": "cl.1",
+                    "index": 0,
+                    "status": c.STATUS_NOT_READY,
+                }
+            ]
+        ),
+    )
     [cd] = api.objects(res.COMPUTE_DOMAINS)
     uid = cd["metadata"]["uid"]  # the fake API server assigns it
     t = tracker(api, tmp_path, clique_id="")
@@ -178,10 +198,15 @@ def test_the_record_is_polled_only_while_an_entry_it_could_speak_for_exists(
     client = api.client()
     clock = FakeClock(advance_on_wait=True)
     t = DomainTracker(
-        client=client, informers=SharedInformerFactory(client, clock=RealClock()),
-        node_name=NODE, driver_namespace=NS, clique_id=lambda: "cl.1", clock=clock,
-        local_ready=lambda uid: localready.read(domain_dir(tmp_path, uid)), local_poll=0.05,
-    )  # fmt: skip
+        client=client,
+        informers=SharedInformerFactory(client, clock=RealClock()),
+        node_name=NODE,
+        driver_namespace=NS,
+        clique_id=lambda: "cl.1",
+        clock=clock,
+        local_ready=lambda uid: localready.read(domain_dir(tmp_path, uid)),
+        local_poll=0.05,
+    )
     t.start()
     try:
         assert t.wait_synced(5)
@@ -216,10 +241,15 @@ def test_the_record_is_read_outside_the_trackers_lock(api: FakeApiServer, tmp_pa
         return None
 
     t = DomainTracker(
-        client=client, informers=SharedInformerFactory(client, clock=RealClock()),
-        node_name=NODE, driver_namespace=NS, clique_id=lambda: "cl.1", clock=RealClock(),
-        local_ready=reader, local_poll=0.02,
-    )  # fmt: skip
+        client=client,
+        informers=SharedInformerFactory(client, clock=RealClock()),
+        node_name=NODE,
+        driver_namespace=NS,
+        clique_id=lambda: "cl.1",
+        clock=RealClock(),
+        local_ready=reader,
+        local_poll=0.02,
+    )
     t.start()
     try:
         assert t.wait_synced(5)
@@ -232,9 +262,10 @@ def test_the_record_is_read_outside_the_trackers_lock(api: FakeApiServer, tmp_pa
 
 def record_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
-        r.getMessage() for r in caplog.records
+        r.getMessage()
+        for r in caplog.records
         if r.name == "pkg.kubeletplugin.computedomains" and r.levelno == logging.WARNING
-    ]  # fmt: skip
+    ]
 
 
 def test_a_hostile_record_counts_as_absent_with_one_warning(
@@ -247,12 +278,17 @@ def test_a_hostile_record_counts_as_absent_with_one_warning(
     warn_clock = FakeClock()
     client = api.client()
     t = DomainTracker(
-        client=client, informers=SharedInformerFactory(client, clock=RealClock()),
-        node_name=NODE, driver_namespace=NS, clique_id=lambda: "cl.1", clock=RealClock(),
-        local_ready=LocalRecordReader(lambda uid: domain_dir(tmp_path, uid), clock=warn_clock,
-                                      interval=600),
+        client=client,
+        informers=SharedInformerFactory(client, clock=RealClock()),
+        node_name=NODE,
+        driver_namespace=NS,
+        clique_id=lambda: "cl.1",
+        clock=RealClock(),
+        local_ready=LocalRecordReader(
+            lambda uid: domain_dir(tmp_path, uid), clock=warn_clock, interval=600
+        ),
         local_poll=0.01,
-    )  # fmt: skip
+    )
     pub = daemon(tmp_path)
     fifo = domain_dir(tmp_path, UID) / localready.FILE_NAME
     os.mkfifo(fifo)

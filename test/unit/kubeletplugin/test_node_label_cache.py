@@ -55,9 +55,13 @@ def synced_tracker(
     client = api.client()
     factory = SharedInformerFactory(client, clock=RealClock())
     tracker = DomainTracker(
-        client=client, informers=factory, node_name=NODE, driver_namespace=DRIVER_NS,
-        clique_id=lambda: "cl.1", clock=RealClock(),
-    )  # fmt: skip
+        client=client,
+        informers=factory,
+        node_name=NODE,
+        driver_namespace=DRIVER_NS,
+        clique_id=lambda: "cl.1",
+        clock=RealClock(),
+    )
     tracker.start()
     eventually(tracker._nodes.has_synced)
     if freeze:

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kp_harness import CLIQUE, DRIVER_NS, Kubelet, make_config, seed_claim, seed_domain
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from testsupport.kp_harness import CLIQUE, DRIVER_NS, Kubelet, make_config, seed_claim, seed_domain
 
 from pkg.api import constants as c
 from pkg.base.types import JSON
@@ -50,10 +50,11 @@ def annotate(api: FakeApiServer, cd_uid: str) -> str:
     value = new_traceparent()
     meta = cd["metadata"]
     api.client().patch(
-        res.COMPUTE_DOMAINS, meta["name"],
+        res.COMPUTE_DOMAINS,
+        meta["name"],
         {"metadata": {"annotations": {c.TRACEPARENT_ANNOTATION: value}}},
         namespace=meta["namespace"],
-    )  # fmt: skip
+    )
     return value
 
 
@@ -113,8 +114,11 @@ def test_prepare_spans_join_the_domain_trace(api: FakeApiServer, root: Path) -> 
     # Inside each request: the claim's GET and the two checkpointed steps around the domain's
     # part (so a slow Prepare shows where its time went).
     request_ids = {r.context.span_id for r in requests if r.context is not None}
-    for name in ("get ResourceClaim", "record PrepareStarted",
-                 "write CDI spec, record PrepareCompleted"):  # fmt: skip
+    for name in (
+        "get ResourceClaim",
+        "record PrepareStarted",
+        "write CDI spec, record PrepareCompleted",
+    ):
         steps = spans_named(exporter, name)
         assert len(steps) == 2, name
         assert {s.parent.span_id for s in steps if s.parent is not None} == request_ids, name
@@ -129,6 +133,8 @@ def test_domain_without_annotation_is_not_traced(api: FakeApiServer, root: Path)
         assert kubelet.prepare(daemon).claims[uid].error == ""
         assert not any(e.startswith("TRACEPARENT=") for e in cdi_env(root, uid))
     assert [s.name for s in exporter.get_finished_spans()] == [
-        "get ResourceClaim", "record PrepareStarted", "write CDI spec, record PrepareCompleted",
+        "get ResourceClaim",
+        "record PrepareStarted",
+        "write CDI spec, record PrepareCompleted",
         "NodePrepareResource",
-    ]  # fmt: skip
+    ]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kp_harness import (  # type: ignore[import-not-found, unused-ignore]
+from testsupport.kp_harness import (  # type: ignore[import-not-found, unused-ignore]
     CLIQUE,
     NODE,
     Kubelet,
@@ -43,19 +43,45 @@ def served_claim(api: FakeApiServer, version: str, cd_uid: str) -> JSON:
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": "w0", "namespace": "team"},
-        "spec": {"devices": {"requests": [
-            {"name": "channel", "exactly": {
-                "deviceClassName": "compute-domain-default-channel.nvidia.com",
-                "allocationMode": "ExactCount", "count": 1,
-            }},
-        ]}},
-        "status": {"allocation": {"devices": {
-            "results": [{"request": "channel", "driver": c.DRIVER_NAME, "pool": NODE,
-                         "device": c.CHANNEL_DEVICE_NAME}],
-            "config": [{"source": "FromClaim", "requests": [],
-                        "opaque": {"driver": c.DRIVER_NAME, "parameters": channel_params(cd_uid)}}],
-        }}},
-    }  # fmt: skip
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "channel",
+                        "exactly": {
+                            "deviceClassName": "compute-domain-default-channel.nvidia.com",
+                            "allocationMode": "ExactCount",
+                            "count": 1,
+                        },
+                    },
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "channel",
+                            "driver": c.DRIVER_NAME,
+                            "pool": NODE,
+                            "device": c.CHANNEL_DEVICE_NAME,
+                        }
+                    ],
+                    "config": [
+                        {
+                            "source": "FromClaim",
+                            "requests": [],
+                            "opaque": {
+                                "driver": c.DRIVER_NAME,
+                                "parameters": channel_params(cd_uid),
+                            },
+                        }
+                    ],
+                }
+            }
+        },
+    }
     wire = dataclasses.replace(res.RESOURCE_CLAIMS, version=version)
     return api.seed(wire, to_served("ResourceClaim", claim, version))
 

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kp_harness import DRIVER_NS, NODE, channel_params, running_plugin, seed_claim, seed_domain
+from testsupport.kp_harness import (
+    DRIVER_NS,
+    NODE,
+    channel_params,
+    running_plugin,
+    seed_claim,
+    seed_domain,
+)
 
 from pkg.api import constants as c
 from pkg.base.types import JSON
@@ -109,9 +116,13 @@ def test_our_tombstone_is_written_as_upstream_writes_it() -> None:
     status = canonical_status(decode_checkpoint(upstream_file()).entries[UID_A].status)
     completed = decode_checkpoint(upstream_file()).entries[UID_A]
     aborted = ClaimEntry(
-        uid=UID_B, state=ClaimState.PREPARE_ABORTED, status=status, namespace="team",
-        name="w<1>", aborted_at="2026-06-10T17:05:49Z",
-    )  # fmt: skip
+        uid=UID_B,
+        state=ClaimState.PREPARE_ABORTED,
+        status=status,
+        namespace="team",
+        name="w<1>",
+        aborted_at="2026-06-10T17:05:49Z",
+    )
     entries = {UID_B: aborted, UID_A: completed}
     assert encode_checkpoint(entries, boot_id="boot-9") == upstream_file()
 
@@ -160,10 +171,12 @@ def write_checkpoint(root: Path, *entries: ClaimEntry) -> None:
 def started_entry(claim: JSON, **overrides: Any) -> ClaimEntry:
     meta = claim["metadata"]
     fields: dict[str, Any] = {
-        "uid": meta["uid"], "state": ClaimState.PREPARE_STARTED,
-        "status": canonical_status(claim["status"]), "namespace": meta["namespace"],
+        "uid": meta["uid"],
+        "state": ClaimState.PREPARE_STARTED,
+        "status": canonical_status(claim["status"]),
+        "namespace": meta["namespace"],
         "name": meta["name"],
-    }  # fmt: skip
+    }
     fields.update(overrides)
     return ClaimEntry(**fields)
 
@@ -206,9 +219,12 @@ def test_unprepare_of_started_marks_it_aborted(
         assert kubelet.unprepare(claim).claims[uid].error == ""
         entry = plugin.store.entries()[uid]
         assert (entry.state, entry.name, entry.namespace, entry.aborted_at, entry.groups) == (
-            ClaimState.PREPARE_ABORTED, claim["metadata"]["name"], "team",
-            "2026-06-10T17:05:56Z", (),
-        )  # fmt: skip
+            ClaimState.PREPARE_ABORTED,
+            claim["metadata"]["name"],
+            "team",
+            "2026-06-10T17:05:56Z",
+            (),
+        )
         assert entry.status == canonical_status(claim["status"])
         assert node_label(api) is None and not spec_path(root, uid).exists()
         assert lines(logs, "Marked claim PrepareAborted") == [
@@ -261,8 +277,11 @@ def test_prepare_of_aborted_claim_with_a_new_status_prepares_it(
         assert kubelet.prepare(claim).claims[uid].error == ""
         entry = plugin.store.entries()[uid]
         assert (entry.state, entry.name, entry.namespace, entry.aborted_at) == (
-            ClaimState.PREPARE_COMPLETED, claim["metadata"]["name"], "team", None,
-        )  # fmt: skip
+            ClaimState.PREPARE_COMPLETED,
+            claim["metadata"]["name"],
+            "team",
+            None,
+        )
         assert node_label(api) == cd and spec_path(root, uid).exists()
 
         assert kubelet.prepare(claim).claims[uid].error == ""
@@ -354,11 +373,17 @@ def test_driver_namespace_claim_with_channel_and_daemon_prepares_both(
     ]
     daemon = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}
     devices["config"] = [
-        {"source": "FromClaim", "requests": ["channel"],
-         "opaque": {"driver": c.DRIVER_NAME, "parameters": channel_params(cd)}},
-        {"source": "FromClaim", "requests": ["daemon"],
-         "opaque": {"driver": c.DRIVER_NAME, "parameters": daemon}},
-    ]  # fmt: skip
+        {
+            "source": "FromClaim",
+            "requests": ["channel"],
+            "opaque": {"driver": c.DRIVER_NAME, "parameters": channel_params(cd)},
+        },
+        {
+            "source": "FromClaim",
+            "requests": ["daemon"],
+            "opaque": {"driver": c.DRIVER_NAME, "parameters": daemon},
+        },
+    ]
     claim = api.client().update(res.RESOURCE_CLAIMS, claim, subresource="status")
     uid = claim["metadata"]["uid"]
     with running_plugin(api, root, clock=clock) as (plugin, kubelet):

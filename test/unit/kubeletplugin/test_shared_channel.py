@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kp_harness import (
+from testsupport.kp_harness import (
     NODE,
     Kubelet,
     channel_params,
@@ -200,10 +200,12 @@ def test_a_started_claim_of_the_domain_keeps_the_label(
     cd = seed_domain(api)
     done, pending = shared_claim(api, cd), shared_claim(api, cd)
     started = ClaimEntry(
-        uid=uid(pending), state=ClaimState.PREPARE_STARTED,
-        status=canonical_status(pending["status"]), namespace="team",
+        uid=uid(pending),
+        state=ClaimState.PREPARE_STARTED,
+        status=canonical_status(pending["status"]),
+        namespace="team",
         name=pending["metadata"]["name"],
-    )  # fmt: skip
+    )
     directory = root / "plugins" / c.DRIVER_NAME
     directory.mkdir(parents=True)
     (directory / CHECKPOINT_FILE).write_bytes(encode_checkpoint({started.uid: started}, boot_id=""))
@@ -244,14 +246,24 @@ def _entry(uid_: str, state: ClaimState, domain: str) -> ClaimEntry:
     status = {
         "allocation": {
             "devices": {
-                "results": [{"request": "r", "driver": c.DRIVER_NAME, "pool": NODE,
-                             "device": c.CHANNEL_DEVICE_NAME}],
-                "config": [{"source": "FromClaim", "requests": [],
-                            "opaque": {"driver": c.DRIVER_NAME,
-                                       "parameters": channel_params(domain)}}],
+                "results": [
+                    {
+                        "request": "r",
+                        "driver": c.DRIVER_NAME,
+                        "pool": NODE,
+                        "device": c.CHANNEL_DEVICE_NAME,
+                    }
+                ],
+                "config": [
+                    {
+                        "source": "FromClaim",
+                        "requests": [],
+                        "opaque": {"driver": c.DRIVER_NAME, "parameters": channel_params(domain)},
+                    }
+                ],
             }
         }
-    }  # fmt: skip
+    }
     return ClaimEntry(uid=uid_, state=state, status=status)
 
 
@@ -261,13 +273,17 @@ def _entry(uid_: str, state: ClaimState, domain: str) -> ClaimEntry:
         ([], ""),
         ([("a", ClaimState.PREPARE_ABORTED, "d-1")], ""),
         ([("a", ClaimState.PREPARE_STARTED, "d-1")], "d-1"),
-        ([("a", ClaimState.PREPARE_STARTED, "d-1"), ("b", ClaimState.PREPARE_COMPLETED, "d-2")],
-         "d-2"),
-        ([("b", ClaimState.PREPARE_STARTED, "d-2"), ("a", ClaimState.PREPARE_STARTED, "d-1")],
-         "d-1"),
+        (
+            [("a", ClaimState.PREPARE_STARTED, "d-1"), ("b", ClaimState.PREPARE_COMPLETED, "d-2")],
+            "d-2",
+        ),
+        (
+            [("b", ClaimState.PREPARE_STARTED, "d-2"), ("a", ClaimState.PREPARE_STARTED, "d-1")],
+            "d-1",
+        ),
     ],
     ids=["none", "aborted-holds-nothing", "started", "completed-first", "lowest-uid"],
-)  # fmt: skip
+)
 def test_channel_domain(entries: list[tuple[str, ClaimState, str]], want: str) -> None:
     domains = {d: str(uuid.uuid5(uuid.NAMESPACE_OID, d)) for d in ("d-1", "d-2")}
     got = channel_domain(_entry(u, s, domains[d]) for u, s, d in entries)
@@ -283,21 +299,27 @@ def _reboot(api: FakeApiServer, root: Path) -> None:
     api.client().delete(res.RESOURCE_SLICES, f"{NODE}-{c.DRIVER_NAME}")
 
 
+@pytest.mark.parametrize("restarts", [1, 3], ids=["one-start", "two-more-restarts"])
 @pytest.mark.parametrize("pod_still_runs", [True, False])
 def test_a_claim_unprepared_after_a_reboot_takes_its_label_along(
-    api: FakeApiServer, root: Path, clock: FakeClock, pod_still_runs: bool
+    api: FakeApiServer, root: Path, clock: FakeClock, pod_still_runs: bool, restarts: int
 ) -> None:
     """After a reboot the plugin drops the previous boot's entries, but the node label they set
     is API state and outlived the reboot. The kubelet re-prepares the claim of a pod that still
     runs and only unprepares the claim of a pod deleted meanwhile: that Unprepare removes the
     label unless a claim of this boot still needs it (found by the real-node chaos soak: a
-    reboot during pod deletion left the domain's daemon pod for minutes)."""
+    reboot during pod deletion left the domain's daemon pod for minutes). Plugin restarts
+    between the reboot and the kubelet's calls change nothing: what the dropped entries set up
+    is kept on disk, not in one process's memory."""
     cd = seed_domain(api)
     kept, deleted = shared_claim(api, cd), shared_claim(api, cd)
     with running_plugin(api, root, clock=clock) as (_plugin, kubelet):
         for claim in (kept, deleted):
             assert prepare(kubelet, claim).error == ""
     _reboot(api, root)
+    for _ in range(restarts - 1):
+        with running_plugin(api, root, clock=clock):
+            pass
     with running_plugin(api, root, clock=clock) as (plugin, kubelet):
         assert checkpoint(plugin) == {}
         assert node_label(api) == cd  # outlived the reboot

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 import pytest
-from kp_harness import (
+from testsupport.kp_harness import (
     DRIVER_NS,
     NODE,
     channel_params,

@@ -120,9 +120,13 @@ def rfc3339(epoch: float) -> str:
 
 
 def node(
-    name: str, *, ready: str = "True", labels: JSON | None = None, taints: Any = None,
+    name: str,
+    *,
+    ready: str = "True",
+    labels: JSON | None = None,
+    taints: Any = None,
     since: float | None = None,
-) -> JSON:  # fmt: skip
+) -> JSON:
     """A Node; ``since`` (epoch) is its Ready condition's ``lastTransitionTime``."""
     cond: JSON = {"type": "Ready", "status": ready}
     if since is not None:
@@ -138,9 +142,15 @@ def node(
 
 
 def daemon_pod(
-    uid: str, node_name: str, *, ip: str | None = None, clique: str | None = None,
-    ready: bool = True, ns: str = DRIVER_NS, container: str | None = None,
-) -> JSON:  # fmt: skip
+    uid: str,
+    node_name: str,
+    *,
+    ip: str | None = None,
+    clique: str | None = None,
+    ready: bool = True,
+    ns: str = DRIVER_NS,
+    container: str | None = None,
+) -> JSON:
     """A Running daemon pod. ``podIP`` is ``ip``, or 10.0.0.1 on a non-NVLink pod; a fabric
     pod without ``ip`` has none, so it never contradicts the IP of a clique entry.
     ``container`` (a state: running, terminated, waiting) adds a daemon container status."""
@@ -157,9 +167,13 @@ def daemon_pod(
         status["podIP"] = ip
     if container is not None:
         status["containerStatuses"] = [
-            {"name": c.DAEMON_CONTAINER_NAME, "ready": ready and container == "running",
-             "restartCount": 0, "state": {container: {}}},
-        ]  # fmt: skip
+            {
+                "name": c.DAEMON_CONTAINER_NAME,
+                "ready": ready and container == "running",
+                "restartCount": 0,
+                "state": {container: {}},
+            },
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -208,8 +222,12 @@ def channel_claim(
         obj["status"]["allocation"] = {
             "devices": {
                 "results": [
-                    {"request": "channel", "driver": c.DRIVER_NAME, "pool": node_name,
-                     "device": c.CHANNEL_DEVICE_NAME},
+                    {
+                        "request": "channel",
+                        "driver": c.DRIVER_NAME,
+                        "pool": node_name,
+                        "device": c.CHANNEL_DEVICE_NAME,
+                    },
                 ],
                 "config": [
                     {
@@ -228,12 +246,14 @@ def channel_claim(
             },
             "nodeSelector": {
                 "nodeSelectorTerms": [
-                    {"matchFields": [
-                        {"key": "metadata.name", "operator": "In", "values": [node_name]}
-                    ]}
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "In", "values": [node_name]}
+                        ]
+                    }
                 ]
             },
-        }  # fmt: skip
+        }
     return obj
 
 

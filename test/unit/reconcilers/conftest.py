@@ -63,17 +63,24 @@ def config() -> ControllerConfig:
 
 @pytest.fixture
 def make_reconciler(
-    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: FakeClock, registry: CollectorRegistry,
-) -> Callable[..., ComputeDomainReconciler]:  # fmt: skip
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
+) -> Callable[..., ComputeDomainReconciler]:
     """A ComputeDomainReconciler on this test's fakes; keyword arguments replace any of its
     dependencies (e.g. ``config=replace(config, ...)`` or lagging ``caches``)."""
 
     def make(**overrides: Any) -> ComputeDomainReconciler:
         deps: dict[str, Any] = {
-            "client": client, "caches": caches, "config": config, "events": events,
+            "client": client,
+            "caches": caches,
+            "config": config,
+            "events": events,
             "clock": clock,
-        }  # fmt: skip
+        }
         if "metrics" not in overrides:  # one DomainMetrics per registry
             deps["metrics"] = DomainMetrics(registry)
         return ComputeDomainReconciler(**{**deps, **overrides})

@@ -90,8 +90,9 @@ def test_the_condition_appears_only_with_a_bad_entry_and_stays_bounded() -> None
     pods = [daemon_pod("u", f"n{i}", clique="cl.1") for i in range(3)]
     found = aggregate(cliques=[clique("u", "cl.1", daemons)], pods=pods, nodes={}, max_nodes=18)
     assert found.members == [] and len(found.bad_entries) == 2000
-    status = render_status(cd, members=[], previous=None, problem=None, now="T0",
-                           bad_entries=found.bad_entries)  # fmt: skip
+    status = render_status(
+        cd, members=[], previous=None, problem=None, now="T0", bad_entries=found.bad_entries
+    )
     [cond] = [x for x in status["conditions"] if x["type"] == "CliqueEntriesValid"]
     assert (cond["status"], cond["reason"]) == ("False", "InvalidCliqueEntry")
     assert cond["message"].count("daemons[") == MAX_DESCRIBED
@@ -125,8 +126,9 @@ def test_reconciler_skips_reports_once_and_clears(
         return dict(next(o for o in server.objects(res.COMPUTE_DOMAINS)))
 
     def cond() -> JSON:
-        return dict(next(x for x in cd()["status"]["conditions"]
-                         if x["type"] == "CliqueEntriesValid"))  # fmt: skip
+        return dict(
+            next(x for x in cd()["status"]["conditions"] if x["type"] == "CliqueEntriesValid")
+        )
 
     def warnings() -> list[str]:
         return [m for _, t, r, m in events.items if (t, r) == ("Warning", "InvalidCliqueEntry")]
@@ -144,8 +146,7 @@ def test_reconciler_skips_reports_once_and_clears(
     assert len(warnings()) == 1
 
     # The daemon writes its entry again, well-formed: the condition turns True, b is a member.
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES,
-                clique(uid, "cl.1", [entry("a", 0), entry("b", 1)]))  # fmt: skip
+    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [entry("a", 0), entry("b", 1)]))
     reconciler.reconcile("team/cd1")
     assert (cond()["status"], cond()["reason"]) == ("True", "AllCliqueEntriesValid")
     assert [n["name"] for n in cd()["status"]["nodes"]] == ["a", "b"]
@@ -160,11 +161,30 @@ def test_garbage_in_a_clique_never_stalls_the_domain(
     reconciler.reconcile("team/cd1")
     server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
     server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1"))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        entry("a", 0), 7, None, "x", [], {"nodeName": {"x": 1}, "index": "0"},
-        {"nodeName": "q", "ipAddress": 10, "cliqueID": None, "index": True, "status": 3,
-         "connectedPeers": "x", "unreachablePeers": 5},
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                entry("a", 0),
+                7,
+                None,
+                "x",
+                [],
+                {"nodeName": {"x": 1}, "index": "0"},
+                {
+                    "nodeName": "q",
+                    "ipAddress": 10,
+                    "cliqueID": None,
+                    "index": True,
+                    "status": 3,
+                    "connectedPeers": "x",
+                    "unreachablePeers": 5,
+                },
+            ],
+        ),
+    )
     other = clique(uid, "cl.2", [])
     other["daemons"] = {"not": "a list"}
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, other)

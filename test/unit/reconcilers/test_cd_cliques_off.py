@@ -59,8 +59,13 @@ def ready_condition(cd: JSON) -> JSON:
 
 def status_entry(name: str, *, index: int, status: str = "Ready", clique_id: str = "cl.1") -> JSON:
     """A ``status.nodes[]`` item as a daemon writes it."""
-    return {"name": name, "ipAddress": f"10.1.0.{index + 1}", "cliqueID": clique_id,
-            "index": index, "status": status}  # fmt: skip
+    return {
+        "name": name,
+        "ipAddress": f"10.1.0.{index + 1}",
+        "cliqueID": clique_id,
+        "index": index,
+        "status": status,
+    }
 
 
 def daemon_writes(client: RestClient, entries: list[JSON]) -> None:
@@ -86,9 +91,11 @@ def created_domain(
 
 
 def test_members_come_from_status_nodes_and_departed_daemons_are_pruned(
-    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler,
+    server: FakeApiServer,
+    client: RestClient,
+    reconciler: ComputeDomainReconciler,
     events: RecordedEvents,
-) -> None:  # fmt: skip
+) -> None:
     uid = created_domain(server, reconciler, numNodes=3)
     for n in ("a", "b", "c"):
         server.seed(res.NODES, node(n, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
@@ -97,16 +104,22 @@ def test_members_come_from_status_nodes_and_departed_daemons_are_pruned(
     server.seed(res.PODS, daemon_pod(uid, "c", clique="", ip="10.9.9.9"))
     # A clique object of this domain is not the membership in this mode: ignored.
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [daemon_entry("x", index=5)]))
-    daemon_writes(client, [
-        status_entry("b", index=1, status="NotReady"), status_entry("a", index=0),
-        status_entry("gone", index=2),  # its daemon pod is gone: pruned by the controller
-    ])  # fmt: skip
+    daemon_writes(
+        client,
+        [
+            status_entry("b", index=1, status="NotReady"),
+            status_entry("a", index=0),
+            status_entry("gone", index=2),  # its daemon pod is gone: pruned by the controller
+        ],
+    )
     reconciler.reconcile("team/cd1")
     status = get_cd(server)["status"]
     # The daemons' entries in the order they wrote them, then the non-fabric member.
     assert [(n["name"], n["status"], n["index"]) for n in status["nodes"]] == [
-        ("b", "NotReady", 1), ("a", "Ready", 0), ("c", "Ready", -1),
-    ]  # fmt: skip
+        ("b", "NotReady", 1),
+        ("a", "Ready", 0),
+        ("c", "Ready", -1),
+    ]
     assert status["nodes"][2]["ipAddress"] == "10.9.9.9"
     assert (status["readyNodes"], status["nodeCount"], status["status"]) == (2, 3, "NotReady")
     assert ready_condition(get_cd(server))["reason"] == "DaemonsNotReady"
@@ -155,15 +168,18 @@ def test_a_live_daemons_word_is_kept_and_a_dead_ones_is_not(
     reconciler.reconcile("team/cd1")
     cd = get_cd(server)
     assert [(n["name"], n["status"]) for n in cd["status"]["nodes"]] == [
-        ("a", "NotReady"), ("b", "Ready"),
-    ]  # fmt: skip
+        ("a", "NotReady"),
+        ("b", "Ready"),
+    ]
     assert ready_condition(cd)["reason"] == "DaemonNotRunning"
 
 
 def test_concurrent_daemon_writes_are_never_lost_to_a_status_write(
-    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler,
+    server: FakeApiServer,
+    client: RestClient,
+    reconciler: ComputeDomainReconciler,
     clock: FakeClock,
-) -> None:  # fmt: skip
+) -> None:
     uid = created_domain(server, reconciler)
     n_nodes = 16
     for i in range(n_nodes):
@@ -221,5 +237,8 @@ def test_teardown_needs_no_clique_and_leaves_nothing(
         reconciler.reconcile("team/cd1")
     assert not server.objects(res.COMPUTE_DOMAINS)
     assert not server.objects(res.DAEMONSETS)
-    assert not [o for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)
-                if o["metadata"]["namespace"] in ("team", DRIVER_NS)]  # fmt: skip
+    assert not [
+        o
+        for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)
+        if o["metadata"]["namespace"] in ("team", DRIVER_NS)
+    ]

@@ -105,10 +105,15 @@ def test_upstream_finalizers_on_dependents_are_stripped(
 
 
 def test_domain_without_daemons_is_finalized_in_one_pass_though_the_cache_lags(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     rcts = LaggingCache(caches.rcts, "rcts")  # type: ignore[arg-type, unused-ignore]
     daemonsets = LaggingCache(caches.daemonsets, "daemonsets")  # type: ignore[arg-type, unused-ignore]
     reconciler = make_reconciler(caches=replace(caches, rcts=rcts, daemonsets=daemonsets))
@@ -145,23 +150,40 @@ def test_deleted_domain_without_our_finalizer_is_ignored(
 
 @pytest.fixture
 def cleaner(
-    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
     clock: FakeClock,
-) -> OrphanCleaner:  # fmt: skip
+) -> OrphanCleaner:
     return OrphanCleaner(client=client, caches=caches, config=config, events=events, clock=clock)
 
 
 def orphan_objects(server: FakeApiServer, uid: str) -> None:
     labels = {c.COMPUTE_DOMAIN_LABEL: uid}
-    server.seed(res.DAEMONSETS, {"metadata": {"name": f"computedomain-daemon-{uid}",
-                                              "namespace": DRIVER_NS, "labels": labels},
-                                 "spec": {}})  # fmt: skip
-    server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
-        "metadata": {"name": "chan", "namespace": "team",
-                     "labels": {**labels, c.TARGET_LABEL: c.TARGET_WORKLOAD},
-                     "finalizers": [c.FINALIZER]},
-        "spec": {"spec": {}},
-    })  # fmt: skip
+    server.seed(
+        res.DAEMONSETS,
+        {
+            "metadata": {
+                "name": f"computedomain-daemon-{uid}",
+                "namespace": DRIVER_NS,
+                "labels": labels,
+            },
+            "spec": {},
+        },
+    )
+    server.seed(
+        res.RESOURCE_CLAIM_TEMPLATES,
+        {
+            "metadata": {
+                "name": "chan",
+                "namespace": "team",
+                "labels": {**labels, c.TARGET_LABEL: c.TARGET_WORKLOAD},
+                "finalizers": [c.FINALIZER],
+            },
+            "spec": {"spec": {}},
+        },
+    )
     server.seed(res.NODES, node(f"n-{uid}", labels=labels))
 
 
@@ -172,10 +194,13 @@ def test_orphan_sweep_removes_what_dead_domains_left(
     orphan_objects(server, "dead-uid")
     assert cleaner.sweep() == 3
     assert names(server, res.DAEMONSETS) == [f"computedomain-daemon-{live}"]
-    assert sorted(o["metadata"]["labels"].get(c.COMPUTE_DOMAIN_LABEL, "")
-                  for o in server.objects(res.NODES)) == ["", live]  # fmt: skip
-    assert all(o["metadata"]["labels"][c.COMPUTE_DOMAIN_LABEL] == live
-               for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES))  # fmt: skip
+    assert sorted(
+        o["metadata"]["labels"].get(c.COMPUTE_DOMAIN_LABEL, "") for o in server.objects(res.NODES)
+    ) == ["", live]
+    assert all(
+        o["metadata"]["labels"][c.COMPUTE_DOMAIN_LABEL] == live
+        for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)
+    )
     assert cleaner.sweep() == 0
 
 
@@ -190,11 +215,19 @@ def test_orphan_sweep_confirms_with_the_api_before_deleting(
 
 
 def test_orphan_sweep_runs_periodically_when_a_backstop_interval_is_set(
-    server: FakeApiServer, caches: Caches, config: ControllerConfig, events: RecordedEvents,
+    server: FakeApiServer,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
     clock: FakeClock,
-) -> None:  # fmt: skip
-    cleaner = OrphanCleaner(client=server.client(), caches=caches, events=events, clock=clock,
-                            config=replace(config, cleanup_interval=600.0))  # fmt: skip
+) -> None:
+    cleaner = OrphanCleaner(
+        client=server.client(),
+        caches=caches,
+        events=events,
+        clock=clock,
+        config=replace(config, cleanup_interval=600.0),
+    )
     stop = threading.Event()
     calls: list[float] = []
     real = cleaner.sweep

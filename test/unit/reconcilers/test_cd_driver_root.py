@@ -38,23 +38,34 @@ DETAIL = (
 
 def crash_looping(uid: str, node_name: str) -> JSON:
     pod: JSON = daemon_pod(uid, node_name, clique="cl.1", ip="10.0.0.2", ready=False)
-    pod["status"]["containerStatuses"] = [{
-        "name": c.DAEMON_CONTAINER_NAME, "ready": False, "restartCount": 2,
-        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": {"exitCode": 3, "reason": "Error",
-                                     "message": f"DriverRootIncomplete: {DETAIL}"}},
-    }]  # fmt: skip
+    pod["status"]["containerStatuses"] = [
+        {
+            "name": c.DAEMON_CONTAINER_NAME,
+            "ready": False,
+            "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {
+                "terminated": {
+                    "exitCode": 3,
+                    "reason": "Error",
+                    "message": f"DriverRootIncomplete: {DETAIL}",
+                }
+            },
+        }
+    ]
     return pod
 
 
 def test_a_daemon_that_never_joined_is_a_not_ready_member_with_the_reason() -> None:
     crashing = crash_looping("u", "b")
     pods = [daemon_pod("u", "a", clique="cl.1", container="running"), crashing]
-    found = aggregate(cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])], pods=pods,
-                      nodes={})  # fmt: skip
+    found = aggregate(
+        cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])], pods=pods, nodes={}
+    )
     assert [(m.entry.node_name, m.entry.status, m.problem) for m in found.members] == [
-        ("a", "Ready", ""), ("b", "NotReady", c.REASON_DRIVER_ROOT_INCOMPLETE),
-    ]  # fmt: skip
+        ("a", "Ready", ""),
+        ("b", "NotReady", c.REASON_DRIVER_ROOT_INCOMPLETE),
+    ]
     problem = found.driver_root_problem()
     assert problem is not None and problem.message == DETAIL
     assert crashing["status"]["containerStatuses"][0]["lastState"]
@@ -65,10 +76,15 @@ def test_a_daemon_that_never_joined_is_a_not_ready_member_with_the_reason() -> N
 
 
 def test_condition_and_event_name_the_node_and_the_missing_binary(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     reconciler = make_reconciler()
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
     reconciler.reconcile("team/cd1")
@@ -78,8 +94,10 @@ def test_condition_and_event_name_the_node_and_the_missing_binary(
     cd = next(o for o in server.objects(res.COMPUTE_DOMAINS) if o["metadata"]["name"] == "cd1")
     cond = next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
     assert (cond["status"], cond["reason"], cond["message"]) == (
-        "False", c.REASON_DRIVER_ROOT_INCOMPLETE, DETAIL,
-    )  # fmt: skip
+        "False",
+        c.REASON_DRIVER_ROOT_INCOMPLETE,
+        DETAIL,
+    )
     assert cd["status"]["status"] == "NotReady"
     assert [(n["name"], n["status"]) for n in cd["status"]["nodes"]] == [("b", "NotReady")]
     warned = [i for i in events.items if i[2] == c.REASON_DRIVER_ROOT_INCOMPLETE]
@@ -88,10 +106,13 @@ def test_condition_and_event_name_the_node_and_the_missing_binary(
 
 def test_render_uses_the_problem_as_the_condition() -> None:
     found = aggregate(cliques=[], pods=[crash_looping("u", "b")], nodes={})
-    cd = parse_compute_domain({
-        "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 1},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
-    })  # fmt: skip
-    status = render_status(cd, members=found.members, previous=None,
-                           problem=found.driver_root_problem(), now="T")  # fmt: skip
+    cd = parse_compute_domain(
+        {
+            "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 1},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
+        }
+    )
+    status = render_status(
+        cd, members=found.members, previous=None, problem=found.driver_root_problem(), now="T"
+    )
     assert status["conditions"][0]["reason"] == c.REASON_DRIVER_ROOT_INCOMPLETE

@@ -23,8 +23,14 @@ from pkg.reconcilers.status import collect_members, condition_events, render_sta
 from pkg.testing.fakeapiserver import FakeApiServer
 
 
-def entry(name: str, index: int, *, cl: str = "cl.1", status: str = "Ready",
-          unreachable: list[str] | None = None) -> JSON:  # fmt: skip
+def entry(
+    name: str,
+    index: int,
+    *,
+    cl: str = "cl.1",
+    status: str = "Ready",
+    unreachable: list[str] | None = None,
+) -> JSON:
     out: JSON = daemon_entry(name, index=index, status=status, clique_id=cl)
     if unreachable is not None:
         out["unreachablePeers"] = unreachable
@@ -54,11 +60,16 @@ def test_imex_connected_rule() -> None:
     assert connectivity_condition(members([entry("a", 0), entry("b", 1)])) is None  # no report
     good = connectivity_condition(members([entry("a", 0, unreachable=[]), entry("b", 1)]))
     assert good is not None and good[:2] == ("True", "AllPeersConnected")
-    bad = connectivity_condition(members([
-        entry("a", 0, unreachable=["b", "c"]), entry("b", 1, unreachable=["a"]),
-        entry("c", 2, status="NotReady"),  # not Ready: the Ready condition names it already
-        entry("x", 0, cl="cl.2", unreachable=["a"]),  # another clique is never a peer
-    ]))  # fmt: skip
+    bad = connectivity_condition(
+        members(
+            [
+                entry("a", 0, unreachable=["b", "c"]),
+                entry("b", 1, unreachable=["a"]),
+                entry("c", 2, status="NotReady"),  # not Ready: the Ready condition names it already
+                entry("x", 0, cl="cl.2", unreachable=["a"]),  # another clique is never a peer
+            ]
+        )
+    )
     assert bad == (
         "False",
         "PeersUnreachable",
@@ -71,29 +82,37 @@ def conds(status: JSON) -> dict[str, tuple[str, str]]:
 
 
 def test_conditions_appear_go_unknown_and_leave_ready_alone() -> None:
-    cd = parse_compute_domain({
-        "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 1},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
-    })  # fmt: skip
+    cd = parse_compute_domain(
+        {
+            "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 1},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
+        }
+    )
     empty = render_status(cd, members=[], previous=None, problem=None, now="T0")
     assert set(conds(empty)) == {"Ready"}
-    split = members([entry("a", 0, unreachable=["b"]), entry("b", 1, unreachable=[]),
-                     entry("e", 0, cl="cl.2")])  # fmt: skip
+    split = members(
+        [entry("a", 0, unreachable=["b"]), entry("b", 1, unreachable=[]), entry("e", 0, cl="cl.2")]
+    )
     bad = render_status(cd, members=split, previous=empty, problem=None, now="T1")
-    assert conds(bad) == {"Ready": ("True", "AllNodesReady"),
-                          "SingleClique": ("False", "MultipleCliques"),
-                          "IMEXConnected": ("False", "PeersUnreachable")}  # fmt: skip
+    assert conds(bad) == {
+        "Ready": ("True", "AllNodesReady"),
+        "SingleClique": ("False", "MultipleCliques"),
+        "IMEXConnected": ("False", "PeersUnreachable"),
+    }
     assert [(e.type, e.reason) for e in condition_events(empty, bad)] == [
-        ("Warning", "MultipleCliques"), ("Warning", "PeersUnreachable"),
-    ]  # fmt: skip
+        ("Warning", "MultipleCliques"),
+        ("Warning", "PeersUnreachable"),
+    ]
     gone = render_status(cd, members=[], previous=bad, problem=None, now="T2")
     assert conds(gone)["SingleClique"] == ("Unknown", "NoNodes")
     assert conds(gone)["IMEXConnected"] == ("Unknown", "NotReported")
     assert [(e.type, e.reason) for e in condition_events(bad, gone)] == [
-        ("Normal", "NoNodes"), ("Normal", "NotReported"),
-    ]  # fmt: skip
-    healthy = render_status(cd, members=members([entry("a", 0)]), previous=None, problem=None,
-                            now="T3")  # fmt: skip
+        ("Normal", "NoNodes"),
+        ("Normal", "NotReported"),
+    ]
+    healthy = render_status(
+        cd, members=members([entry("a", 0)]), previous=None, problem=None, now="T3"
+    )
     assert conds(healthy)["SingleClique"] == ("True", "SingleClique")
     assert condition_events(None, healthy) == []  # appearing True is no transition
 
@@ -106,8 +125,10 @@ def test_reconciler_writes_conditions_with_one_event_per_transition(
     for n, cl in (("a", "cl.1"), ("b", "cl.1"), ("e", "cl.2")):
         server.seed(res.NODES, node(n, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
         server.seed(res.PODS, daemon_pod(uid, n, clique=cl))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        entry("a", 0, unreachable=["b"]), entry("b", 1, unreachable=[])]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(uid, "cl.1", [entry("a", 0, unreachable=["b"]), entry("b", 1, unreachable=[])]),
+    )
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.2", [entry("e", 0, cl="cl.2")]))
 
     def cond(type_: str) -> JSON:
@@ -126,8 +147,10 @@ def test_reconciler_writes_conditions_with_one_event_per_transition(
     assert len(warnings("MultipleCliques")) == 1 and len(warnings("PeersUnreachable")) == 1
 
     # The link comes back: IMEXConnected=True with a Normal Event.
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        entry("a", 0, unreachable=[]), entry("b", 1, unreachable=[])]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(uid, "cl.1", [entry("a", 0, unreachable=[]), entry("b", 1, unreachable=[])]),
+    )
     reconciler.reconcile("team/cd1")
     assert cond("IMEXConnected")["status"] == "True"
     assert ("cd1", "Normal", "AllPeersConnected") in [i[:3] for i in events.items]

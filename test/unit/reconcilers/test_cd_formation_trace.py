@@ -50,14 +50,23 @@ def exporter() -> InMemorySpanExporter:
 
 
 def make_reconciler(
-    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
-    clock: FakeClock, registry: CollectorRegistry, tracing: Tracing | None,
-) -> ComputeDomainReconciler:  # fmt: skip
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
+    tracing: Tracing | None,
+) -> ComputeDomainReconciler:
     return ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=events,
-        metrics=DomainMetrics(registry), clock=clock,
+        client=client,
+        caches=caches,
+        config=config,
+        events=events,
+        metrics=DomainMetrics(registry),
+        clock=clock,
         formation=FormationTracer(tracing, clock=clock),
-    )  # fmt: skip
+    )
 
 
 def get_cd(server: FakeApiServer) -> JSON:
@@ -74,9 +83,17 @@ def seed_ready_members(server: FakeApiServer, uid: str) -> None:
     for name in ("a", "b"):
         server.seed(res.NODES, node(name, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
         server.seed(res.PODS, daemon_pod(uid, name, clique="cl.1"))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        daemon_entry("a", index=0), daemon_entry("b", index=1),
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                daemon_entry("a", index=0),
+                daemon_entry("b", index=1),
+            ],
+        ),
+    )
 
 
 def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
@@ -87,10 +104,15 @@ def by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, list[ReadableSpan]]:
 
 
 def test_formation_trace_from_creation_to_ready(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
     exporter: InMemorySpanExporter,
-) -> None:  # fmt: skip
+) -> None:
     tracing = Tracing.with_exporters("compute-domain-controller", [exporter])
     reconciler = make_reconciler(client, caches, config, events, clock, registry, tracing)
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain(numNodes=2))["metadata"]["uid"])
@@ -130,8 +152,9 @@ def test_formation_trace_from_creation_to_ready(
     assert any(f"DaemonSet/{c.daemon_object_name(uid)}" in m for m in missing[1:])
     statuses = spans["write status"]
     assert [s.attributes["computedomain.status"] for s in statuses if s.attributes] == [
-        c.STATUS_NOT_READY, c.STATUS_READY,
-    ]  # fmt: skip
+        c.STATUS_NOT_READY,
+        c.STATUS_READY,
+    ]
     for child in (*spans["ensure dependents"], *statuses):
         assert child.parent is not None and child.context is not None
         assert (child.context.trace_id, child.parent.span_id) == (ids.trace_id, ids.span_id)
@@ -151,9 +174,14 @@ def test_formation_trace_from_creation_to_ready(
 
 
 def test_tracing_off_writes_no_annotation_and_no_spans(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
-) -> None:  # fmt: skip
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
+) -> None:
     reconciler = make_reconciler(client, caches, config, events, clock, registry, None)
     server.seed(res.COMPUTE_DOMAINS, compute_domain(numNodes=2))
     for _ in range(2):
@@ -162,10 +190,15 @@ def test_tracing_off_writes_no_annotation_and_no_spans(
 
 
 def test_domain_that_predates_tracing_is_left_alone(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
     exporter: InMemorySpanExporter,
-) -> None:  # fmt: skip
+) -> None:
     tracing = Tracing.with_exporters("compute-domain-controller", [exporter])
     reconciler = make_reconciler(client, caches, config, events, clock, registry, tracing)
     body = compute_domain(numNodes=2)

@@ -44,9 +44,14 @@ def test_candidates_are_existing_nodes_publishing_our_slices() -> None:
     foreign["spec"]["driver"] = "gpu.nvidia.com"
     deleting = node("d")
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    slices = [resource_slice("a", clique_id="cl.1"), resource_slice("a", clique_id="cl.1"),
-              resource_slice("b", clique_id=None), foreign, resource_slice("d", clique_id=None),
-              resource_slice("gone", clique_id=None)]  # fmt: skip
+    slices = [
+        resource_slice("a", clique_id="cl.1"),
+        resource_slice("a", clique_id="cl.1"),
+        resource_slice("b", clique_id=None),
+        foreign,
+        resource_slice("d", clique_id=None),
+        resource_slice("gone", clique_id=None),
+    ]
     nodes = Nodes(node("a"), node("b", ready="False"), node("c"), deleting)
     named = sorted({n for s in slices for n in index_by_slice_node(s)})
     assert named == ["a", "b", "d", "gone"]
@@ -63,10 +68,15 @@ def test_problem_only_when_num_nodes_exceeds_candidates_and_members() -> None:
 
 
 def test_condition_and_event_then_recovery_when_nodes_join(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     reconciler = make_reconciler()
     for name in ("a", "b"):
         server.seed(res.NODES, node(name))
@@ -77,8 +87,10 @@ def test_condition_and_event_then_recovery_when_nodes_join(
     cd = server.store.get(res.COMPUTE_DOMAINS, "team", "cd1")
     cond = next(x for x in cd["status"]["conditions"] if x["type"] == "Ready")
     assert (cd["status"]["status"], cond["status"], cond["reason"]) == (
-        "NotReady", "False", REASON_NUM_NODES_UNREACHABLE,
-    )  # fmt: skip
+        "NotReady",
+        "False",
+        REASON_NUM_NODES_UNREACHABLE,
+    )
     assert "numNodes is 3 but only 2 node(s)" in cond["message"]
     assert events.reasons().count(REASON_NUM_NODES_UNREACHABLE) == 1
 

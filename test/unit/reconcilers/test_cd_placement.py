@@ -75,8 +75,11 @@ def test_the_annotation_is_the_opt_in_and_a_bad_value_names_the_field() -> None:
     assert parse_compute_domain(single()).single_clique
     bad = compute_domain()
     bad["metadata"]["annotations"] = {PLACEMENT_ANNOTATION: "singleclique"}
-    with pytest.raises(InvalidComputeDomainError, match=r"annotations\[resource.nvidia.com/"
-                       r'placement\]: Unsupported value "singleclique"'):  # fmt: skip
+    with pytest.raises(
+        InvalidComputeDomainError,
+        match=r"annotations\[resource.nvidia.com/"
+        r'placement\]: Unsupported value "singleclique"',
+    ):
         parse_compute_domain(bad)
 
 
@@ -103,9 +106,17 @@ def test_most_room_wins_and_nodes_of_other_domains_do_not_count(
 ) -> None:
     nodes(server, A, "a1", "a2", "a3")
     nodes(server, B, "b1", "b2")
-    cd = parse_compute_domain({**single(numNodes=2), "metadata": {
-        "name": "cd1", "namespace": "team", "uid": "me",
-        "annotations": {PLACEMENT_ANNOTATION: "SingleClique"}}})  # fmt: skip
+    cd = parse_compute_domain(
+        {
+            **single(numNodes=2),
+            "metadata": {
+                "name": "cd1",
+                "namespace": "team",
+                "uid": "me",
+                "annotations": {PLACEMENT_ANNOTATION: "SingleClique"},
+            },
+        }
+    )
     assert choose_clique(cd, caches) == (A, None)
     # Two of A's nodes go to another domain (label on one, the channel's taint on the other).
     edit(
@@ -130,20 +141,33 @@ def test_most_room_wins_and_nodes_of_other_domains_do_not_count(
     edit(server, res.RESOURCE_SLICES, "a2-cd", taint("me"))
     nodes(server, "", "plain")
     assert A < B and choose_clique(cd, caches) == (A, None)
-    edit(server, res.NODES, "a1", lambda n: n["metadata"]["labels"].update(
-        {c.COMPUTE_DOMAIN_LABEL: "me"}))  # fmt: skip
+    edit(
+        server,
+        res.NODES,
+        "a1",
+        lambda n: n["metadata"]["labels"].update({c.COMPUTE_DOMAIN_LABEL: "me"}),
+    )
     assert choose_clique(cd, caches) == (A, None)
-    cd3 = parse_compute_domain({**single(numNodes=4), "metadata": {
-        "name": "cd3", "namespace": "team", "uid": "u3",
-        "annotations": {PLACEMENT_ANNOTATION: "SingleClique"}}})  # fmt: skip
+    cd3 = parse_compute_domain(
+        {
+            **single(numNodes=4),
+            "metadata": {
+                "name": "cd3",
+                "namespace": "team",
+                "uid": "u3",
+                "annotations": {PLACEMENT_ANNOTATION: "SingleClique"},
+            },
+        }
+    )
     clique, problem = choose_clique(cd3, caches)
     assert clique == "" and problem is not None and problem.reason == REASON_NO_CLIQUE_FITS
 
 
 def test_no_clique_fits_waits_without_a_template_then_pins_once_one_has_room(
-    server: FakeApiServer, events: RecordedEvents,
+    server: FakeApiServer,
+    events: RecordedEvents,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     reconciler = make_reconciler()
     nodes(server, A, "a1", "a2")
     nodes(server, B, "b1")
@@ -175,9 +199,10 @@ def test_no_clique_fits_waits_without_a_template_then_pins_once_one_has_room(
 
 
 def test_a_domain_pinned_but_not_yet_cached_holds_its_room(
-    server: FakeApiServer, caches: Caches,
+    server: FakeApiServer,
+    caches: Caches,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     rcts = LaggingCache(caches.rcts, "rcts")
     reconciler = make_reconciler(caches=Caches(**{**caches.__dict__, "rcts": rcts}))
     nodes(server, A, "a1", "a2")
@@ -194,9 +219,10 @@ def test_a_domain_pinned_but_not_yet_cached_holds_its_room(
 
 
 def test_an_unknown_placement_is_an_invalid_spec(
-    server: FakeApiServer, events: RecordedEvents,
+    server: FakeApiServer,
+    events: RecordedEvents,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     bad = compute_domain()
     bad["metadata"]["annotations"] = {PLACEMENT_ANNOTATION: "Anywhere"}
     server.seed(res.COMPUTE_DOMAINS, bad)

@@ -54,9 +54,12 @@ def allocate_a_claim(server: FakeApiServer, uid: str) -> None:
 
 
 def created_domain(
-    server: FakeApiServer, reconciler: ComputeDomainReconciler, *, in_use: bool = True,
+    server: FakeApiServer,
+    reconciler: ComputeDomainReconciler,
+    *,
+    in_use: bool = True,
     **spec: Any,
-) -> str:  # fmt: skip
+) -> str:
     """A new domain through both passes: the critical one (requeued) and the full one, with
     (``in_use``) a channel claim allocated in between."""
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain(**spec))["metadata"]["uid"])
@@ -86,8 +89,10 @@ def test_new_domain_gets_its_workload_template_first_then_the_rest(
     server.clear_log()
     assert reconciler.reconcile("team/cd1").requeue_after == 0
     assert [p.rsplit("/", 1)[-1] for _, p in writes(server)] == [
-        "resourceclaimtemplates", "daemonsets", "status",
-    ]  # fmt: skip
+        "resourceclaimtemplates",
+        "daemonsets",
+        "status",
+    ]
 
 
 def test_creation_renders_every_dependent_and_reports_waiting(
@@ -99,17 +104,22 @@ def test_creation_renders_every_dependent_and_reports_waiting(
     uid = created_domain(server, reconciler, numNodes=2)
     cd = get_cd(server)
     assert cd["metadata"]["finalizers"] == [c.FINALIZER]
-    rcts = {(o["metadata"]["namespace"], o["metadata"]["name"]): o
-            for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)}  # fmt: skip
+    rcts = {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o
+        for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)
+    }
     workload = rcts[("team", "cd1-channel")]
     assert workload["metadata"]["labels"] == {
-        c.COMPUTE_DOMAIN_LABEL: uid, c.TARGET_LABEL: c.TARGET_WORKLOAD,
-    }  # fmt: skip
+        c.COMPUTE_DOMAIN_LABEL: uid,
+        c.TARGET_LABEL: c.TARGET_WORKLOAD,
+    }
     params = workload["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
     assert params == {
-        "apiVersion": c.API_VERSION, "kind": c.CHANNEL_CONFIG_KIND,
-        "domainID": uid, "allocationMode": "Single",
-    }  # fmt: skip
+        "apiVersion": c.API_VERSION,
+        "kind": c.CHANNEL_CONFIG_KIND,
+        "domainID": uid,
+        "allocationMode": "Single",
+    }
     assert (DRIVER_NS, f"computedomain-daemon-{uid}") in rcts
     (ds,) = server.objects(res.DAEMONSETS)
     assert ds["metadata"]["name"] == f"computedomain-daemon-{uid}"
@@ -117,8 +127,10 @@ def test_creation_renders_every_dependent_and_reports_waiting(
     assert cd["status"]["status"] == "NotReady"
     cond = ready_condition(cd)
     assert (cond["status"], cond["reason"], cond["observedGeneration"]) == (
-        "False", "WaitingForNodes", cd["metadata"]["generation"],
-    )  # fmt: skip
+        "False",
+        "WaitingForNodes",
+        cd["metadata"]["generation"],
+    )
     assert cd["status"]["nodeCount"] == 0
     # no Normal Event at creation (as upstream): dependents are logged, status shows progress
     assert [i[2] for i in events.items if i[1] == "Normal"] == []
@@ -148,10 +160,15 @@ def test_daemon_objects_wait_until_the_domain_is_in_use(
 
 
 def test_a_cache_behind_our_own_creates_costs_no_second_create(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     rcts = LaggingCache(caches.rcts, "rcts")  # type: ignore[arg-type, unused-ignore]
     daemonsets = LaggingCache(caches.daemonsets, "daemonsets")  # type: ignore[arg-type, unused-ignore]
     rcts.freeze()
@@ -168,10 +185,15 @@ def test_a_cache_behind_our_own_creates_costs_no_second_create(
 
 
 def test_a_pass_before_the_cache_has_our_finalizer_write_waits_for_its_event(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     domains = LaggingCache(caches.compute_domains, "compute_domains")  # type: ignore[arg-type, unused-ignore]
     reconciler = make_reconciler(caches=replace(caches, compute_domains=domains))
     server.seed(res.COMPUTE_DOMAINS, compute_domain())
@@ -219,10 +241,15 @@ def test_adopts_existing_dependents_of_the_same_domain(
 
 
 def test_changed_config_updates_the_daemonset(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, reconciler: ComputeDomainReconciler,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    reconciler: ComputeDomainReconciler,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     created_domain(server, reconciler)
     newer = make_reconciler(
         config=replace(config, image_name="registry.local/cd:2"),
@@ -248,24 +275,42 @@ def test_status_aggregates_cliques_and_non_fabric_pods(
     server.seed(res.PODS, daemon_pod(uid, "b", clique="cl.1"))
     server.seed(res.PODS, daemon_pod(uid, "c", clique="", ip="10.9.9.9"))
     server.seed(res.PODS, daemon_pod("other-uid", "z", clique="cl.1"))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        daemon_entry("a", index=0), daemon_entry("b", index=1, status="NotReady"),
-        daemon_entry("gone", index=2),  # stale: no daemon pod of this domain there
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                daemon_entry("a", index=0),
+                daemon_entry("b", index=1, status="NotReady"),
+                daemon_entry("gone", index=2),  # stale: no daemon pod of this domain there
+            ],
+        ),
+    )
     clock.step(42)
     reconciler.reconcile("team/cd1")
     status = get_cd(server)["status"]
     assert [(n["name"], n["status"], n["index"]) for n in status["nodes"]] == [
-        ("a", "Ready", 0), ("b", "NotReady", 1), ("c", "Ready", -1),
-    ]  # fmt: skip
+        ("a", "Ready", 0),
+        ("b", "NotReady", 1),
+        ("c", "Ready", -1),
+    ]
     assert status["nodes"][2]["ipAddress"] == "10.9.9.9"
     assert (status["readyNodes"], status["nodeCount"], status["status"]) == (2, 3, "NotReady")
     assert ready_condition(get_cd(server))["reason"] == "DaemonsNotReady"
     assert events.reasons().count("NodeJoined") == 3
     # b's daemon turns Ready: the domain turns Ready with one event and one sample.
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        daemon_entry("a", index=0), daemon_entry("b", index=1),
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                daemon_entry("a", index=0),
+                daemon_entry("b", index=1),
+            ],
+        ),
+    )
     reconciler.reconcile("team/cd1")
     cd = get_cd(server)
     assert cd["status"]["status"] == "Ready"
@@ -283,14 +328,28 @@ def test_node_loss_turns_entry_not_ready_with_reason(
     for n in ("a", "b"):
         server.seed(res.NODES, node(n, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
         server.seed(res.PODS, daemon_pod(uid, n, clique="cl.1"))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        daemon_entry("a", index=0), daemon_entry("b", index=1),
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                daemon_entry("a", index=0),
+                daemon_entry("b", index=1),
+            ],
+        ),
+    )
     reconciler.reconcile("team/cd1")
     assert get_cd(server)["status"]["status"] == "Ready"
-    server.seed(res.NODES, node("b", ready="Unknown", labels={c.COMPUTE_DOMAIN_LABEL: uid},
-                                taints=[{"key": "node.kubernetes.io/unreachable",
-                                         "effect": "NoExecute"}]))  # fmt: skip
+    server.seed(
+        res.NODES,
+        node(
+            "b",
+            ready="Unknown",
+            labels={c.COMPUTE_DOMAIN_LABEL: uid},
+            taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}],
+        ),
+    )
     reconciler.reconcile("team/cd1")
     cd = get_cd(server)
     assert [n["status"] for n in cd["status"]["nodes"]] == ["Ready", "NotReady"]
@@ -303,8 +362,10 @@ def test_node_loss_turns_entry_not_ready_with_reason(
 def test_invalid_spec_is_terminal_with_condition_and_event(
     server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
 ) -> None:
-    server.seed(res.COMPUTE_DOMAINS, compute_domain(channel={
-        "resourceClaimTemplate": {"name": "x"}, "allocationMode": "Bogus"}))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAINS,
+        compute_domain(channel={"resourceClaimTemplate": {"name": "x"}, "allocationMode": "Bogus"}),
+    )
     with pytest.raises(TerminalError):
         reconciler.reconcile("team/cd1")
     cd = get_cd(server)
@@ -317,18 +378,26 @@ def test_invalid_spec_is_terminal_with_condition_and_event(
 def test_rct_name_clash_with_foreign_object_is_reported_not_touched(
     server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents
 ) -> None:
-    foreign = server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "cd1-channel", "namespace": "team"}, "spec": {"spec": {}},
-    })  # fmt: skip
+    foreign = server.seed(
+        res.RESOURCE_CLAIM_TEMPLATES,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "cd1-channel", "namespace": "team"},
+            "spec": {"spec": {}},
+        },
+    )
     created_domain(server, reconciler)
     assert reconciler.reconcile("team/cd1").requeue_after == 300.0  # slow recheck, no storm
     cond = ready_condition(get_cd(server))
     assert cond["reason"] == "ResourceClaimTemplateConflict"
     assert "spec.channel.resourceClaimTemplate.name" in cond["message"]
     assert "ResourceClaimTemplateConflict" in events.reasons()
-    (rct,) = [o for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)
-              if o["metadata"]["namespace"] == "team"]  # fmt: skip
+    (rct,) = [
+        o
+        for o in server.objects(res.RESOURCE_CLAIM_TEMPLATES)
+        if o["metadata"]["namespace"] == "team"
+    ]
     assert rct["metadata"]["resourceVersion"] == foreign["metadata"]["resourceVersion"]
 
 
@@ -337,11 +406,17 @@ def test_missing_driver_namespace_is_reported_and_retried_slowly(
 ) -> None:
     uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
     allocate_a_claim(server, uid)
-    server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
-        "metadata": {"name": "cd1-channel", "namespace": "team", "labels": {
-            c.COMPUTE_DOMAIN_LABEL: uid, c.TARGET_LABEL: c.TARGET_WORKLOAD}},
-        "spec": {"spec": {}},
-    })  # fmt: skip
+    server.seed(
+        res.RESOURCE_CLAIM_TEMPLATES,
+        {
+            "metadata": {
+                "name": "cd1-channel",
+                "namespace": "team",
+                "labels": {c.COMPUTE_DOMAIN_LABEL: uid, c.TARGET_LABEL: c.TARGET_WORKLOAD},
+            },
+            "spec": {"spec": {}},
+        },
+    )
     reconciler.reconcile("team/cd1")  # adopts it, adds the finalizer
     server.inject_error("POST", res.RESOURCE_CLAIM_TEMPLATES, 404, count=1)
     result = reconciler.reconcile("team/cd1")
@@ -421,22 +496,33 @@ def test_upstream_daemonset_is_adopted_without_restarting_daemons(
     server: FakeApiServer, reconciler: ComputeDomainReconciler
 ) -> None:
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
-    upstream = server.seed(res.DAEMONSETS, {
-        "metadata": {"name": f"computedomain-daemon-{uid}", "namespace": DRIVER_NS,
-                     "labels": {c.COMPUTE_DOMAIN_LABEL: uid}},
-        "spec": {"template": {"spec": {"containers": [{"name": "old", "image": "upstream"}]}}},
-    })  # fmt: skip
+    upstream = server.seed(
+        res.DAEMONSETS,
+        {
+            "metadata": {
+                "name": f"computedomain-daemon-{uid}",
+                "namespace": DRIVER_NS,
+                "labels": {c.COMPUTE_DOMAIN_LABEL: uid},
+            },
+            "spec": {"template": {"spec": {"containers": [{"name": "old", "image": "upstream"}]}}},
+        },
+    )
     reconciler.reconcile("team/cd1")
     (ds,) = server.objects(res.DAEMONSETS)
     assert ds["metadata"]["resourceVersion"] == upstream["metadata"]["resourceVersion"]
 
 
 def test_gauge_counts_domains_already_ready_at_startup(
-    server: FakeApiServer, reconciler: ComputeDomainReconciler, registry: CollectorRegistry,
-    client: RestClient, caches: Caches, config: ControllerConfig, events: RecordedEvents,
+    server: FakeApiServer,
+    reconciler: ComputeDomainReconciler,
+    registry: CollectorRegistry,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
     clock: FakeClock,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     uid = created_domain(server, reconciler)
     server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: uid}))
     server.seed(res.PODS, daemon_pod(uid, "a", clique=""))
@@ -453,36 +539,56 @@ def test_gauge_counts_domains_already_ready_at_startup(
 
 
 def test_lost_node_leaves_the_status_after_the_grace_and_the_reconcile_waits_for_it(
-    server: FakeApiServer, reconciler: ComputeDomainReconciler, events: RecordedEvents,
+    server: FakeApiServer,
+    reconciler: ComputeDomainReconciler,
+    events: RecordedEvents,
     clock: FakeClock,
-) -> None:  # fmt: skip
+) -> None:
     uid = created_domain(server, reconciler)
     for n in ("a", "b"):
         server.seed(res.PODS, daemon_pod(uid, n, clique="cl.1"))
     server.seed(res.NODES, node("a"))
     # b stopped posting status 20 s ago; no computeDomain label needed to be judged.
     server.seed(res.NODES, node("b", ready="Unknown", since=clock.now() - 20))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        daemon_entry("a", index=0), daemon_entry("b", index=1),
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                daemon_entry("a", index=0),
+                daemon_entry("b", index=1),
+            ],
+        ),
+    )
     result = reconciler.reconcile("team/cd1")
     assert result.requeue_after == pytest.approx(40.0)  # config: node_loss_grace_period 60 s
     assert [(n["name"], n["status"]) for n in get_cd(server)["status"]["nodes"]] == [
-        ("a", "Ready"), ("b", "NotReady"),
-    ]  # fmt: skip
+        ("a", "Ready"),
+        ("b", "NotReady"),
+    ]
     clock.step(40.0)
     assert reconciler.reconcile("team/cd1").requeue_after == 0
     cd = get_cd(server)
     assert [n["name"] for n in cd["status"]["nodes"]] == ["a"]
     assert (cd["status"]["status"], ready_condition(cd)["reason"]) == ("Ready", "AllNodesReady")
     lost = [i for i in events.items if i[2] == "NodeLost"]
-    assert lost == [("cd1", "Warning", "NodeLost", "node b left the domain: NodeUnreachable "
-                     "for more than 60s (its daemon pod stays bound to the node)")]  # fmt: skip
+    assert lost == [
+        (
+            "cd1",
+            "Warning",
+            "NodeLost",
+            "node b left the domain: NodeUnreachable "
+            "for more than 60s (its daemon pod stays bound to the node)",
+        )
+    ]
 
 
 def test_crashed_daemon_makes_its_node_not_ready_in_the_status(
-    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler,
-) -> None:  # fmt: skip
+    server: FakeApiServer,
+    client: RestClient,
+    reconciler: ComputeDomainReconciler,
+) -> None:
     uid = created_domain(server, reconciler)
     server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1", container="running"))
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [daemon_entry("a", index=0)]))
@@ -494,31 +600,49 @@ def test_crashed_daemon_makes_its_node_not_ready_in_the_status(
     cd = get_cd(server)
     assert [n["status"] for n in cd["status"]["nodes"]] == ["NotReady"]
     assert (cd["status"]["status"], ready_condition(cd)["reason"]) == (
-        "NotReady", "DaemonNotRunning",
-    )  # fmt: skip
+        "NotReady",
+        "DaemonNotRunning",
+    )
 
 
 def test_full_clique_gives_capacity_exceeded_with_events_on_domain_and_pods(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
     make_reconciler: Callable[..., ComputeDomainReconciler],
-) -> None:  # fmt: skip
+) -> None:
     reconciler = make_reconciler(config=replace(config, max_nodes_per_imex_domain=2))
     uid = created_domain(server, reconciler)
     for n in ("a", "b", "c"):
         server.seed(res.PODS, daemon_pod(uid, n, clique="cl.1"))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        daemon_entry("a", index=0), daemon_entry("b", index=1),
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                daemon_entry("a", index=0),
+                daemon_entry("b", index=1),
+            ],
+        ),
+    )
     for _ in range(3):  # level-triggered: the same cause is reported once
         assert reconciler.reconcile("team/cd1").requeue_after == 0
     cd = get_cd(server)
     cond = ready_condition(cd)
-    expected = ("clique cl.1 is full: it already holds 2 IMEX daemons "
-                "(MAX_NODES_PER_IMEX_DOMAIN=2); nodes left out: c")  # fmt: skip
+    expected = (
+        "clique cl.1 is full: it already holds 2 IMEX daemons "
+        "(MAX_NODES_PER_IMEX_DOMAIN=2); nodes left out: c"
+    )
     assert (cond["status"], cond["reason"], cond["message"]) == (
-        "False", "CapacityExceeded", expected,
-    )  # fmt: skip
+        "False",
+        "CapacityExceeded",
+        expected,
+    )
     assert cd["status"]["status"] == "NotReady"
     assert [n["name"] for n in cd["status"]["nodes"]] == ["a", "b"]  # c is in no entry
     capacity = [i for i in events.items if i[2] == "CapacityExceeded"]
@@ -528,9 +652,17 @@ def test_full_clique_gives_capacity_exceeded_with_events_on_domain_and_pods(
     ]
     # b's workload leaves and its daemon with it: c can join, the condition clears.
     client.delete(res.PODS, "daemon-b", namespace=DRIVER_NS)
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        daemon_entry("a", index=0), daemon_entry("c", index=1),
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                daemon_entry("a", index=0),
+                daemon_entry("c", index=1),
+            ],
+        ),
+    )
     reconciler.reconcile("team/cd1")
     assert ready_condition(get_cd(server))["reason"] == "AllNodesReady"
 
@@ -544,10 +676,17 @@ def _three_node_domain(server: FakeApiServer, reconciler: ComputeDomainReconcile
 
 
 def _entries(server: FakeApiServer, uid: str, ready: set[str]) -> None:
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [
-        daemon_entry(n, index=i, status="Ready" if n in ready else "NotReady")
-        for i, n in enumerate(("a", "b", "c"))
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            uid,
+            "cl.1",
+            [
+                daemon_entry(n, index=i, status="Ready" if n in ready else "NotReady")
+                for i, n in enumerate(("a", "b", "c"))
+            ],
+        ),
+    )
 
 
 def _status_writes(server: FakeApiServer) -> int:

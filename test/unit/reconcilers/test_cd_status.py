@@ -23,10 +23,12 @@ from pkg.reconcilers.status import (
 
 
 def cd(num_nodes: int = 0) -> Any:
-    return parse_compute_domain({
-        "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 3},
-        "spec": {"numNodes": num_nodes, "channel": {"resourceClaimTemplate": {"name": "r"}}},
-    })  # fmt: skip
+    return parse_compute_domain(
+        {
+            "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 3},
+            "spec": {"numNodes": num_nodes, "channel": {"resourceClaimTemplate": {"name": "r"}}},
+        }
+    )
 
 
 def members(entries: list[JSON], nodes: dict[str, JSON] | None = None) -> Any:
@@ -51,8 +53,10 @@ def test_readiness_rules(num_nodes: int, statuses: list[str], expected: str, rea
     assert status["status"] == expected
     cond = next(x for x in status["conditions"] if x["type"] == "Ready")
     assert (cond["reason"], cond["status"], cond["observedGeneration"]) == (
-        reason, "True" if expected == "Ready" else "False", 3,
-    )  # fmt: skip
+        reason,
+        "True" if expected == "Ready" else "False",
+        3,
+    )
 
 
 def test_rendering_is_stable_and_transition_time_moves_only_on_flips() -> None:
@@ -73,8 +77,10 @@ def test_node_problems_override_clique_entries() -> None:
     }
     ms = members([daemon_entry(n, index=i) for i, n in enumerate("abc")], nodes)
     assert [(m.entry.status, m.problem) for m in ms] == [
-        ("NotReady", "NodeNotReady"), ("NotReady", "NodeUnreachable"), ("Ready", ""),
-    ]  # fmt: skip
+        ("NotReady", "NodeNotReady"),
+        ("NotReady", "NodeUnreachable"),
+        ("Ready", ""),
+    ]
     status = render_status(cd(), members=ms, previous=None, problem=None, now="T")
     assert status["conditions"][0]["reason"] == "NodesNotReady"
 
@@ -82,14 +88,16 @@ def test_node_problems_override_clique_entries() -> None:
 def test_terminating_daemon_pod_is_not_ready() -> None:
     pod = daemon_pod("u", "a", clique="cl.1")
     pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    (m,) = collect_members(cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])],
-                           pods=[pod], nodes={})  # fmt: skip
+    (m,) = collect_members(
+        cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])], pods=[pod], nodes={}
+    )
     assert (m.entry.status, m.problem) == ("NotReady", "DaemonTerminating")
 
 
 def test_events_for_joins_leaves_and_readiness() -> None:
-    one = render_status(cd(), members=members([daemon_entry("a", index=0)]), previous=None,
-                        problem=None, now="T")  # fmt: skip
+    one = render_status(
+        cd(), members=members([daemon_entry("a", index=0)]), previous=None, problem=None, now="T"
+    )
     ms = members([daemon_entry("b", index=1, status="NotReady")])
     two = render_status(cd(), members=ms, previous=one, problem=None, now="T")
     reasons = [(e.type, e.reason) for e in status_events(one, two, members=ms)]
@@ -99,8 +107,15 @@ def test_events_for_joins_leaves_and_readiness() -> None:
 
 def test_api_helpers() -> None:
     assert global_status([], num_nodes=0) == "NotReady"
-    conds = set_condition([], type_="Ready", status=True, reason="R", message="m" * 40000,
-                          observed_generation=1, now="T")  # fmt: skip
+    conds = set_condition(
+        [],
+        type_="Ready",
+        status=True,
+        reason="R",
+        message="m" * 40000,
+        observed_generation=1,
+        now="T",
+    )
     assert len(conds[0]["message"]) == 32000
 
 
@@ -165,13 +180,19 @@ def test_lost_node_leaves_the_domain_after_the_grace_period() -> None:
     nodes = {"a": node("a"), "b": node("b", ready="Unknown", since=T0)}
 
     def at(now: float) -> Any:
-        return aggregate(cliques=[clique("u", "cl.1", entries)], pods=pods, nodes=nodes,
-                         now=now, node_loss_grace=60.0)  # fmt: skip
+        return aggregate(
+            cliques=[clique("u", "cl.1", entries)],
+            pods=pods,
+            nodes=nodes,
+            now=now,
+            node_loss_grace=60.0,
+        )
 
     early = at(T0 + 59)
     assert [(m.entry.node_name, m.entry.status, m.problem) for m in early.members] == [
-        ("a", "Ready", ""), ("b", "NotReady", "NodeUnreachable"),
-    ]  # fmt: skip
+        ("a", "Ready", ""),
+        ("b", "NotReady", "NodeUnreachable"),
+    ]
     assert early.lost == {} and early.recheck == pytest.approx(1.0)
     late = at(T0 + 60)
     assert [m.entry.node_name for m in late.members] == ["a"]
@@ -179,8 +200,7 @@ def test_lost_node_leaves_the_domain_after_the_grace_period() -> None:
     before = render_status(cd(), members=early.members, previous=None, problem=None, now="T")
     after = render_status(cd(), members=late.members, previous=before, problem=None, now="T")
     assert [n["name"] for n in after["nodes"]] == ["a"] and after["status"] == "Ready"
-    events = status_events(before, after, members=late.members, lost=late.lost,
-                           node_loss_grace=60)  # fmt: skip
+    events = status_events(before, after, members=late.members, lost=late.lost, node_loss_grace=60)
     assert [(e.type, e.reason) for e in events] == [("Warning", "NodeLost"), ("Normal", "Ready")]
     assert "NodeUnreachable for more than 60s" in events[0].message
 
@@ -189,8 +209,10 @@ def test_a_node_without_a_transition_time_is_never_judged_lost() -> None:
     found = aggregate(
         cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])],
         pods=[daemon_pod("u", "a", clique="cl.1")],
-        nodes={"a": node("a", ready="False")}, now=T0, node_loss_grace=0.0,
-    )  # fmt: skip
+        nodes={"a": node("a", ready="False")},
+        now=T0,
+        node_loss_grace=0.0,
+    )
     assert [m.problem for m in found.members] == ["NodeNotReady"] and found.lost == {}
 
 
@@ -207,8 +229,9 @@ def test_a_node_without_a_transition_time_is_never_judged_lost() -> None:
     ids=["running", "terminated", "waiting", "no-status", "same-ip", "other-ip"],
 )
 def test_a_daemon_that_is_not_running_is_not_ready(pod: JSON, down: bool) -> None:
-    (m,) = collect_members(cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])],
-                           pods=[pod], nodes={})  # fmt: skip
+    (m,) = collect_members(
+        cliques=[clique("u", "cl.1", [daemon_entry("a", index=0)])], pods=[pod], nodes={}
+    )
     assert (m.entry.status, m.problem) == (
         ("NotReady", "DaemonNotRunning") if down else ("Ready", "")
     )

@@ -85,9 +85,17 @@ def test_a_forming_clique_is_created_with_an_entry_for_each_daemon_pod(
 def test_new_daemons_are_appended_in_one_patch_at_the_free_indices_keeping_the_others(
     server: FakeApiServer, joins: CliqueJoinReconciler
 ) -> None:
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(UID, "cl.1", [
-        daemon_entry("x", index=0), daemon_entry("z", index=2),
-    ]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(
+            UID,
+            "cl.1",
+            [
+                daemon_entry("x", index=0),
+                daemon_entry("z", index=2),
+            ],
+        ),
+    )
     pod(server, "x", "10.1.0.1", clique="cl.1")
     pod(server, "z", "10.1.0.3", clique="cl.1")
     pod(server, "b", "10.2.0.2", clique="cl.1")
@@ -184,9 +192,12 @@ def test_until_the_daemon_labels_its_pod_the_clique_comes_from_the_node_slices(
 
 
 def test_a_daemon_that_appended_first_refuses_the_write_and_keeps_its_entry(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
     clock: FakeClock,
-) -> None:  # fmt: skip
+) -> None:
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(UID, "cl.1", [daemon_entry("x", index=0)]))
     pod(server, "a", "10.2.0.1", clique="cl.1")
     lagging = LaggingCache(caches.cliques, "cliques")
@@ -208,9 +219,12 @@ def test_a_daemon_that_appended_first_refuses_the_write_and_keeps_its_entry(
 
 
 def test_a_lost_create_race_retries_without_error(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
     clock: FakeClock,
-) -> None:  # fmt: skip
+) -> None:
     pod(server, "a", "10.2.0.1", clique="cl.1")
     lagging = LaggingCache(caches.cliques, "cliques")
     lagging.freeze()  # sees no clique
@@ -238,13 +252,18 @@ def test_an_emptied_clique_is_refilled_with_a_guarded_put(
 
 
 def test_a_full_clique_gets_no_entry_and_a_partly_full_one_fills_its_free_slots(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
     clock: FakeClock,
-) -> None:  # fmt: skip
+) -> None:
     joins = CliqueJoinReconciler(
-        client=client, caches=caches, config=replace(config, max_nodes_per_imex_domain=2),
+        client=client,
+        caches=caches,
+        config=replace(config, max_nodes_per_imex_domain=2),
         clock=clock,
-    )  # fmt: skip
+    )
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(UID, "cl.1", [daemon_entry("x", index=1)]))
     for n in ("a", "b", "c"):
         pod(server, n, f"10.2.0.{ord(n)}", clique="cl.1")
@@ -271,9 +290,12 @@ def test_a_clique_of_another_domain_by_that_name_is_not_written(
 
 
 def test_a_batch_right_after_another_builds_on_our_own_write_not_the_stale_cache(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
     clock: FakeClock,
-) -> None:  # fmt: skip
+) -> None:
     lagging = LaggingCache(caches.cliques, "cliques")
     lagging.freeze()  # the informer delivers none of our writes during this test
     joins = CliqueJoinReconciler(

@@ -86,8 +86,9 @@ def test_entry_of_a_vanished_daemon_is_pruned_after_the_grace_period(
     assert nodes_in_clique(server) == ["a"]
     [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
     assert obj["daemons"] == [daemon_entry("a", index=0)]  # the survivor is untouched
-    assert puts(server) == [f"/apis/resource.nvidia.com/v1beta1/namespaces/{DRIVER_NS}/"
-                            f"computedomaincliques/{UID}.cl.1"]  # fmt: skip
+    assert puts(server) == [
+        f"/apis/resource.nvidia.com/v1beta1/namespaces/{DRIVER_NS}/computedomaincliques/{UID}.cl.1"
+    ]
     assert "StaleDaemonRemoved" in events.reasons()
     # Nothing left to do: no write, no re-check.
     assert prune.reconcile(KEY).requeue_after == 0
@@ -214,8 +215,10 @@ def test_conflict_rereads_and_removes_only_the_entries_judged_stale(
     # b's new registration and d survive; only c's entry, unchanged since judged, is gone.
     [obj] = server.objects(res.COMPUTE_DOMAIN_CLIQUES)
     assert [(d["nodeName"], d["ipAddress"]) for d in obj["daemons"]] == [
-        ("a", "10.1.0.1"), ("b", "10.9.9.9"), ("d", "10.1.0.4"),
-    ]  # fmt: skip
+        ("a", "10.1.0.1"),
+        ("b", "10.9.9.9"),
+        ("d", "10.1.0.4"),
+    ]
     assert len(puts(server)) == 3  # the racing write, our 409, our retry
     assert any(  # the fresh read: a LIST by name (the Role grants no "get")
         r.method == "GET" and r.query.get("fieldSelector") == f"metadata.name={UID}.cl.1"
@@ -266,9 +269,11 @@ def entries_by_node(server: FakeApiServer) -> dict[str, str]:
 
 
 def test_ready_entry_of_a_dead_daemon_container_turns_not_ready_at_once(
-    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler,
+    server: FakeApiServer,
+    client: RestClient,
+    prune: CliquePruneReconciler,
     events: RecordedEvents,
-) -> None:  # fmt: skip
+) -> None:
     """SIGKILL or OOM kill: the container is terminated (or waiting to restart) while the
     pod, and so the entry, stays; nobody else would take the entry's Ready back."""
     seed_clique(server, "a", "b")
@@ -293,18 +298,27 @@ def test_ready_entry_of_a_dead_daemon_container_turns_not_ready_at_once(
 
 
 def test_entry_of_a_lost_node_is_removed_after_the_node_loss_grace(
-    server: FakeApiServer, client: RestClient, prune: CliquePruneReconciler, clock: FakeClock,
+    server: FakeApiServer,
+    client: RestClient,
+    prune: CliquePruneReconciler,
+    clock: FakeClock,
     events: RecordedEvents,
-) -> None:  # fmt: skip
+) -> None:
     """The daemon pod stays bound to a dead node (it tolerates every taint); the entry does
     not stay in the clique."""
     seed_clique(server, "a", "b")
     for n in ("a", "b"):
         server.seed(res.PODS, daemon_pod(UID, n))
     server.seed(res.NODES, node("a"))
-    server.seed(res.NODES, node("b", ready="Unknown", since=clock.now() - 20,
-                                taints=[{"key": "node.kubernetes.io/unreachable",
-                                         "effect": "NoExecute"}]))  # fmt: skip
+    server.seed(
+        res.NODES,
+        node(
+            "b",
+            ready="Unknown",
+            since=clock.now() - 20,
+            taints=[{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}],
+        ),
+    )
     assert prune.keys_for_node(node("b")) == [KEY]
     assert prune.reconcile(KEY).requeue_after == pytest.approx(40.0)
     assert nodes_in_clique(server) == ["a", "b"]
@@ -342,9 +356,13 @@ def test_the_plugin_holds_channel_prepares_while_the_entry_is_marked_not_ready(
     server.seed(res.PODS, daemon_pod(UID, "b", container="terminated"))
     informers = SharedInformerFactory(client, clock=RealClock())
     tracker = DomainTracker(
-        client=client, informers=informers, node_name="b", driver_namespace=DRIVER_NS,
-        clique_id=lambda: "cl.1", clock=RealClock(),
-    )  # fmt: skip
+        client=client,
+        informers=informers,
+        node_name="b",
+        driver_namespace=DRIVER_NS,
+        clique_id=lambda: "cl.1",
+        clock=RealClock(),
+    )
     tracker.start()
     try:
         assert tracker.wait_synced(5)

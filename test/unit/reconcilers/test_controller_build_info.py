@@ -18,8 +18,12 @@ INFO = BuildInfo(version="1.2.3", revision="a" * 40, build_date="2026-11-26T10:0
 
 
 def test_build_info_is_on_the_served_registry_before_any_term(server: FakeApiServer) -> None:
-    argv = ["--image-name=img", f"--namespace={DRIVER_NS}", "--http-endpoint=127.0.0.1:0",
-            "--leader-election-enabled"]  # fmt: skip
+    argv = [
+        "--image-name=img",
+        f"--namespace={DRIVER_NS}",
+        "--http-endpoint=127.0.0.1:0",
+        "--leader-election-enabled",
+    ]
     opts = parse_options(argv, {})
     stop = threading.Event()
     scraped: list[str] = []
@@ -30,10 +34,17 @@ def test_build_info_is_on_the_served_registry_before_any_term(server: FakeApiSer
         stop.set()
 
     thread = threading.Thread(
-        target=run, args=(opts,), daemon=True,
-        kwargs={"stop": stop, "env": {}, "ready": ready, "build_info": INFO,
-                "client_factory": lambda _o: server.client()},
-    )  # fmt: skip
+        target=run,
+        args=(opts,),
+        daemon=True,
+        kwargs={
+            "stop": stop,
+            "env": {},
+            "ready": ready,
+            "build_info": INFO,
+            "client_factory": lambda _o: server.client(),
+        },
+    )
     thread.start()
     thread.join(30)
     assert not thread.is_alive() and len(scraped) == 1
@@ -42,7 +53,14 @@ def test_build_info_is_on_the_served_registry_before_any_term(server: FakeApiSer
         f for f in text_string_to_metric_families(scraped[0]) if f.name == BUILD_INFO_METRIC
     ]
     assert family.type == "gauge"
-    assert [(s.labels, s.value) for s in family.samples] == [(
-        {"version": "1.2.3", "revision": "a" * 40, "build_date": "2026-11-26T10:00:00Z",
-         "python_version": platform.python_version()}, 1.0,
-    )]  # fmt: skip
+    assert [(s.labels, s.value) for s in family.samples] == [
+        (
+            {
+                "version": "1.2.3",
+                "revision": "a" * 40,
+                "build_date": "2026-11-26T10:00:00Z",
+                "python_version": platform.python_version(),
+            },
+            1.0,
+        )
+    ]

@@ -58,9 +58,14 @@ def build(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     ctl = Controller(
-        name="demo", reconciler=reconciler, queue=queue, metrics=ReconcileMetrics(registry),
-        tracer=provider.get_tracer("t"), clock=clock, batch_period=batch_period,
-    )  # fmt: skip
+        name="demo",
+        reconciler=reconciler,
+        queue=queue,
+        metrics=ReconcileMetrics(registry),
+        tracer=provider.get_tracer("t"),
+        clock=clock,
+        batch_period=batch_period,
+    )
     return ctl, queue, clock, registry
 
 
@@ -204,9 +209,14 @@ def waiting_controller(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     ctl = Controller(
-        name="demo", reconciler=rec, queue=queue, metrics=ReconcileMetrics(registry),
-        tracer=provider.get_tracer("t"), clock=clock, reconcile_timeout=reconcile_timeout,
-    )  # fmt: skip
+        name="demo",
+        reconciler=rec,
+        queue=queue,
+        metrics=ReconcileMetrics(registry),
+        tracer=provider.get_tracer("t"),
+        clock=clock,
+        reconcile_timeout=reconcile_timeout,
+    )
     return ctl, rec, queue, clock, registry
 
 

@@ -51,9 +51,10 @@ def test_templates_are_created_and_claims_read_in_the_served_version(
     rc: list[int] = []
     opts = parse_options(OPTS, {})
     thread = threading.Thread(
-        target=lambda: rc.append(run(opts, stop=stop, env={},
-                                     client_factory=lambda _o: older.client())),
-    )  # fmt: skip
+        target=lambda: rc.append(
+            run(opts, stop=stop, env={}, client_factory=lambda _o: older.client())
+        ),
+    )
     thread.start()
     try:
         # The workload template (POSTed through the fake's shape check for that version).
@@ -70,17 +71,25 @@ def test_templates_are_created_and_claims_read_in_the_served_version(
             )
         # The slice's clique label reached the node (slices read in that version).
         eventually(
-            lambda: older.objects(res.NODES)[0]["metadata"].get("labels", {}).get(
-                c.GPU_CLIQUE_NODE_LABEL) == "uuid.3"
-        )  # fmt: skip
+            lambda: (
+                older.objects(res.NODES)[0]["metadata"]
+                .get("labels", {})
+                .get(c.GPU_CLIQUE_NODE_LABEL)
+                == "uuid.3"
+            )
+        )
         # A claim the scheduler allocated on node a: node labelled, daemon template created.
         claim = channel_claim("w0", ns="team", uid=uid, node_name="a")
         claim["spec"]["devices"]["requests"][0]["exactly"] = {"deviceClassName": "x"}
         older.seed(wire(res.RESOURCE_CLAIMS), to_served("ResourceClaim", claim, version))
         eventually(
-            lambda: older.objects(res.NODES)[0]["metadata"].get("labels", {}).get(
-                c.COMPUTE_DOMAIN_LABEL) == uid
-        )  # fmt: skip
+            lambda: (
+                older.objects(res.NODES)[0]["metadata"]
+                .get("labels", {})
+                .get(c.COMPUTE_DOMAIN_LABEL)
+                == uid
+            )
+        )
         eventually(lambda: len(older.objects(wire(res.RESOURCE_CLAIM_TEMPLATES))) == 2)
         assert all(
             p.startswith(f"/apis/resource.k8s.io/{version}")
@@ -98,7 +107,11 @@ def test_a_cluster_without_a_supported_version_stops_the_controller(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with FakeApiServer(resource_api_versions=("v1alpha3",)) as server:  # Kubernetes 1.31
-        rc = run(parse_options(OPTS, {}), stop=threading.Event(), env={},
-                 client_factory=lambda _o: server.client())  # fmt: skip
+        rc = run(
+            parse_options(OPTS, {}),
+            stop=threading.Event(),
+            env={},
+            client_factory=lambda _o: server.client(),
+        )
     assert rc == 1
     assert "found: resource.k8s.io/v1alpha3" in caplog.text

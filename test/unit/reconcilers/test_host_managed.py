@@ -75,18 +75,27 @@ def test_defaults_are_driver_managed_domain() -> None:
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        ([], {"IMEX_MODE": "hostManaged"},
-         'imex.mode="hostManaged" requires the HostManagedIMEXDaemon feature gate to be enabled'),
+        (
+            [],
+            {"IMEX_MODE": "hostManaged"},
+            'imex.mode="hostManaged" requires the HostManagedIMEXDaemon feature gate to be enabled',
+        ),
         ([], {"IMEX_MODE": ""}, 'unknown imex.mode ""'),
         (["--imex-mode=driver"], {}, 'unknown imex.mode "driver"'),
-        (["--imex-isolation=channel"], {},
-         'imex.isolation="channel" is not supported yet: per-workload IMEX channel allocation '
-         "is not implemented"),
-        ([], {"IMEX_ISOLATION": "pod"},
-         'unknown imex.isolation "pod": must be "domain" or "channel"'),
+        (
+            ["--imex-isolation=channel"],
+            {},
+            'imex.isolation="channel" is not supported yet: per-workload IMEX channel allocation '
+            "is not implemented",
+        ),
+        (
+            [],
+            {"IMEX_ISOLATION": "pod"},
+            'unknown imex.isolation "pod": must be "domain" or "channel"',
+        ),
     ],
     ids=["no-gate", "empty-env-mode", "unknown-mode", "channel", "unknown-isolation"],
-)  # fmt: skip
+)
 def test_bad_imex_config_exits_1_with_upstreams_line(
     argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -100,9 +109,13 @@ def test_binary_exits_1_on_bad_imex_config(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("FEATURE_GATES", "PYTHONPATH")}
     done = subprocess.run(
         [sys.executable, str(BINARY), *BASE],
-        env={**env, "IMEX_MODE": "hostManaged"}, cwd=tmp_path, capture_output=True, text=True,
-        timeout=60, check=False,
-    )  # fmt: skip
+        env={**env, "IMEX_MODE": "hostManaged"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1, done.stderr
     assert done.stderr.endswith(
         'Error: imex configuration validation failed: imex.mode="hostManaged" requires the '
@@ -120,15 +133,22 @@ def host_config(config: ControllerConfig) -> ControllerConfig:
 
 @pytest.fixture
 def reconciler(
-    server: FakeApiServer, client: RestClient, host_config: ControllerConfig,
-    events: RecordedEvents, clock: FakeClock, registry: CollectorRegistry,
-) -> HostManagedDomainReconciler:  # fmt: skip
+    server: FakeApiServer,
+    client: RestClient,
+    host_config: ControllerConfig,
+    events: RecordedEvents,
+    clock: FakeClock,
+    registry: CollectorRegistry,
+) -> HostManagedDomainReconciler:
     full = live_caches(server)
     return HostManagedDomainReconciler(
         client=client,
         caches=host_managed_caches(compute_domains=full.compute_domains, rcts=full.rcts),
-        config=host_config, events=events, metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+        config=host_config,
+        events=events,
+        metrics=DomainMetrics(registry),
+        clock=clock,
+    )
 
 
 def only(server: FakeApiServer, resource: res.Resource) -> dict[str, Any]:
@@ -137,12 +157,16 @@ def only(server: FakeApiServer, resource: res.Resource) -> dict[str, Any]:
 
 
 def test_one_pass_gives_finalizer_single_template_and_ready(
-    server: FakeApiServer, reconciler: HostManagedDomainReconciler, clock: FakeClock,
+    server: FakeApiServer,
+    reconciler: HostManagedDomainReconciler,
+    clock: FakeClock,
     registry: CollectorRegistry,
-) -> None:  # fmt: skip
+) -> None:
     server.seed(res.NODES, node("a"))
-    spec = {"numNodes": 4, "channel": {"resourceClaimTemplate": {"name": "cd1-channel"},
-                                       "allocationMode": "All"}}  # fmt: skip
+    spec = {
+        "numNodes": 4,
+        "channel": {"resourceClaimTemplate": {"name": "cd1-channel"}, "allocationMode": "All"},
+    }
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain(**spec))["metadata"]["uid"])
     assert reconciler.reconcile("team/cd1").requeue_after == 0
     cd = only(server, res.COMPUTE_DOMAINS)
@@ -169,9 +193,11 @@ def test_one_pass_gives_finalizer_single_template_and_ready(
 
 
 def test_deletion_removes_template_its_finalizer_and_ours(
-    server: FakeApiServer, client: RestClient, reconciler: HostManagedDomainReconciler,
+    server: FakeApiServer,
+    client: RestClient,
+    reconciler: HostManagedDomainReconciler,
     registry: CollectorRegistry,
-) -> None:  # fmt: skip
+) -> None:
     server.seed(res.COMPUTE_DOMAINS, compute_domain())
     reconciler.reconcile("team/cd1")
     # As the upstream controller leaves it: its finalizer on the template.
@@ -186,15 +212,20 @@ def test_deletion_removes_template_its_finalizer_and_ours(
 
 
 def test_template_owned_by_someone_else_is_a_warning_not_ready(
-    server: FakeApiServer, client: RestClient, reconciler: HostManagedDomainReconciler,
+    server: FakeApiServer,
+    client: RestClient,
+    reconciler: HostManagedDomainReconciler,
     events: RecordedEvents,
-) -> None:  # fmt: skip
+) -> None:
     server.seed(
         res.RESOURCE_CLAIM_TEMPLATES,
-        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-         "metadata": {"name": "cd1-channel", "namespace": "team"},
-         "spec": {"spec": {"devices": {"requests": []}}}},
-    )  # fmt: skip
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "cd1-channel", "namespace": "team"},
+            "spec": {"spec": {"devices": {"requests": []}}},
+        },
+    )
     server.seed(res.COMPUTE_DOMAINS, compute_domain())
     assert reconciler.reconcile("team/cd1").requeue_after > 0
     assert "ResourceClaimTemplateConflict" in events.reasons()
@@ -206,13 +237,20 @@ def test_template_owned_by_someone_else_is_a_warning_not_ready(
 
 @pytest.fixture
 def manager(
-    client: RestClient, host_config: ControllerConfig, registry: CollectorRegistry,
+    client: RestClient,
+    host_config: ControllerConfig,
+    registry: CollectorRegistry,
     events: RecordedEvents,
-) -> Iterator[HostManagedManager]:  # fmt: skip
+) -> Iterator[HostManagedManager]:
     mgr = HostManagedManager(
-        client=client, config=host_config, registry=registry, tracer=trace.NoOpTracer(),
-        clock=RealClock(), informer_clock=RealClock(), events=events,
-    )  # fmt: skip
+        client=client,
+        config=host_config,
+        registry=registry,
+        tracer=trace.NoOpTracer(),
+        clock=RealClock(),
+        informer_clock=RealClock(),
+        events=events,
+    )
     yield mgr
     mgr.stop()
 
@@ -222,11 +260,15 @@ def test_manager_runs_domains_to_ready_and_sweeps_orphaned_templates(
 ) -> None:
     server.seed(res.COMPUTE_DOMAINS, compute_domain())
     orphan = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": "old", "namespace": "team",
-                     "labels": {c.COMPUTE_DOMAIN_LABEL: "gone-uid"}},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": "old",
+            "namespace": "team",
+            "labels": {c.COMPUTE_DOMAIN_LABEL: "gone-uid"},
+        },
         "spec": {"spec": {"devices": {"requests": []}}},
-    }  # fmt: skip
+    }
     server.seed(res.RESOURCE_CLAIM_TEMPLATES, orphan)
     assert manager.start(sync_timeout=10)
     assert manager.synced()

@@ -34,14 +34,20 @@ from pkg.testing.fakeapiserver import FakeApiServer
 
 @pytest.fixture
 def manager(
-    client: RestClient, config: ControllerConfig, registry: CollectorRegistry,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
     events: RecordedEvents,
-) -> Iterator[ControllerManager]:  # fmt: skip
+) -> Iterator[ControllerManager]:
     mgr = ControllerManager(
-        client=client, config=replace(config, cleanup_interval=3600), registry=registry,
-        tracer=trace.NoOpTracer(), clock=RealClock(), informer_clock=RealClock(),
+        client=client,
+        config=replace(config, cleanup_interval=3600),
+        registry=registry,
+        tracer=trace.NoOpTracer(),
+        clock=RealClock(),
+        informer_clock=RealClock(),
         events=events,
-    )  # fmt: skip
+    )
     yield mgr
     mgr.stop()
 
@@ -108,10 +114,14 @@ def test_stale_clique_entry_is_pruned_on_pod_delete_after_the_grace_period(
     events: RecordedEvents,
 ) -> None:
     mgr = ControllerManager(
-        client=client, config=replace(config, cleanup_interval=3600, clique_entry_grace_period=0.5),
-        registry=registry, tracer=trace.NoOpTracer(), clock=RealClock(),
-        informer_clock=RealClock(), events=events,
-    )  # fmt: skip
+        client=client,
+        config=replace(config, cleanup_interval=3600, clique_entry_grace_period=0.5),
+        registry=registry,
+        tracer=trace.NoOpTracer(),
+        clock=RealClock(),
+        informer_clock=RealClock(),
+        events=events,
+    )
     uid = "u-prune"
     server.seed(res.PODS, daemon_pod(uid, "a"))
     server.seed(res.PODS, daemon_pod(uid, "b"))
@@ -151,8 +161,10 @@ def test_status_writer_and_informers_ride_out_dropped_writes_and_an_outage(
 ) -> None:
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
     server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1"))
-    server.seed(res.COMPUTE_DOMAIN_CLIQUES,
-                clique(uid, "cl.1", [daemon_entry("a", index=0, status="NotReady")]))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAIN_CLIQUES,
+        clique(uid, "cl.1", [daemon_entry("a", index=0, status="NotReady")]),
+    )
     # The first status writes are dropped on the wire: the reconcile fails and is requeued.
     server.inject_error("PUT", res.COMPUTE_DOMAINS, 0, count=8)
     assert manager.start(sync_timeout=10)
@@ -169,8 +181,9 @@ def test_status_writer_and_informers_ride_out_dropped_writes_and_an_outage(
     server.seed(res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [daemon_entry("a", index=0)]))
     server.set_available(True)
     eventually(lambda: status() == "Ready", timeout=20)
-    assert all(ctl._threads and all(t.is_alive() for t in ctl._threads)
-               for ctl in manager.controllers)  # fmt: skip
+    assert all(
+        ctl._threads and all(t.is_alive() for t in ctl._threads) for ctl in manager.controllers
+    )
 
 
 def test_num_nodes_unreachable_clears_when_a_node_publishes_its_slices(
@@ -212,22 +225,31 @@ def _queues_idle(registry: CollectorRegistry) -> bool:
 
 
 def _quiet_manager(
-    client: RestClient, config: ControllerConfig, registry: CollectorRegistry,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
     events: RecordedEvents,
-) -> ControllerManager:  # fmt: skip
+) -> ControllerManager:
     """A manager on real clocks with no periodic sweep and status coalescing off (its timed
     requeue would be a queue add of its own): every add it makes answers an event."""
     return ControllerManager(
-        client=client, registry=registry, tracer=trace.NoOpTracer(), clock=RealClock(),
+        client=client,
+        registry=registry,
+        tracer=trace.NoOpTracer(),
+        clock=RealClock(),
         config=replace(config, cleanup_interval=3600, status_update_interval=0.0),
-        informer_clock=RealClock(), events=events,
-    )  # fmt: skip
+        informer_clock=RealClock(),
+        events=events,
+    )
 
 
 def test_foreign_node_annotation_sweeps_wake_no_reconciler(
-    server: FakeApiServer, client: RestClient, config: ControllerConfig,
-    registry: CollectorRegistry, events: RecordedEvents,
-) -> None:  # fmt: skip
+    server: FakeApiServer,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
+    events: RecordedEvents,
+) -> None:
     """kube-controller-manager's TTL controller annotates every Node when a cluster grows; at
     5,000 Nodes that sweep (~20 updates/s for minutes) kept the idle controller at 4-5 % CPU,
     each update re-queueing every domain still waiting for nodes. Foreign annotations are not
@@ -241,9 +263,12 @@ def test_foreign_node_annotation_sweeps_wake_no_reconciler(
 
 
 def test_kubelet_status_reports_wake_no_reconciler(
-    server: FakeApiServer, client: RestClient, config: ControllerConfig,
-    registry: CollectorRegistry, events: RecordedEvents,
-) -> None:  # fmt: skip
+    server: FakeApiServer,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
+    events: RecordedEvents,
+) -> None:
     """Every kubelet rewrites its Node's condition heartbeats every 5 minutes; on the Nodes
     hosting daemons (watched in full for their health) each report used to queue that node's
     domains, clique entries and joins. The heartbeat is not cached, so a report that changed
@@ -256,14 +281,26 @@ def test_kubelet_status_reports_wake_no_reconciler(
             uid = str(cd["metadata"]["uid"])
             server.seed(res.NODES, node(name, labels={c.COMPUTE_DOMAIN_LABEL: uid}))
         assert manager.start(sync_timeout=10)
-        eventually(lambda: all((cd.get("status") or {}).get("status")
-                               for cd in server.objects(res.COMPUTE_DOMAINS)))  # fmt: skip
+        eventually(
+            lambda: all(
+                (cd.get("status") or {}).get("status") for cd in server.objects(res.COMPUTE_DOMAINS)
+            )
+        )
         before = _settled_adds(registry)
 
         def report(name: str, beat: str, ready: str = "True") -> None:
-            client.patch(res.NODES, name, {"status": {"conditions": [{
-                "type": "Ready", "status": ready, "lastHeartbeatTime": beat}]}},
-                subresource="status")  # fmt: skip
+            client.patch(
+                res.NODES,
+                name,
+                {
+                    "status": {
+                        "conditions": [
+                            {"type": "Ready", "status": ready, "lastHeartbeatTime": beat}
+                        ]
+                    }
+                },
+                subresource="status",
+            )
 
         for name in names:
             report(name, "2026-11-27T10:05:00Z")
@@ -311,8 +348,9 @@ def _no_queue_adds_for_foreign_annotations(
     before = _queue_adds(registry)
     client = server.client()
     for name in names:
-        client.patch(res.NODES, name, {"metadata": {"annotations": {
-            "node.alpha.kubernetes.io/ttl": "30"}}})  # fmt: skip
+        client.patch(
+            res.NODES, name, {"metadata": {"annotations": {"node.alpha.kubernetes.io/ttl": "30"}}}
+        )
 
     def cached_rv(name: str) -> str:
         obj = manager.caches.nodes.get_by_key(name) or {}
@@ -343,9 +381,11 @@ def _adds_of(registry: CollectorRegistry, queue: str) -> float:
 
 
 def test_status_writes_of_a_domain_do_not_requeue_its_nodes_claims(
-    server: FakeApiServer, client: RestClient, manager: ControllerManager,
+    server: FakeApiServer,
+    client: RestClient,
+    manager: ControllerManager,
     registry: CollectorRegistry,
-) -> None:  # fmt: skip
+) -> None:
     """Every status write of a forming domain queued a resourceclaim pass for each of its
     nodes (18 nodes: ~300 passes per formation); only the domain's appearance and deletion
     matter to that reconciler."""
@@ -360,10 +400,15 @@ def test_status_writes_of_a_domain_do_not_requeue_its_nodes_claims(
         )
     # The labels as the controller's own Node cache shows them: their watch events (each a
     # resourceclaim add) have arrived before the count is taken.
-    eventually(lambda: all(
-        (n["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL) == uid
-        for n in manager.caches.nodes.list()
-    ) and len(manager.caches.nodes.list()) == 3)  # fmt: skip
+    eventually(
+        lambda: (
+            all(
+                (n["metadata"].get("labels") or {}).get(c.COMPUTE_DOMAIN_LABEL) == uid
+                for n in manager.caches.nodes.list()
+            )
+            and len(manager.caches.nodes.list()) == 3
+        )
+    )
     seen: list[float] = []
 
     def settled() -> bool:  # idle, and no resourceclaim add since the previous poll
@@ -376,8 +421,15 @@ def test_status_writes_of_a_domain_do_not_requeue_its_nodes_claims(
         obj = client.get(res.COMPUTE_DOMAINS, "cd1", namespace="team")
         obj.setdefault("metadata", {}).setdefault("annotations", {})["test/touch"] = str(i)
         client.update(res.COMPUTE_DOMAINS, obj)
-    eventually(lambda: (manager.caches.compute_domains.get_by_key("team/cd1") or {})
-               .get("metadata", {}).get("annotations", {}).get("test/touch") == "4")  # fmt: skip
+    eventually(
+        lambda: (
+            (manager.caches.compute_domains.get_by_key("team/cd1") or {})
+            .get("metadata", {})
+            .get("annotations", {})
+            .get("test/touch")
+            == "4"
+        )
+    )
     eventually(lambda: _queues_idle(registry))
     assert _adds_of(registry, "resourceclaim") == before
     client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")

@@ -42,14 +42,20 @@ OLD_NS = "old-driver-ns"
 
 
 def start_manager(
-    client: RestClient, config: ControllerConfig, registry: CollectorRegistry,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
     events: RecordedEvents,
-) -> ControllerManager:  # fmt: skip
+) -> ControllerManager:
     mgr = ControllerManager(
-        client=client, config=replace(config, cleanup_interval=3600), registry=registry,
-        tracer=trace.NoOpTracer(), clock=RealClock(), informer_clock=RealClock(),
+        client=client,
+        config=replace(config, cleanup_interval=3600),
+        registry=registry,
+        tracer=trace.NoOpTracer(),
+        clock=RealClock(),
+        informer_clock=RealClock(),
         events=events,
-    )  # fmt: skip
+    )
     assert mgr.start(sync_timeout=10)
     return mgr
 
@@ -65,9 +71,11 @@ def status_of(server: FakeApiServer) -> JSON:
 
 @pytest.fixture
 def cliques_off(
-    client: RestClient, config: ControllerConfig, registry: CollectorRegistry,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
     events: RecordedEvents,
-) -> Iterator[ControllerManager]:  # fmt: skip
+) -> Iterator[ControllerManager]:
     gates = "ComputeDomainCliques=false,IMEXDaemonsWithDNSNames=false"
     off = replace(config, compute_domain_cliques=False, feature_gates=gates)
     mgr = start_manager(client, off, registry, events)
@@ -76,11 +84,15 @@ def cliques_off(
 
 
 def test_cliques_off_domain_forms_from_status_nodes_and_prunes_a_departed_daemon(
-    server: FakeApiServer, client: RestClient, cliques_off: ControllerManager,
-) -> None:  # fmt: skip
+    server: FakeApiServer,
+    client: RestClient,
+    cliques_off: ControllerManager,
+) -> None:
     assert [ctl.name for ctl in cliques_off.controllers] == [
-        "computedomain", "resourceclaim", "cliquelabel",
-    ]  # fmt: skip
+        "computedomain",
+        "resourceclaim",
+        "cliquelabel",
+    ]
     uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain(numNodes=2))["metadata"]["uid"])
     for n in ("a", "b"):
         server.seed(res.NODES, node(n))
@@ -123,18 +135,26 @@ def test_cliques_off_domain_forms_from_status_nodes_and_prunes_a_departed_daemon
 def _daemonset(uid: str, ns: str) -> JSON:
     name = c.daemon_object_name(uid)
     return {
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
         "metadata": {"name": name, "namespace": ns, "labels": {c.COMPUTE_DOMAIN_LABEL: uid}},
-        "spec": {"selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}},
-                              "spec": {"containers": [{"name": "d", "image": "old"}]}}},
-    }  # fmt: skip
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "d", "image": "old"}]},
+            },
+        },
+    }
 
 
 def test_a_domains_daemons_in_an_additional_namespace_are_adopted_and_torn_down(
-    server: FakeApiServer, client: RestClient, config: ControllerConfig,
-    registry: CollectorRegistry, events: RecordedEvents,
-) -> None:  # fmt: skip
+    server: FakeApiServer,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
+    events: RecordedEvents,
+) -> None:
     mgr = start_manager(client, replace(config, additional_namespaces=(OLD_NS,)), registry, events)
     try:
         uid = str(server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"])
@@ -142,8 +162,9 @@ def test_a_domains_daemons_in_an_additional_namespace_are_adopted_and_torn_down(
         # An older installation's daemon objects live in OLD_NS (a migration).
         server.seed(res.DAEMONSETS, _daemonset(uid, OLD_NS))
         server.seed(res.PODS, daemon_pod(uid, "a", clique="cl.1", ns=OLD_NS))
-        server.seed(res.COMPUTE_DOMAIN_CLIQUES,
-                    clique(uid, "cl.1", [daemon_entry("a", index=0)], ns=OLD_NS))  # fmt: skip
+        server.seed(
+            res.COMPUTE_DOMAIN_CLIQUES, clique(uid, "cl.1", [daemon_entry("a", index=0)], ns=OLD_NS)
+        )
         server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
         eventually(lambda: status_of(server).get("status") == "Ready")
         assert [n["name"] for n in status_of(server)["nodes"]] == ["a"]
@@ -158,9 +179,12 @@ def test_a_domains_daemons_in_an_additional_namespace_are_adopted_and_torn_down(
 
 
 def test_kinds_cached_in_full_are_held_serialized(
-    server: FakeApiServer, client: RestClient, config: ControllerConfig,
-    registry: CollectorRegistry, events: RecordedEvents,
-) -> None:  # fmt: skip
+    server: FakeApiServer,
+    client: RestClient,
+    config: ControllerConfig,
+    registry: CollectorRegistry,
+    events: RecordedEvents,
+) -> None:
     """Issue 32: every kind the controller caches in full keeps JSON bytes (about 1x their
     JSON size, `pkg.informers.serialized`); the metadata-only and slimmed Node caches keep
     dicts. Reads still give the objects."""
@@ -168,11 +192,20 @@ def test_kinds_cached_in_full_are_held_serialized(
     server.seed(res.RESOURCE_CLAIMS, channel_claim("w-0", ns="team", uid="u", node_name="n1"))
     mgr = start_manager(client, config, registry, events)
     try:
-        held = {name: {type(v) for v in inf.indexer._items.values()}
-                for name, inf in mgr._informers.items()}  # fmt: skip
+        held = {
+            name: {type(v) for v in inf.indexer._items.values()}
+            for name, inf in mgr._informers.items()
+        }
         full = {n for n in held if n not in ("nodes", "node_health")}
-        assert full >= {"compute_domains", "rcts", "claims", "slices", "daemonsets[0]",
-                        "pods[0]", "cliques[0]"}, sorted(held)  # fmt: skip
+        assert full >= {
+            "compute_domains",
+            "rcts",
+            "claims",
+            "slices",
+            "daemonsets[0]",
+            "pods[0]",
+            "cliques[0]",
+        }, sorted(held)
         assert held["compute_domains"] == {bytes} and held["claims"] == {bytes}, held
         assert all(held[n] <= {bytes} for n in full), held
         assert [o["metadata"]["name"] for o in mgr.caches.compute_domains.list()] == ["cd1"]

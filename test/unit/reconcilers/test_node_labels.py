@@ -100,15 +100,20 @@ def test_victim_warning_is_rate_limited_per_domain(
     claim still gets its own."""
     clock = FakeClock()
     claims = ResourceClaimReconciler(
-        client=client, caches=caches, events=OnceEvents(events), clock=clock,
+        client=client,
+        caches=caches,
+        events=OnceEvents(events),
+        clock=clock,
         victim_interval=600.0,
-    )  # fmt: skip
+    )
     victim, other = domain(server, "cd1"), domain(server, "cd2")
     for n in ("a", "b"):
         server.seed(res.NODES, node(n))
     for i in range(20):
-        server.seed(res.RESOURCE_CLAIMS, channel_claim(
-            f"w{i}", ns=f"intruder-{i % 3}", uid=victim, node_name="ab"[i % 2]))  # fmt: skip
+        server.seed(
+            res.RESOURCE_CLAIMS,
+            channel_claim(f"w{i}", ns=f"intruder-{i % 3}", uid=victim, node_name="ab"[i % 2]),
+        )
     server.seed(res.RESOURCE_CLAIMS, channel_claim("x", ns="intruder-0", uid=other, node_name="a"))
 
     def on_domains() -> list[str]:

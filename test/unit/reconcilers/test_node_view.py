@@ -32,10 +32,14 @@ def test_manager_reads_health_only_of_domain_nodes(
     server.seed(res.NODES, node("plain", ready="False"))
     server.seed(res.NODES, node("member", ready="False", labels={c.COMPUTE_DOMAIN_LABEL: "u"}))
     manager = ControllerManager(
-        client=server.client(), config=config, registry=CollectorRegistry(),
-        tracer=trace.get_tracer("t"), clock=RealClock(), informer_clock=RealClock(),
+        client=server.client(),
+        config=config,
+        registry=CollectorRegistry(),
+        tracer=trace.get_tracer("t"),
+        clock=RealClock(),
+        informer_clock=RealClock(),
         events=NoEvents(),
-    )  # fmt: skip
+    )
     assert manager.start(sync_timeout=20)
     try:
         member = manager.caches.nodes.get_by_key("member")
@@ -46,8 +50,9 @@ def test_manager_reads_health_only_of_domain_nodes(
         assert (plain["apiVersion"], plain["kind"]) == ("v1", "Node")
         assert "managedFields" not in plain["metadata"]
         assert sorted(n["metadata"]["name"] for n in manager.caches.nodes.list()) == [
-            "member", "plain",
-        ]  # fmt: skip
+            "member",
+            "plain",
+        ]
         # idle means idle: no informer replays its cache periodically
         assert all(i._resync_period == 0 for i in manager._informers.values())
         queries = [x for x in server.requests if x.path == "/api/v1/nodes"]
@@ -60,8 +65,9 @@ def test_patch_node_metadata_keeps_spec_and_status_and_checks_rv(server: FakeApi
     client = server.client()
     seeded = server.seed(res.NODES, node("a", ready="False", labels={"x": "1"}))
     meta_only = {"apiVersion": "v1", "kind": "Node", "metadata": dict(seeded["metadata"])}
-    patch_node_metadata(client, meta_only, labels={"x": None, c.COMPUTE_DOMAIN_LABEL: "u"},
-                        annotations={"a": "b"})  # fmt: skip
+    patch_node_metadata(
+        client, meta_only, labels={"x": None, c.COMPUTE_DOMAIN_LABEL: "u"}, annotations={"a": "b"}
+    )
     (stored,) = server.objects(res.NODES)
     assert stored["metadata"]["labels"] == {c.COMPUTE_DOMAIN_LABEL: "u"}
     assert stored["metadata"]["annotations"] == {"a": "b"}
@@ -75,8 +81,12 @@ MANAGED = "resource.nvidia.com/gpu.clique-managed"
 
 
 def test_node_metadata_cache_keeps_only_our_annotations() -> None:
-    meta0: dict[str, Any] = {"name": "a", "resourceVersion": "1", "managedFields": [{}],
-             "annotations": {TTL: "0", MANAGED: "true"}}  # fmt: skip
+    meta0: dict[str, Any] = {
+        "name": "a",
+        "resourceVersion": "1",
+        "managedFields": [{}],
+        "annotations": {TTL: "0", MANAGED: "true"},
+    }
     raw = {"metadata": meta0}
     meta = as_node_metadata(raw)
     assert meta["metadata"]["annotations"] == {MANAGED: "true"}

@@ -40,9 +40,13 @@ def reconciler(
     registry: CollectorRegistry,
 ) -> ComputeDomainReconciler:
     return ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=events,
-        metrics=DomainMetrics(registry), clock=clock,
-    )  # fmt: skip
+        client=client,
+        caches=caches,
+        config=config,
+        events=events,
+        metrics=DomainMetrics(registry),
+        clock=clock,
+    )
 
 
 def the_cd(server: FakeApiServer) -> Any:
@@ -64,18 +68,22 @@ def test_domain_without_members_has_no_nodes_field(
 def test_invalid_domain_has_no_nodes_field(
     server: FakeApiServer, reconciler: ComputeDomainReconciler
 ) -> None:
-    server.seed(res.COMPUTE_DOMAINS, compute_domain(channel={
-        "resourceClaimTemplate": {"name": "x"}, "allocationMode": "Bogus"}))  # fmt: skip
+    server.seed(
+        res.COMPUTE_DOMAINS,
+        compute_domain(channel={"resourceClaimTemplate": {"name": "x"}, "allocationMode": "Bogus"}),
+    )
     with pytest.raises(TerminalError):
         reconciler.reconcile("team/cd1")
     assert "nodes" not in the_cd(server)["status"]
 
 
 def test_last_member_leaving_removes_the_field() -> None:
-    cd = parse_compute_domain({
-        "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 1},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
-    })  # fmt: skip
+    cd = parse_compute_domain(
+        {
+            "metadata": {"namespace": "t", "name": "cd", "uid": "u", "generation": 1},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "r"}}},
+        }
+    )
     entries = [daemon_entry("a", index=0)]
     members = collect_members(
         cliques=[clique("u", "cl.1", entries)], pods=[daemon_pod("u", "a", clique="cl.1")], nodes={}

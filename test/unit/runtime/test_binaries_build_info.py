@@ -24,9 +24,14 @@ def start(
     binary: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(entry(binary)), *args], env=env or {}, cwd="/",
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, str(entry(binary)), *args],
+        env=env or {},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("binary", BINARIES)
@@ -62,24 +67,31 @@ def test_plugin_bad_env_number_is_a_usage_error_not_a_traceback() -> None:
 # fails: there is no kubeconfig), in each binary's own log format.
 FIRST_LINES = {
     "compute-domain-controller": (
-        ["--image-name=img", "--kubeconfig=/nonexistent"], {},
+        ["--image-name=img", "--kubeconfig=/nonexistent"],
+        {},
         r"I\d{{4}} \S+ +\d+ app\.py:\d+\] starting compute-domain-controller "
         r"version={v} revision={r} buildDate={d}",
     ),
     "compute-domain-kubelet-plugin": (
-        ["--node-name=n", "--device-discovery=fake", "--kubeconfig=/nonexistent"], {},
+        ["--node-name=n", "--device-discovery=fake", "--kubeconfig=/nonexistent"],
+        {},
         r"I\d{{4}} \S+ +\d+ compute_domain_kubelet_plugin\.py:\d+\] starting "
         r"compute-domain-kubelet-plugin version={v} revision={r} buildDate={d}",
     ),
     "compute-domain-daemon": (
         ["run"],
-        {"NODE_NAME": "n", "POD_NAMESPACE": "drv", "COMPUTE_DOMAIN_UUID": "u",
-         "COMPUTE_DOMAIN_NAME": "cd", "COMPUTE_DOMAIN_NAMESPACE": "ns",
-         "KUBECONFIG": "/nonexistent"},
+        {
+            "NODE_NAME": "n",
+            "POD_NAMESPACE": "drv",
+            "COMPUTE_DOMAIN_UUID": "u",
+            "COMPUTE_DOMAIN_NAME": "cd",
+            "COMPUTE_DOMAIN_NAMESPACE": "ns",
+            "KUBECONFIG": "/nonexistent",
+        },
         r'I\d{{4}} \S+ +\d+ compute_domain_daemon\.py:\d+\] "starting compute-domain-daemon '
         r'version={v} revision={r} buildDate={d}" cd="ns/cd" cdUID="u" node="n"',
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("binary", BINARIES)

@@ -63,14 +63,18 @@ def test_an_image_built_outside_git_says_unknown(root: Path) -> None:
     [
         ("ref: refs/heads/main\n", SHA, None, SHA),
         (f"{SHA}\n", None, None, SHA),
-        ("ref: refs/heads/main\n", None, f"# pack-refs with: peeled\n{OTHER} refs/heads/x\n"
-         f"{SHA} refs/heads/main\n^{OTHER}\n", SHA),
+        (
+            "ref: refs/heads/main\n",
+            None,
+            f"# pack-refs with: peeled\n{OTHER} refs/heads/x\n{SHA} refs/heads/main\n^{OTHER}\n",
+            SHA,
+        ),
         ("ref: refs/heads/main\n", OTHER, f"{SHA} refs/heads/main\n", OTHER),
         ("ref: refs/heads/unborn\n", None, None, "unknown"),
         ("garbage\n", None, None, "unknown"),
     ],
     ids=["ref-loose", "detached", "ref-packed", "loose-beats-packed", "unborn", "garbage"],
-)  # fmt: skip
+)
 def test_a_checkout_reads_head_without_git(
     root: Path, head: str, loose: str | None, packed: str | None, revision: str
 ) -> None:
@@ -145,8 +149,10 @@ def test_renderings() -> None:
         f"starting bin version=1.2.3 revision={SHA} buildDate=2026-11-26T10:00:00Z"
     )
     assert info.log_fields() == {
-        "version": "1.2.3", "revision": SHA, "buildDate": "2026-11-26T10:00:00Z"
-    }  # fmt: skip
+        "version": "1.2.3",
+        "revision": SHA,
+        "buildDate": "2026-11-26T10:00:00Z",
+    }
 
 
 def test_version_flag_prints_one_unwrapped_line_and_exits_zero_before_required_args(
@@ -179,9 +185,11 @@ def test_build_info_gauge() -> None:
     info = BuildInfo(version="1.2.3", revision=SHA, build_date="2026-11-26T10:00:00Z")
     register_build_info(registry, name="x_build_info", info=info)
     labels = {
-        "version": "1.2.3", "revision": SHA, "build_date": "2026-11-26T10:00:00Z",
+        "version": "1.2.3",
+        "revision": SHA,
+        "build_date": "2026-11-26T10:00:00Z",
         "python_version": platform.python_version(),
-    }  # fmt: skip
+    }
     assert registry.get_sample_value("x_build_info", labels) == 1.0
     (family,) = [f for f in registry.collect() if f.name == "x_build_info"]
     assert family.type == "gauge" and len(family.samples) == 1

@@ -63,15 +63,34 @@ def test_other_boolean_spellings_are_refused_everywhere(text: str) -> None:
 def test_defaults_env_fallback_and_flag_wins() -> None:
     values = TABLE.parse([], {})
     assert values.dump() == {
-        "enabled": False, "logging_format": "text", "mode": "a", "name": "dflt", "period": 0.2,
-        "port": -1, "root": "/", "secret_env": "", "v": 2, "vmodule": "",
-    }  # fmt: skip
-    env = {"NAME": "env", "PORT": "7", "ENABLED": "T", "PERIOD": "1m30s", "LOG_VERBOSITY": "5",
-           "ONLY_ENV": "s", "OLD_ROOT": "/old", "LOGGING_FORMAT": "json"}  # fmt: skip
+        "enabled": False,
+        "logging_format": "text",
+        "mode": "a",
+        "name": "dflt",
+        "period": 0.2,
+        "port": -1,
+        "root": "/",
+        "secret_env": "",
+        "v": 2,
+        "vmodule": "",
+    }
+    env = {
+        "NAME": "env",
+        "PORT": "7",
+        "ENABLED": "T",
+        "PERIOD": "1m30s",
+        "LOG_VERBOSITY": "5",
+        "ONLY_ENV": "s",
+        "OLD_ROOT": "/old",
+        "LOGGING_FORMAT": "json",
+    }
     values = TABLE.parse([], env)
     assert (values["name"], values["port"], values["enabled"], values["period"]) == (
-        "env", 7, True, 90.0,
-    )  # fmt: skip
+        "env",
+        7,
+        True,
+        90.0,
+    )
     assert (values["v"], values["secret_env"], values["root"]) == (5, "s", "/old")
     assert values["logging_format"] == "json"
     assert TABLE.parse([], {**env, "NEW_ROOT": "/new"})["root"] == "/new"
@@ -101,9 +120,9 @@ def test_errors_name_the_flag_and_its_env_and_exit_2(capsys: pytest.CaptureFixtu
     with pytest.raises(FlagError, match=r'^--port \(or PORT\): "x" is not an integer$'):
         TABLE.parse([], {"PORT": "x"})
     with pytest.raises(FlagError, match=r'^ONLY_ENV: "x" is not an integer$'):
-        FlagTable(prog="p", verbosity_env="V",
-                  flags=(Flag("n", "ONLY_ENV", parse_int, 0, "", cli=False),)).parse(
-            [], {"ONLY_ENV": "x"})  # fmt: skip
+        FlagTable(
+            prog="p", verbosity_env="V", flags=(Flag("n", "ONLY_ENV", parse_int, 0, "", cli=False),)
+        ).parse([], {"ONLY_ENV": "x"})
     with pytest.raises(FlagError, match=r"^--logging-format \(or LOGGING_FORMAT\): Unsupported"):
         TABLE.parse(["--logging-format=xml"], {})
     with pytest.raises(FlagError, match=r"^--vmodule \(or VMODULE\): invalid entry"):
@@ -123,8 +142,12 @@ def test_errors_name_the_flag_and_its_env_and_exit_2(capsys: pytest.CaptureFixtu
 
 def test_version_exits_0_before_env_or_commands(capsys: pytest.CaptureFixture[str]) -> None:
     info = BuildInfo(version="1.2.3", revision="abc", build_date="2026-11-27T00:00:00Z")
-    table = FlagTable(prog="cmdbin", verbosity_env="V", commands=("run", "check"),
-                      flags=(Flag("port", "PORT", parse_int, 1, ""),))  # fmt: skip
+    table = FlagTable(
+        prog="cmdbin",
+        verbosity_env="V",
+        commands=("run", "check"),
+        flags=(Flag("port", "PORT", parse_int, 1, ""),),
+    )
     for spelling in ("--version", "-version"):
         with pytest.raises(SystemExit) as exc:
             table.parse([spelling], {"PORT": "not even a number"}, load=lambda: info)
@@ -168,8 +191,10 @@ def test_markdown_table_lists_every_row() -> None:
     assert "| `-v`, `--v`, `--verbosity` | `LOG_VERBOSITY` | 2 |" in table[-3]
     assert "set but empty env variable overrides" in next(r for r in table if "`--mode`" in r)
     assert [doc_default(TABLE.flag(d)) for d in ("enabled", "port", "root")] == [
-        "false", "-1", "`/`",
-    ]  # fmt: skip
+        "false",
+        "-1",
+        "`/`",
+    ]
 
 
 def test_doc_region_is_replaced_by_the_table_and_missing_markers_are_an_error() -> None:
@@ -215,16 +240,23 @@ def test_a_list_row_collects_every_occurrence_and_replaces_the_env(
 @pytest.mark.parametrize(
     ("argv", "env", "gates", "merged"),
     [
-        (["--gates=MPSSupport=true", "--gates", "DynamicMIG=true"], {},
-         "MPSSupport=true,DynamicMIG=true", {"MPSSupport": True, "DynamicMIG": True}),
-        (["--gates=MPSSupport=false"], {"GATES": "MPSSupport=true,DynamicMIG=true"},
-         "MPSSupport=true,DynamicMIG=true,MPSSupport=false",
-         {"MPSSupport": False, "DynamicMIG": True}),
+        (
+            ["--gates=MPSSupport=true", "--gates", "DynamicMIG=true"],
+            {},
+            "MPSSupport=true,DynamicMIG=true",
+            {"MPSSupport": True, "DynamicMIG": True},
+        ),
+        (
+            ["--gates=MPSSupport=false"],
+            {"GATES": "MPSSupport=true,DynamicMIG=true"},
+            "MPSSupport=true,DynamicMIG=true,MPSSupport=false",
+            {"MPSSupport": False, "DynamicMIG": True},
+        ),
         ([], {"GATES": "DynamicMIG=true"}, "DynamicMIG=true", {"DynamicMIG": True}),
         (["--gates=MPSSupport=true"], {"GATES": ""}, "MPSSupport=true", {"MPSSupport": True}),
     ],
     ids=["repeats-merge", "env-first-then-flags", "env-alone", "empty-env-is-unset"],
-)  # fmt: skip
+)
 def test_a_map_row_lays_each_occurrence_over_the_env(
     argv: list[str], env: dict[str, str], gates: str, merged: dict[str, bool]
 ) -> None:
@@ -253,9 +285,15 @@ def test_an_alias_takes_one_or_two_dashes_like_the_name() -> None:
 
 @pytest.mark.parametrize(
     ("text", "path"),
-    [("/metrics", "/metrics"), ("metrics", "/metrics"), ("/metrics/", "/metrics"),
-     ("//a//b/../c", "/a/c"), ("/", "/"), ("", "")],
-)  # fmt: skip
+    [
+        ("/metrics", "/metrics"),
+        ("metrics", "/metrics"),
+        ("/metrics/", "/metrics"),
+        ("//a//b/../c", "/a/c"),
+        ("/", "/"),
+        ("", ""),
+    ],
+)
 def test_http_paths_are_rooted_and_cleaned_as_gos_path_join(text: str, path: str) -> None:
     assert parse_http_path(text) == path
 

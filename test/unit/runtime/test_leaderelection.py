@@ -6,7 +6,7 @@ import re
 import threading
 
 import pytest
-from runtime_fakes import LeaseStore  # type: ignore[import-not-found, unused-ignore]
+from testsupport.runtime_fakes import LeaseStore  # type: ignore[import-not-found, unused-ignore]
 
 from pkg.runtime.leaderelection import LeaderElectionConfig, LeaderElector, format_micro_time
 from pkg.testing.clock import FakeClock

@@ -82,8 +82,11 @@ def test_leader_keeps_the_lease_through_an_outage_shorter_than_the_renew_deadlin
             stop.set()
 
     clock.on_wait = on_wait
-    kept = a.run(stop, on_started_leading=lambda: calls.append("started"),
-                 on_stopped_leading=lambda: calls.append("stopped"))  # fmt: skip
+    kept = a.run(
+        stop,
+        on_started_leading=lambda: calls.append("started"),
+        on_stopped_leading=lambda: calls.append("stopped"),
+    )
     assert kept is True
     assert calls == ["started", "stopped"]  # one term, ended by stop only
     spec = lease_spec(server)

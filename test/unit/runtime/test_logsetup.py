@@ -7,12 +7,11 @@ import io
 import json
 import logging
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from testsupport.binaries import BINARIES, start_binary
 
 from pkg.runtime.logsetup import (
     JsonFormatter,
@@ -136,43 +135,21 @@ def test_setup_is_idempotent_and_context_reaches_every_line(
     assert obj["cd"] == "ns/cd" and obj["node"] == "n1" and obj["msg"] == "from a library"
 
 
-BINARIES = {
-    "compute-domain-controller": ["--image-name=img", "--kubeconfig=/nonexistent"],
-    "compute-domain-kubelet-plugin": [
-        "--node-name=n",
-        "--device-discovery=fake",
-        "--kubeconfig=/nonexistent",
-    ],
-    "compute-domain-daemon": ["run"],
-}
-DAEMON_ENV = {"NODE_NAME": "n", "POD_NAMESPACE": "drv", "COMPUTE_DOMAIN_UUID": "u",
-              "COMPUTE_DOMAIN_NAME": "cd", "COMPUTE_DOMAIN_NAMESPACE": "ns",
-              "KUBECONFIG": "/nonexistent"}  # fmt: skip
-
-
-def _start(binary: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    """The real entry point with a scrubbed environment, run from ``/`` (no cluster reachable)."""
-    script = REPO / "cmd" / binary / f"{binary.replace('-', '_')}.py"
-    env = DAEMON_ENV if binary == "compute-domain-daemon" else {}
-    return subprocess.run(
-        [sys.executable, str(script), *extra, *BINARIES[binary]], env=env, cwd="/",
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("binary", sorted(BINARIES))
 def test_every_binary_writes_klog_text_and_json(binary: str) -> None:
-    text = _start(binary).stderr.splitlines()[0]
+    text = start_binary(binary).stderr.splitlines()[0]
     m = KLOG_HEADER.match(text)
     assert m and m.group(1) == "I" and f"starting {binary}" in m.group(7), text
-    first = _start(binary, "--logging-format=json").stderr.splitlines()[0]
+    first = start_binary(binary, "--logging-format=json").stderr.splitlines()[0]
     obj = json.loads(first)
     assert obj["v"] == 0 and obj["msg"].startswith(f"starting {binary}")
 
 
 @pytest.mark.parametrize("binary", sorted(BINARIES))
 def test_every_binary_refuses_a_bad_format_or_vmodule(binary: str) -> None:
-    for flag, needle in (("--logging-format=xml", 'Unsupported log format "xml"'),
-                         ("--vmodule=oops", "--vmodule")):  # fmt: skip
-        out = _start(binary, flag)
+    for flag, needle in (
+        ("--logging-format=xml", 'Unsupported log format "xml"'),
+        ("--vmodule=oops", "--vmodule"),
+    ):
+        out = start_binary(binary, flag)
         assert out.returncode in (1, 2) and needle in out.stderr, out.stderr

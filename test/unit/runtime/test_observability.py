@@ -74,8 +74,9 @@ def test_debug_documents_only_when_registered() -> None:
         return live, ready
 
     registry = CollectorRegistry()
-    plain = ObservabilityServer("127.0.0.1:0", registry=registry, liveness=probes()[0],
-                                readiness=probes()[1])  # fmt: skip
+    plain = ObservabilityServer(
+        "127.0.0.1:0", registry=registry, liveness=probes()[0], readiness=probes()[1]
+    )
     state = {"n": 1}
 
     def broken() -> object:
@@ -83,10 +84,15 @@ def test_debug_documents_only_when_registered() -> None:
 
     live, ready = probes()
     debug = ObservabilityServer(
-        "127.0.0.1:0", registry=registry, liveness=live, readiness=ready,
-        debug={"/debug/informers": lambda: {"informers": [{"objects": {"ns/a": str(state["n"])}}]},
-               "/debug/broken": broken},
-    )  # fmt: skip
+        "127.0.0.1:0",
+        registry=registry,
+        liveness=live,
+        readiness=ready,
+        debug={
+            "/debug/informers": lambda: {"informers": [{"objects": {"ns/a": str(state["n"])}}]},
+            "/debug/broken": broken,
+        },
+    )
     plain.start()
     debug.start()
     try:
@@ -104,8 +110,13 @@ def test_debug_documents_only_when_registered() -> None:
         plain.stop()
         debug.stop()
     with pytest.raises(ValueError, match="/debug/"):
-        ObservabilityServer("127.0.0.1:0", registry=registry, liveness=live, readiness=ready,
-                            debug={"/metrics2": dict})  # fmt: skip
+        ObservabilityServer(
+            "127.0.0.1:0",
+            registry=registry,
+            liveness=live,
+            readiness=ready,
+            debug={"/metrics2": dict},
+        )
 
 
 def voluntary_switches(thread: threading.Thread) -> int:

@@ -4,7 +4,7 @@ grep), and every binary prints it once at level 0."""
 from __future__ import annotations
 
 import pytest
-from test_logsetup import BINARIES, _start
+from testsupport.binaries import BINARIES, start_binary
 
 from pkg.featuregates import FeatureGates
 from pkg.runtime.startupconfig import camel_case, go_map, spew_value, startup_config
@@ -16,10 +16,16 @@ def test_go_map_is_gos_percent_hash_v_with_sorted_keys() -> None:
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [("abc", '(string) (len=3) "abc"'), ('a"b', '(string) (len=3) "a\\"b"'), (4, "(int) 4"),
-     (True, "(bool) true"), (0.2, "(float64) 0.2"), (None, "(interface {}) <nil>"),
-     (("x", "y"), '([]string) (len=2) {"x", "y"}')],
-)  # fmt: skip
+    [
+        ("abc", '(string) (len=3) "abc"'),
+        ('a"b', '(string) (len=3) "a\\"b"'),
+        (4, "(int) 4"),
+        (True, "(bool) true"),
+        (0.2, "(float64) 0.2"),
+        (None, "(interface {}) <nil>"),
+        (("x", "y"), '([]string) (len=2) {"x", "y"}'),
+    ],
+)
 def test_spew_values(value: object, text: str) -> None:
     assert spew_value(value) == text
 
@@ -50,8 +56,8 @@ NEEDLES = {
 
 
 @pytest.mark.parametrize("binary", sorted(BINARIES))
-def test_every_binary_dumps_its_configuration_at_start(binary: str) -> None:
-    err = _start(binary).stderr
+def test_every_binary_dumps_its_configuration_atstart_binary(binary: str) -> None:
+    err = start_binary(binary).stderr
     assert err.count("\nFeature gates: map[string]bool{") == 1, err
     assert '"MPSSupport":false' in err and "klogVerbosity: (int) " in err
     for needle in NEEDLES[binary]:

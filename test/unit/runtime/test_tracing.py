@@ -46,8 +46,13 @@ def test_preannounced_root_is_the_parent_of_children_made_before_it() -> None:
     ids = parse_traceparent(value)
     assert ids is not None
     clock = iter([105.0, 106.0])
-    with child_span(tracing.tracer, parent_context(value), "child",
-                    now=lambda: next(clock), attributes={"k": "v"}) as span:  # fmt: skip
+    with child_span(
+        tracing.tracer,
+        parent_context(value),
+        "child",
+        now=lambda: next(clock),
+        attributes={"k": "v"},
+    ) as span:
         assert span.is_recording()
     tracing.emit_preannounced("root", ids, start=100.0, end=110.5, attributes={"a": 1})
     child, root = exporter.get_finished_spans()
@@ -102,8 +107,9 @@ def test_file_exporter_writes_one_json_line_per_span_from_many_threads(tmp_path:
     tracing.shutdown()
     lines = path.read_text().splitlines()
     spans = [json.loads(line) for line in lines]
-    assert sorted(s["name"] for s in spans) == sorted(f"s{i}-{j}" for i in range(4)
-                                                     for j in range(20))  # fmt: skip
+    assert sorted(s["name"] for s in spans) == sorted(
+        f"s{i}-{j}" for i in range(4) for j in range(20)
+    )
     assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"me"}
 
 

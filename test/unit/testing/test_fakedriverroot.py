@@ -83,20 +83,36 @@ def test_imex_programs_are_self_contained(tmp_path: Path) -> None:
     """The zipapps carry the simulator: no repository, PYTHONPATH or site-packages needed
     (a CDI mount brings one file into a container whose image has no simulator)."""
     made = FakeDriverRoot.create(tmp_path, python=sys.executable)
-    imex = subprocess.run([str(made.binary("nvidia-imex")), "--help"], env={}, cwd="/",
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    imex = subprocess.run(
+        [str(made.binary("nvidia-imex")), "--help"],
+        env={},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert imex.returncode == 0 and "nvidia-imex (simulated)" in imex.stdout
     ctl = subprocess.run(
         [sys.executable, "-I", "-S", str(made.binary("nvidia-imex-ctl")), "-c", "/nope", "-q"],
-        env={}, cwd="/", capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        env={},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert ctl.returncode == 1 and "IMEX daemon not reachable" in ctl.stderr
     assert made.binary("nvidia-imex").read_bytes().startswith(f"#!{sys.executable}\n".encode())
     # Every module either program imports is inside (--help above exits before most imports).
     for program, module in PROGRAMS.items():
-        code = f"import sys; sys.path.insert(0, {str(made.binary(program))!r}); import {module}"
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", code], env={}, cwd="/",
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        # The program alone on the import path: no site-packages (-S), no working directory (-P).
+        done = subprocess.run(
+            [sys.executable, "-P", "-S", "-s", "-c", f"import {module}"],
+            env={"PYTHONPATH": str(made.binary(program))},
+            cwd="/",
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
 
 

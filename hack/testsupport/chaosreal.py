@@ -18,7 +18,7 @@ of it (``PHASES``) one random fault (``TARGETS``) hits:
 * ``plugin-rollout`` / ``controller-rollout``: the kubelet-plugin DaemonSet or the controller
   Deployment rolled to another tag of the same image (``ALT_SUFFIX``), and back the next time.
 
-After each phase's goal, as in the simulated suite (``test/e2e/chaos.py``): the informer caches
+After each phase's goal, as in the simulated suite (``testsupport.chaos``): the informer caches
 of the controller and of every plugin equal a fresh LIST (``cachecheck``, through the
 ``/debug/informers`` the overlay enables), within ``cachecheck.TIMEOUT``; after a partition
 within ``PARTITION_CACHE_TIMEOUT``, the time the partitioned node's watches need to notice
@@ -44,7 +44,12 @@ from cachecheck import check_processes, fetch_document
 from chaosreport import Lifecycle
 from localcluster.processes import ClusterError
 from localcluster.realnode import CONTAINERD_SOCK, RealNodes
-from realsupport import (
+
+from pkg.api import constants as c
+from pkg.kube.client import WATCH_IDLE_TIMEOUT, KubeClient
+from pkg.kubeletplugin.state import domain_dir
+from pkg.testing.eventually import eventually
+from testsupport.realsupport import (
     CD_LABEL,
     REAL_NODES,
     Kubectl,
@@ -55,15 +60,17 @@ from realsupport import (
     prepared_claims,
 )
 
-from pkg.api import constants as c
-from pkg.kube.client import WATCH_IDLE_TIMEOUT, KubeClient
-from pkg.kubeletplugin.state import domain_dir
-from pkg.testing.eventually import eventually
-
 TARGETS = (
-    "containerd", "kubelet", "plugin", "daemon", "imex", "reboot", "partition",
-    "plugin-rollout", "controller-rollout",
-)  # fmt: skip
+    "containerd",
+    "kubelet",
+    "plugin",
+    "daemon",
+    "imex",
+    "reboot",
+    "partition",
+    "plugin-rollout",
+    "controller-rollout",
+)
 PHASES = ("before-ready", "after-ready", "pod-deletion", "cd-deletion")
 STEP_TIMEOUT = 240.0  # a reboot or partition, then the kubelet's restart back-off
 PARTITION = 30.0  # > the lane's --node-monitor-grace-period=20s
@@ -167,9 +174,11 @@ def driver_settled(env: Env) -> bool:
     st = ds.get("status", {})
     want = st.get("desiredNumberScheduled", -1)
     if st.get("observedGeneration") != ds["metadata"]["generation"] or not (
-        want == st.get("updatedNumberScheduled") == st.get("numberReady") == st.get(
-            "currentNumberScheduled")
-    ):  # fmt: skip
+        want
+        == st.get("updatedNumberScheduled")
+        == st.get("numberReady")
+        == st.get("currentNumberScheduled")
+    ):
         return False
     dep = k.json("-n", env.driver, "get", CONTROLLER)
     st = dep.get("status", {})
@@ -345,8 +354,11 @@ def inject(env: Env, target: str, rng: random.Random, phase: str) -> Fault:
         obj = PLUGIN_DS if target == "plugin-rollout" else CONTROLLER
         image = rollout(env, obj)
         return Fault(f"{obj} -> {image}", t0=time.monotonic())
-    needle = {"plugin": "compute-domain-kubelet-plugin", "daemon": "compute-domain-daemon",
-              "imex": "nvidia-imex"}[target]  # fmt: skip
+    needle = {
+        "plugin": "compute-domain-kubelet-plugin",
+        "daemon": "compute-domain-daemon",
+        "imex": "nvidia-imex",
+    }[target]
     wait = 30.0 if phase == "before-ready" else 3.0
     killed = 0
 
@@ -359,11 +371,13 @@ def inject(env: Env, target: str, rng: random.Random, phase: str) -> Fault:
         return Fault(t0=time.monotonic())
     t0 = time.monotonic()
     if target == "plugin":
-        return Fault(f"plugin/{name} ({killed} pids)",
-                     lambda p, n, _last: n == name and "plugin" in p, t0)  # fmt: skip
+        return Fault(
+            f"plugin/{name} ({killed} pids)", lambda p, n, _last: n == name and "plugin" in p, t0
+        )
     if target == "daemon":
-        return Fault(f"daemon/{name} ({killed} pids)",
-                     lambda p, n, _last: n == name and _is_daemon(p), t0)  # fmt: skip
+        return Fault(
+            f"daemon/{name} ({killed} pids)", lambda p, n, _last: n == name and _is_daemon(p), t0
+        )
     return Fault(f"nvidia-imex/{name} ({killed} pids)", t0=t0)
 
 
@@ -434,13 +448,22 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
 
     cd = domain(ns, cd_name)
     cd["spec"]["numNodes"] = 2
-    apply(k, cd, *(channel_pod(ns, p, n, CHANNEL_CMD, f"{cd_name}-rct", restart="Always")
-                   for p, n in zip(pods, REAL_NODES, strict=True)))  # fmt: skip
+    apply(
+        k,
+        cd,
+        *(
+            channel_pod(ns, p, n, CHANNEL_CMD, f"{cd_name}-rct", restart="Always")
+            for p, n in zip(pods, REAL_NODES, strict=True)
+        ),
+    )
     uid = str(k.json("-n", ns, "get", f"computedomain/{cd_name}")["metadata"]["uid"])
     try:
         if lc.phase == "before-ready":
-            _poll(lambda: bool(k.items("pods", "-n", env.driver, "-l", f"{CD_LABEL}={uid}")),
-                  timeout=60, every=0.2)  # fmt: skip
+            _poll(
+                lambda: bool(k.items("pods", "-n", env.driver, "-l", f"{CD_LABEL}={uid}")),
+                timeout=60,
+                every=0.2,
+            )
             time.sleep(rng.uniform(0.0, 2.0))
         hit("before-ready")
         if not _poll(lambda: running() and ready()):

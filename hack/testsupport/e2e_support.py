@@ -68,21 +68,31 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60.0, every
 
 
 def impersonated_request(
-    cluster: Cluster, method: str, path: str, body: Any = None, *, user: str | None = None,
-    groups: Iterable[str] = (), extra: dict[str, str] | None = None,
+    cluster: Cluster,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    user: str | None = None,
+    groups: Iterable[str] = (),
+    extra: dict[str, str] | None = None,
     content_type: str = "application/json",
-) -> tuple[int, str]:  # fmt: skip
+) -> tuple[int, str]:
     """One raw request with the admin's credentials, impersonating ``user`` (with ``groups``
     and the user-extra ``extra``, e.g. a pod-bound token's pod-name / node-name claims) when
     given: (HTTP status, body). http.client, because each group is its own Impersonate-Group
     header."""
-    headers = [("Authorization", f"Bearer {cluster.token('admin')}"),
-               ("Content-Type", content_type)]  # fmt: skip
+    headers = [
+        ("Authorization", f"Bearer {cluster.token('admin')}"),
+        ("Content-Type", content_type),
+    ]
     if user is not None:
         headers.append(("Impersonate-User", user))
         headers += [("Impersonate-Group", g) for g in groups]
-        headers += [(f"Impersonate-Extra-{urllib.parse.quote(k, safe='')}", v)
-                    for k, v in (extra or {}).items()]  # fmt: skip
+        headers += [
+            (f"Impersonate-Extra-{urllib.parse.quote(k, safe='')}", v)
+            for k, v in (extra or {}).items()
+        ]
     data = b"" if body is None else json.dumps(body).encode()
     url = urllib.parse.urlsplit(cluster.server)
     context = ssl.create_default_context(cafile=str(cluster.ca_file))
@@ -98,11 +108,52 @@ def impersonated_request(
         conn.close()
 
 
+# The claims of a pod-bound ServiceAccount token, as the API server puts them in the user's extra.
+POD_CLAIM = "authentication.kubernetes.io/pod-name"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+POD_UID_CLAIM = "authentication.kubernetes.io/pod-uid"
+
+
+class Api:
+    """Raw requests as the admin or impersonating a ServiceAccount with token claims."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        sa: str | None = None,
+        claims: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, str]:
+        """``sa``: impersonate that ServiceAccount (user and groups) with ``claims`` as its
+        user extra."""
+        ident = self._cluster.service_account_identity(sa) if sa is not None else None
+        return impersonated_request(
+            self._cluster,
+            method,
+            path,
+            body,
+            user=ident.user if ident else None,
+            groups=ident.groups if ident else (),
+            extra=claims,
+            content_type=content_type,
+        )
+
+
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
     done = subprocess.run(
         [str(KUBECTL), f"--kubeconfig={kubeconfig}", *args],
-        input=stdin, capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     if check and done.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)} failed: {done.stderr.strip()}")
     return done.stdout + (done.stderr if not check else "")
@@ -116,16 +167,25 @@ def render_config(
     with tempfile.TemporaryDirectory(prefix="kustomize-") as scratch:
         target = kustomization
         if components:
-            (Path(scratch) / "kustomization.yaml").write_text(yaml.safe_dump({
-                "resources": [os.path.relpath(kustomization, scratch)],
-                "components": [os.path.relpath(REPO / "config" / "components" / name, scratch)
-                               for name in components],
-            }))  # fmt: skip
+            (Path(scratch) / "kustomization.yaml").write_text(
+                yaml.safe_dump(
+                    {
+                        "resources": [os.path.relpath(kustomization, scratch)],
+                        "components": [
+                            os.path.relpath(REPO / "config" / "components" / name, scratch)
+                            for name in components
+                        ],
+                    }
+                )
+            )
             target = Path(scratch)
         out = subprocess.run(
             [str(KUBECTL), "kustomize", str(target)],
-            capture_output=True, text=True, check=True, timeout=60,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -160,14 +220,21 @@ class Driver:
         ]
         ns = next(d["metadata"]["name"] for d in docs if d["kind"] == "Namespace")
         crds = [d for d in applied if d["kind"] == "CustomResourceDefinition"]
-        kubectl(admin_kubeconfig, "apply", "--server-side", "-f", "-",
-                stdin=yaml.safe_dump_all(crds))  # fmt: skip
+        kubectl(
+            admin_kubeconfig, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(crds)
+        )
         for crd in crds:
-            kubectl(admin_kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
-                    f"crd/{crd['metadata']['name']}")  # fmt: skip
+            kubectl(
+                admin_kubeconfig,
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                f"crd/{crd['metadata']['name']}",
+            )
         rest = [d for d in applied if d["kind"] != "CustomResourceDefinition"]
-        kubectl(admin_kubeconfig, "apply", "--server-side", "-f", "-",
-                stdin=yaml.safe_dump_all(rest))  # fmt: skip
+        kubectl(
+            admin_kubeconfig, "apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(rest)
+        )
         return cls(kubeconfig=admin_kubeconfig, namespace=ns, docs=docs)
 
     def manifest(self, kind: str) -> dict[str, Any]:
@@ -176,8 +243,9 @@ class Driver:
     def controller_env(self, *, kubeconfig: Path, http_port: int) -> dict[str, str]:
         """Env of the controller container in the rendered Deployment, resolved locally."""
         deploy = self.manifest("Deployment")
-        config_maps = {d["metadata"]["name"]: d.get("data", {}) for d in self.docs
-                       if d["kind"] == "ConfigMap"}  # fmt: skip
+        config_maps = {
+            d["metadata"]["name"]: d.get("data", {}) for d in self.docs if d["kind"] == "ConfigMap"
+        }
         env: dict[str, str] = {}
         container = deploy["spec"]["template"]["spec"]["containers"][0]
         for item in container.get("env", []):
@@ -188,17 +256,21 @@ class Driver:
                 ref = src["configMapKeyRef"]
                 env[item["name"]] = str(config_maps[ref["name"]].get(ref["key"], ""))
             elif "fieldRef" in src:
-                fields = {"metadata.name": "compute-domain-controller-local",
-                          "metadata.namespace": self.namespace}  # fmt: skip
+                fields = {
+                    "metadata.name": "compute-domain-controller-local",
+                    "metadata.namespace": self.namespace,
+                }
                 env[item["name"]] = fields.get(src["fieldRef"]["fieldPath"], "")
-        env.update({
-            "HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
-            "DEBUG_ENDPOINTS": "true",  # /debug/informers, for cachecheck
-            "KUBECONFIG": str(kubeconfig),
-            "PYTHONPATH": str(REPO),
-            "PYTHONUNBUFFERED": "1",
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        })  # fmt: skip
+        env.update(
+            {
+                "HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+                "DEBUG_ENDPOINTS": "true",  # /debug/informers, for cachecheck
+                "KUBECONFIG": str(kubeconfig),
+                "PYTHONPATH": str(REPO),
+                "PYTHONUNBUFFERED": "1",
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            }
+        )
         return env
 
     def controller_args(self) -> list[str]:
@@ -207,24 +279,34 @@ class Driver:
         return [str(a) for a in container.get("args", [])]
 
     def start_controller(
-        self, *, kubeconfig: Path, log_file: Path, http_port: int,
+        self,
+        *,
+        kubeconfig: Path,
+        log_file: Path,
+        http_port: int,
         extra_env: dict[str, str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Run the controller locally; ``extra_env`` overrides the manifest's env."""
         env = self.controller_env(kubeconfig=kubeconfig, http_port=http_port)
         env.update(extra_env or {})
-        args = [a.replace("$(LOG_VERBOSITY)", env.get("LOG_VERBOSITY", "1"))
-                for a in self.controller_args()]  # fmt: skip
+        args = [
+            a.replace("$(LOG_VERBOSITY)", env.get("LOG_VERBOSITY", "1"))
+            for a in self.controller_args()
+        ]
         self.controller_log = log_file
         self.controller_http = env["HTTP_ENDPOINT"]
         with log_file.open("ab") as log:
             log.write(f"=== {time.strftime('%H:%M:%S')} starting controller\n".encode())
             log.flush()
             self.controller = subprocess.Popen(
-                [sys.executable, str(CONTROLLER_SCRIPT), *args], env=env, cwd=REPO,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                [sys.executable, str(CONTROLLER_SCRIPT), *args],
+                env=env,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         atexit.register(self.kill_controller)  # own session: never orphan it
 
     def kill_controller(self, sig: signal.Signals = signal.SIGKILL) -> None:
@@ -244,56 +326,88 @@ class Driver:
 # -- objects ---------------------------------------------------------------------------------
 
 
-def compute_domain(name: str, namespace: str, *, rct: str, mode: str = "Single",
-                   num_nodes: int | None = None,
-                   annotations: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
-    spec: dict[str, Any] = {"channel": {"resourceClaimTemplate": {"name": rct},
-                                        "allocationMode": mode}}  # fmt: skip
+def compute_domain(
+    name: str,
+    namespace: str,
+    *,
+    rct: str,
+    mode: str = "Single",
+    num_nodes: int | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "channel": {"resourceClaimTemplate": {"name": rct}, "allocationMode": mode}
+    }
     if num_nodes is not None:
         spec["numNodes"] = num_nodes
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if annotations:
         meta["annotations"] = dict(annotations)
-    return {"apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND, "metadata": meta,
-            "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": c.API_VERSION,
+        "kind": c.COMPUTE_DOMAIN_KIND,
+        "metadata": meta,
+        "spec": spec,
+    }
 
 
-def workload_pod(name: str, namespace: str, *, rct: str | None = None, claim: str | None = None,
-                 node: str | None = None, labels: dict[str, str] | None = None,
-                 affinity: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def workload_pod(
+    name: str,
+    namespace: str,
+    *,
+    rct: str | None = None,
+    claim: str | None = None,
+    node: str | None = None,
+    labels: dict[str, str] | None = None,
+    affinity: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A pod like the upstream channel-injection example (``ls /dev/nvidia-caps-imex-channels``)."""
     source = {"resourceClaimTemplateName": rct} if rct else {"resourceClaimName": claim}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
-        "containers": [{
-            "name": "ctr", "image": "ubuntu:22.04",
-            "command": ["bash", "-c", "ls -la /dev/nvidia-caps-imex-channels; sleep 3600"],
-            "resources": {"claims": [{"name": "compute-domain-channel"}]},
-        }],
+        "containers": [
+            {
+                "name": "ctr",
+                "image": "ubuntu:22.04",
+                "command": ["bash", "-c", "ls -la /dev/nvidia-caps-imex-channels; sleep 3600"],
+                "resources": {"claims": [{"name": "compute-domain-channel"}]},
+            }
+        ],
         "resourceClaims": [{"name": "compute-domain-channel", **source}],
-    }  # fmt: skip
+    }
     if node:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     if affinity:
         spec["affinity"] = affinity
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
-            "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": spec,
+    }
 
 
 def channel_claim(name: str, ns: str, params: dict[str, Any]) -> dict[str, Any]:
     """A hand-written workload claim (what the controller's RCT would produce)."""
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {"devices": {
-            "requests": [{"name": "channel",
-                          "exactly": {"deviceClassName": c.CHANNEL_DEVICE_CLASS}}],
-            "config": [{"requests": ["channel"],
-                        "opaque": {"driver": c.DRIVER_NAME, "parameters": params}}],
-        }},
-    }  # fmt: skip
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "channel", "exactly": {"deviceClassName": c.CHANNEL_DEVICE_CLASS}}
+                ],
+                "config": [
+                    {
+                        "requests": ["channel"],
+                        "opaque": {"driver": c.DRIVER_NAME, "parameters": params},
+                    }
+                ],
+            }
+        },
+    }
 
 
 def free_port() -> int:
@@ -332,8 +446,11 @@ def channels_seen(fleet: NodeFleet, namespace: str, pod: str, container: str = "
     if rec is None:
         return []
     prefix = "/dev/nvidia-caps-imex-channels/"
-    return [p.removeprefix(prefix) for p in (d["path"] for d in rec["deviceNodes"])
-            if p.startswith(prefix)]  # fmt: skip
+    return [
+        p.removeprefix(prefix)
+        for p in (d["path"] for d in rec["deviceNodes"])
+        if p.startswith(prefix)
+    ]
 
 
 def pod_phase(client: KubeClient, ns: str, name: str) -> str:
@@ -360,8 +477,9 @@ def events_for(client: KubeClient, ns: str, name: str) -> list[dict[str, Any]]:
 # -- leaks -----------------------------------------------------------------------------------
 
 
-def leak_report(client: KubeClient, fleet: NodeFleet, driver_ns: str,
-                namespaces: Iterable[str] = ()) -> dict[str, Any]:  # fmt: skip
+def leak_report(
+    client: KubeClient, fleet: NodeFleet, driver_ns: str, namespaces: Iterable[str] = ()
+) -> dict[str, Any]:
     """Everything a finished scenario must not leave behind (empty dict = clean)."""
     leaks: dict[str, Any] = {}
 
@@ -378,10 +496,15 @@ def leak_report(client: KubeClient, fleet: NodeFleet, driver_ns: str,
             left = names(client.list(res, namespace=ns))
             if left:
                 leaks[f"{key}[{ns}]"] = left
-    for key, value in (("daemonsets", ds), ("driver-rcts", rcts), ("driver-claims", claims),
-                       ("cliques", cliques), ("labeled-nodes", labeled),
-                       ("cdi-claim-specs", fleet.cdi_claim_specs()),
-                       ("checkpoints", fleet.checkpoint_claims())):  # fmt: skip
+    for key, value in (
+        ("daemonsets", ds),
+        ("driver-rcts", rcts),
+        ("driver-claims", claims),
+        ("cliques", cliques),
+        ("labeled-nodes", labeled),
+        ("cdi-claim-specs", fleet.cdi_claim_specs()),
+        ("checkpoints", fleet.checkpoint_claims()),
+    ):
         if value:
             leaks[key] = value
     return leaks

@@ -14,14 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from e2e_support import (
-    channels_seen,
-    compute_domain,
-    pod_ready,
-    spread_affinity,
-    wait_for,
-    workload_pod,
-)
 from kubeletsim import NodeFleet
 
 from pkg.api import constants as c
@@ -32,6 +24,14 @@ from pkg.kube.resources import (
     DAEMONSETS,
     PODS,
     RESOURCE_CLAIM_TEMPLATES,
+)
+from testsupport.e2e_support import (
+    channels_seen,
+    compute_domain,
+    pod_ready,
+    spread_affinity,
+    wait_for,
+    workload_pod,
 )
 
 
@@ -51,21 +51,39 @@ class Workload:
 
 
 def node_affinity(nodes: Sequence[str]) -> dict[str, Any]:
-    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                                  "values": list(nodes)}]}  # fmt: skip
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [term]}}}  # fmt: skip
+    term = {
+        "matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}
+        ]
+    }
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
 
 
-def create_cd(client: KubeClient, ns: str, name: str, *, mode: str = "Single",
-              num_nodes: int | None = None, timeout: float = 60,
-              annotations: dict[str, str] | None = None) -> Workload:  # fmt: skip
+def create_cd(
+    client: KubeClient,
+    ns: str,
+    name: str,
+    *,
+    mode: str = "Single",
+    num_nodes: int | None = None,
+    timeout: float = 60,
+    annotations: dict[str, str] | None = None,
+) -> Workload:
     rct = f"{name}-channel"
-    cd = client.create(COMPUTE_DOMAINS, compute_domain(name, ns, rct=rct, mode=mode,
-                                                       num_nodes=num_nodes,
-                                                       annotations=annotations))  # fmt: skip
-    wait_for(f"RCT {ns}/{rct}", lambda: _exists(client, RESOURCE_CLAIM_TEMPLATES, rct, ns),
-             timeout=timeout, every=0.1)  # fmt: skip
+    cd = client.create(
+        COMPUTE_DOMAINS,
+        compute_domain(name, ns, rct=rct, mode=mode, num_nodes=num_nodes, annotations=annotations),
+    )
+    wait_for(
+        f"RCT {ns}/{rct}",
+        lambda: _exists(client, RESOURCE_CLAIM_TEMPLATES, rct, ns),
+        timeout=timeout,
+        every=0.1,
+    )
     return Workload(namespace=ns, cd_name=name, rct=rct, pods=[], cd_uid=cd["metadata"]["uid"])
 
 
@@ -74,8 +92,9 @@ def start_pods(client: KubeClient, w: Workload, count: int, nodes: Sequence[str]
     affinity = {**spread_affinity(label), **node_affinity(nodes)}
     for i in range(count):
         name = f"{w.cd_name}-{i}"
-        client.create(PODS, workload_pod(name, w.namespace, rct=w.rct, labels=label,
-                                         affinity=affinity))  # fmt: skip
+        client.create(
+            PODS, workload_pod(name, w.namespace, rct=w.rct, labels=label, affinity=affinity)
+        )
         w.pods.append(name)
 
 
@@ -94,14 +113,25 @@ def wait_bound(client: KubeClient, w: Workload, timeout: float = 60) -> dict[str
     return placement
 
 
-def wait_running(client: KubeClient, fleet: NodeFleet, w: Workload, *, channels: int = 1,
-                 timeout: float = 120, every: float = 0.1) -> None:  # fmt: skip
+def wait_running(
+    client: KubeClient,
+    fleet: NodeFleet,
+    w: Workload,
+    *,
+    channels: int = 1,
+    timeout: float = 120,
+    every: float = 0.1,
+) -> None:
     def running() -> bool:
-        return all(pod_ready(client, w.namespace, p) and len(channels_seen(fleet, w.namespace, p))
-                   >= channels for p in w.pods)  # fmt: skip
+        return all(
+            pod_ready(client, w.namespace, p)
+            and len(channels_seen(fleet, w.namespace, p)) >= channels
+            for p in w.pods
+        )
 
-    wait_for(f"pods of {w.cd_name} running with their channel", running, timeout=timeout,
-             every=every)  # fmt: skip
+    wait_for(
+        f"pods of {w.cd_name} running with their channel", running, timeout=timeout, every=every
+    )
     w.running_at = time.monotonic()
 
 
@@ -115,8 +145,11 @@ def wait_cd_ready(
     def ready() -> dict[str, Any] | None:
         st = cd_status(client, w)
         entries = st.get("nodes") or []
-        ok = (st.get("status") == c.STATUS_READY and len(entries) == nodes
-              and all(e.get("status") == c.STATUS_READY for e in entries))  # fmt: skip
+        ok = (
+            st.get("status") == c.STATUS_READY
+            and len(entries) == nodes
+            and all(e.get("status") == c.STATUS_READY for e in entries)
+        )
         return st if ok else None
 
     st: dict[str, Any] = wait_for(
@@ -143,8 +176,11 @@ def delete_pods(client: KubeClient, w: Workload, timeout: float = 90) -> None:
     for p in w.pods:
         with contextlib.suppress(NotFoundError):
             client.delete(PODS, p, namespace=w.namespace)
-    wait_for("workload pods gone", lambda: all(not _exists(client, PODS, p, w.namespace)
-                                               for p in w.pods), timeout=timeout)  # fmt: skip
+    wait_for(
+        "workload pods gone",
+        lambda: all(not _exists(client, PODS, p, w.namespace) for p in w.pods),
+        timeout=timeout,
+    )
 
 
 def delete_cd(client: KubeClient, w: Workload, timeout: float = 90) -> None:
@@ -152,8 +188,11 @@ def delete_cd(client: KubeClient, w: Workload, timeout: float = 90) -> None:
         client.delete(COMPUTE_DOMAINS, w.cd_name, namespace=w.namespace)
     except NotFoundError:
         return
-    wait_for(f"CD {w.cd_name} gone", lambda: not _exists(client, COMPUTE_DOMAINS, w.cd_name,
-                                                        w.namespace), timeout=timeout)  # fmt: skip
+    wait_for(
+        f"CD {w.cd_name} gone",
+        lambda: not _exists(client, COMPUTE_DOMAINS, w.cd_name, w.namespace),
+        timeout=timeout,
+    )
 
 
 def _exists(client: KubeClient, res: Any, name: str, ns: str) -> bool:

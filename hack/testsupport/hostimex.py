@@ -44,8 +44,11 @@ def build_static_ctl() -> Path:
     tmp = out.with_suffix(".tmp")
     done = subprocess.run(
         ["gcc", "-static", "-Os", "-Wall", "-Werror", "-o", str(tmp), str(CTL_SOURCE)],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     if done.returncode != 0:
         raise AssertionError(f"building {CTL_SOURCE.name} failed:\n{done.stderr}")
     tmp.replace(out)
@@ -68,12 +71,21 @@ class HostImex:
         ctl = build_static_ctl()
         for node in self._nodes:
             FakeDriverRoot.create(self._root(node), arch=host_arch(node.arch), host_imex_ctl=ctl)
-            argv = [sys.executable, "-m", "pkg.imex.sim.hostservice",
-                    "-c", f"{DRIVER_ROOT}/{HOST_IMEX_CONFIG}", "--root", DRIVER_ROOT]  # fmt: skip
+            argv = [
+                sys.executable,
+                "-m",
+                "pkg.imex.sim.hostservice",
+                "-c",
+                f"{DRIVER_ROOT}/{HOST_IMEX_CONFIG}",
+                "--root",
+                DRIVER_ROOT,
+            ]
             self._procs[node.name] = Proc.spawn(
-                f"{node.name}-host-imex", node.ns.argv(argv), node.log_dir,
+                f"{node.name}-host-imex",
+                node.ns.argv(argv),
+                node.log_dir,
                 env={**os.environ, "PYTHONPATH": str(REPO)},
-            )  # fmt: skip
+            )
         deadline = time.monotonic() + 30
         for node in self._nodes:
             sock = self._root(node) / HOST_IMEX_SOCKET.lstrip("/")

@@ -1,6 +1,6 @@
 """Subprocess body for the crash test: a plugin that SIGKILLs itself at a checkpoint step.
 
-Usage: python kp_crashing_plugin.py <root> <api-url> <PrepareStarted|PrepareCompleted>
+Usage: python -m testsupport.kp_crashing_plugin <root> <api-url> <PrepareStarted|PrepareCompleted>
 """
 
 from __future__ import annotations
@@ -12,10 +12,6 @@ import sys
 import threading
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from kp_harness import CLIQUE, make_config
 from kubernetes.client.configuration import Configuration
 
 from pkg.kube.client import RestClient
@@ -23,6 +19,7 @@ from pkg.kube.config import Connection
 from pkg.kubeletplugin.checkpoint import CheckpointStore, ClaimEntry, read_boot_id
 from pkg.kubeletplugin.discovery import NodeDevices
 from pkg.kubeletplugin.driver import KubeletPlugin
+from testsupport.kp_harness import CLIQUE, make_config
 
 
 class CrashingStore(CheckpointStore):

@@ -26,9 +26,13 @@ class LeaseStore:
             raise ServerError(500, "InternalError", "injected")
 
     def get(
-        self, resource: Resource, name: str, *, namespace: str | None = None,
+        self,
+        resource: Resource,
+        name: str,
+        *,
+        namespace: str | None = None,
         subresource: str | None = None,
-    ) -> JSON:  # fmt: skip
+    ) -> JSON:
         self.calls.append("get")
         self._check()
         if self.stale_get is not None:

@@ -201,9 +201,12 @@ def monitoring_crd_files() -> list[Path]:
     with tempfile.TemporaryDirectory(prefix="promop-") as scratch:  # outside any go.mod
         out = subprocess.run(
             ["go", "mod", "download", "-json", PROMETHEUS_OPERATOR_MODULE],
-            cwd=scratch, check=True, capture_output=True, text=True,
+            cwd=scratch,
+            check=True,
+            capture_output=True,
+            text=True,
             env={**os.environ, "GOFLAGS": "-mod=mod"},
-        )  # fmt: skip
+        )
     crd_dir = Path(json.loads(out.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
     return [crd_dir / f"monitoring.coreos.com_{name}.yaml" for name in MONITORING_CRDS]
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "compute-domain-driver"
 CONFIG = REPO / "config"
 HELM_SH = REPO / "hack" / "helm.sh"
@@ -58,9 +58,12 @@ def run_helm(*args: str) -> Result:
 
 
 def template_result(
-    *sets: str, namespace: str = NS, values: Obj | None = None, tmp: Path | None = None,
+    *sets: str,
+    namespace: str = NS,
+    values: Obj | None = None,
+    tmp: Path | None = None,
     crds: bool = True,
-) -> Result:  # fmt: skip
+) -> Result:
     """``helm template`` of the chart in ``namespace`` with ``--set`` pairs and, when given, a
     values file written under ``tmp`` from ``values``."""
     args = ["template", RELEASE, str(CHART), "--namespace", namespace]
@@ -77,9 +80,12 @@ def template_result(
 
 
 def template(
-    *sets: str, namespace: str = NS, values: Obj | None = None, tmp: Path | None = None,
+    *sets: str,
+    namespace: str = NS,
+    values: Obj | None = None,
+    tmp: Path | None = None,
     crds: bool = True,
-) -> list[Obj]:  # fmt: skip
+) -> list[Obj]:
     """The objects ``helm template`` renders; a failed render fails the test with its stderr."""
     res = template_result(*sets, namespace=namespace, values=values, tmp=tmp, crds=crds)
     assert res.rc == 0, f"helm template {' '.join(sets)} failed:\n{res.err}"
@@ -140,6 +146,6 @@ def without_config_hash(value: Any) -> Any:
         return {k: without_config_hash(v) for k, v in value.items()}
     if isinstance(value, list):
         return [without_config_hash(v) for v in value]
-    if isinstance(value, str) and _CONFIG_NAME.match(value):
+    if isinstance(value, str) and _CONFIG_NAME.fullmatch(value):
         return "compute-domain-driver-config-<hash>"
     return value

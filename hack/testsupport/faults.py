@@ -15,8 +15,9 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e_support import Driver
 from kubeletsim import NodeFleet
+
+from testsupport.e2e_support import Driver
 
 
 @dataclass(frozen=True)

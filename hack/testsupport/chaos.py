@@ -32,17 +32,32 @@ from dataclasses import dataclass
 
 from cachecheck import check_processes
 from chaosreport import Lifecycle
-from e2e_support import Driver, channels_seen, free_port, leak_report, pod_ready, teardown_namespace
-from faults import DaemonProc, daemon_procs, driver_pids, exited, imex_pids, kill_group, kill_pid
 from kubeletsim import NodeFleet
 from localcluster import Cluster
-from workloads import Workload, cd_status, create_cd, daemon_pods, start_pods
 
 from pkg.api import constants as c
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import NotFoundError
 from pkg.kube.resources import COMPUTE_DOMAINS, NODES, PODS
 from pkg.testing.eventually import eventually
+from testsupport.e2e_support import (
+    Driver,
+    channels_seen,
+    free_port,
+    leak_report,
+    pod_ready,
+    teardown_namespace,
+)
+from testsupport.faults import (
+    DaemonProc,
+    daemon_procs,
+    driver_pids,
+    exited,
+    imex_pids,
+    kill_group,
+    kill_pid,
+)
+from testsupport.workloads import Workload, cd_status, create_cd, daemon_pods, start_pods
 
 TARGETS = ("controller", "plugin", "daemon", "imex", "apiserver")
 PHASES = ("before-ready", "after-ready", "pod-deletion", "cd-deletion")
@@ -92,16 +107,21 @@ def describe_pods(env: Env, namespace: str, names: list[str]) -> dict[str, str]:
             out[name] = f"<{type(e).__name__}>"
             continue
         meta, node = pod["metadata"], pod["spec"].get("nodeName", "")
-        text = (f"phase={pod.get('status', {}).get('phase')} node={node} "
-                f"deletionTimestamp={meta.get('deletionTimestamp')}")  # fmt: skip
-        worker = env.fleet[node].kubelet.workers().get(meta["uid"]) if node in env.fleet.nodes \
-            else None  # fmt: skip
+        text = (
+            f"phase={pod.get('status', {}).get('phase')} node={node} "
+            f"deletionTimestamp={meta.get('deletionTimestamp')}"
+        )
+        worker = (
+            env.fleet[node].kubelet.workers().get(meta["uid"]) if node in env.fleet.nodes else None
+        )
         if worker is None:
             text += " worker=none"
         else:
-            text += (f" worker(done={worker.done} podRemoved={worker.pod_removed} "
-                     f"finalizeFailures={worker.finalize_failures} "
-                     f"lastError={worker.last_error[:200]!r})")  # fmt: skip
+            text += (
+                f" worker(done={worker.done} podRemoved={worker.pod_removed} "
+                f"finalizeFailures={worker.finalize_failures} "
+                f"lastError={worker.last_error[:200]!r})"
+            )
         out[name] = text
     return out
 
@@ -118,8 +138,9 @@ def _labelled_nodes(env: Env, cd_uid: str) -> str:
 def _restart_controller(env: Env) -> None:
     env.driver.start_controller(
         kubeconfig=env.cluster.kubeconfig("compute-domain-controller"),
-        log_file=env.cluster.log_path("controller"), http_port=free_port(),
-    )  # fmt: skip
+        log_file=env.cluster.log_path("controller"),
+        http_port=free_port(),
+    )
 
 
 def cache_endpoints(env: Env) -> dict[str, str]:
@@ -155,8 +176,9 @@ def inject(
     wait = 30.0 if lc_phase == "before-ready" else 3.0  # deleting: the daemons may be gone
 
     def ours() -> list[DaemonProc]:
-        names = {p["metadata"]["name"] for p in daemon_pods(env.admin, env.driver.namespace,
-                                                              w.cd_uid)}  # fmt: skip
+        names = {
+            p["metadata"]["name"] for p in daemon_pods(env.admin, env.driver.namespace, w.cd_uid)
+        }
         return [d for d in daemon_procs(env.fleet, env.driver.namespace) if d.pod in names]
 
     procs: list[DaemonProc] = []
@@ -202,8 +224,10 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
             lc.fault, allowed, t0 = inject(env, lc.target, w, rng, phase)
 
     def running() -> bool:
-        return all(pod_ready(admin, ns, p) and channels_seen(env.fleet, ns, p) == ["channel0"]
-                   for p in w.pods)  # fmt: skip
+        return all(
+            pod_ready(admin, ns, p) and channels_seen(env.fleet, ns, p) == ["channel0"]
+            for p in w.pods
+        )
 
     def ready() -> bool:
         st = cd_status(admin, w)
@@ -246,8 +270,9 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
     fault("pod-deletion")
     if not _poll(lambda: all(_gone(admin, PODS, p, ns) for p in w.pods)):
         lc.stuck_pods += [p for p in w.pods if not _gone(admin, PODS, p, ns)]
-        lc.problems.append(f"workload pods not gone after deletion: "
-                           f"{describe_pods(env, ns, lc.stuck_pods)}")  # fmt: skip
+        lc.problems.append(
+            f"workload pods not gone after deletion: {describe_pods(env, ns, lc.stuck_pods)}"
+        )
     # The daemon pods go when kube-controller-manager's DaemonSet controller sees the node labels
     # the plugins removed. After an API server restart it first waits until its own informer has
     # seen its last write ("read version ... is not as new as written version"), and that
@@ -266,8 +291,13 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
     # Clique objects are owned by daemon pods and removed by kube-controller-manager's garbage
     # collector, whose client-go reconnect back-off after an API server restart can exceed a
     # minute (it did once in a 200-lifecycle soak): the allowance of test_apiserver_restart.
-    if not _poll(lambda: _gone(admin, COMPUTE_DOMAINS, w.cd_name, ns)
-                 and not leak_report(admin, env.fleet, dns, [ns]), timeout=GC_TIMEOUT):  # fmt: skip
+    if not _poll(
+        lambda: (
+            _gone(admin, COMPUTE_DOMAINS, w.cd_name, ns)
+            and not leak_report(admin, env.fleet, dns, [ns])
+        ),
+        timeout=GC_TIMEOUT,
+    ):
         with contextlib.suppress(Exception):
             lc.leaks = leak_report(admin, env.fleet, dns, [ns])
         lc.problems.append(f"leaked: {lc.leaks}")
