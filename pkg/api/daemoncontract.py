@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from typing import Final
 
-from pkg.api.constants import CLIQUE_JOIN_BY_CONTROLLER_ENV
-
 # -- set by the controller's DaemonSet ------------------------------------------------------------
 
 LOG_VERBOSITY: Final = "LOG_VERBOSITY"
@@ -39,8 +37,14 @@ POD_NAMESPACE: Final = "POD_NAMESPACE"
 NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 """``void``: the NVIDIA container runtime injects no GPU; the daemon needs none."""
 FEATURE_GATES: Final = "FEATURE_GATES"
-CLIQUE_JOIN_BY_CONTROLLER: Final = CLIQUE_JOIN_BY_CONTROLLER_ENV
-"""``true`` in our DaemonSets: the controller writes the daemon's clique entry."""
+CLIQUE_JOIN_BY_CONTROLLER: Final = "CLIQUE_JOIN_BY_CONTROLLER"
+IMEX_SERVER_PORT: Final = "IMEX_SERVER_PORT"
+"""IMEX's ports, set only by an operator through ``CD_DAEMON_EXTRA_ENV``; the controller reads
+them there too, to reserve them in the daemon pod (``net.ipv4.ip_local_reserved_ports``)."""
+IMEX_CMD_PORT: Final = "IMEX_CMD_PORT"
+"""``true`` in our DaemonSets: the controller writes the daemon's clique entry
+(:mod:`pkg.reconcilers.cliquejoin`); the daemon waits a bounded while for it before joining by
+itself. Absent (upstream's DaemonSets): the daemon joins by itself at once."""
 
 DOWNWARD_API: Final[tuple[tuple[str, str], ...]] = (
     (NODE_NAME, "spec.nodeName"),

@@ -86,6 +86,20 @@ status, where the controller turns it into the ComputeDomain's condition) and ex
 :data:`EXIT_DRIVER_ROOT_INCOMPLETE` -- a visible CrashLoopBackOff instead of a silent retry loop;
 a fixed driver root is picked up at the next restart.
 
+IMEX's ports: whenever IMEX does not run (from before the informers open their connections,
+and after each exit until the restart) the daemon holds IMEX's server and command ports on the
+pod IP (:mod:`pkg.imex.ports`), so none of the pod's own outbound connections gets one as its
+ephemeral local port and keeps IMEX from listening; the reservation is released right before
+each start (:class:`PortsReleasingRunner`). A port some other socket already holds is logged.
+
+IMEX that does not get ready: once IMEX has not been ready for ``IMEX_START_TIMEOUT`` seconds
+(60; since the loop began, or since IMEX was last ready; IP mode's ``numNodes`` barrier does
+not count), the daemon logs a WARNING and records one Warning Event
+:data:`REASON_IMEX_NOT_READY` on its pod naming the node and the last error it saw (a port
+held by another socket, the supervisor's last exit or failed start, the readiness query's
+answer, a failed pass, the wait for the controller's entry); once per stretch, and the loop
+wakes for that deadline even when nothing else is due.
+
 Tracing: with a ``TRACEPARENT`` from the plugin and tracing on, the run from start to the first
 Ready publishes this daemon's spans of the domain's formation trace (:mod:`pkg.daemon.formation`).
 """
@@ -99,7 +113,7 @@ import random
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -134,7 +148,8 @@ from pkg.imex import nodesconfig
 from pkg.imex.config import DOMAIN_ID_ENV, HOSTS_FILE_ENV, ImexConfig
 from pkg.imex.ctl import CommandRunner, peer_connections
 from pkg.imex.hosts import HostsFile
-from pkg.imex.supervisor import ProcessRunner, Supervisor
+from pkg.imex.ports import PortReservation
+from pkg.imex.supervisor import Process, ProcessRunner, Supervisor
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient
 from pkg.kube.errors import ApiError, ConnectionFailedError
@@ -148,6 +163,8 @@ log = logging.getLogger(__name__)
 EXIT_DRIVER_ROOT_INCOMPLETE: Final = 3
 # The kubelet keeps at most this much of a termination message.
 TERMINATION_MESSAGE_LIMIT: Final = 4096
+# Warning Event on the daemon's pod: IMEX not ready within ``Options.imex_start_timeout``.
+REASON_IMEX_NOT_READY: Final = "IMEXNotReady"
 
 # Failed list/watch calls of the membership informer back off 0.4 s .. 10 s (+25 % jitter).
 WATCH_BACKOFF = informers.BackoffPolicy(initial=0.4, cap=10.0, jitter=0.25)
@@ -223,6 +240,20 @@ def write_termination_message(path: str, message: str) -> bool:
     return True
 
 
+class PortsReleasingRunner:
+    """A :class:`ProcessRunner` that hands IMEX its ports: the daemon's reservation of them
+    (:mod:`pkg.imex.ports`) is released right before the child is started."""
+
+    def __init__(self, runner: ProcessRunner, ports: PortReservation) -> None:
+        self._runner = runner
+        self._ports = ports
+
+    def start(self, argv: Sequence[str], *, env: Mapping[str, str] | None) -> Process:
+        """Release the reserved ports, then start ``argv`` with the wrapped runner."""
+        self._ports.release()
+        return self._runner.start(argv, env=env)
+
+
 class Daemon:
     def __init__(
         self,
@@ -241,6 +272,7 @@ class Daemon:
         tracer: trace.Tracer | None = None,
         rng: random.Random | None = None,
         labeller: PodLabeller | None = None,
+        ports: PortReservation | None = None,
     ) -> None:
         """``clock`` (`pkg.base.Clock`) paces the loop and IMEX supervision;
         ``informer_clock`` (real by default) times the membership informer;
@@ -248,7 +280,9 @@ class Daemon:
         executable (default: `path_lookup` over ``child_env``); ``tracer`` records this
         daemon's part of the domain's formation trace (:mod:`pkg.daemon.formation`);
         ``labeller`` labels the daemon's pod (`pkg.daemon.podlabel`; the entry point passes the
-        one it started before importing this module, a new one is made when absent)."""
+        one it started before importing this module, a new one is made when absent);
+        ``ports`` holds IMEX's ports while IMEX does not run (default: the pod IP's server and
+        command ports, `pkg.imex.ports`)."""
         self.opts = opts
         self.labeller = labeller or PodLabeller(
             client,
@@ -270,9 +304,11 @@ class Daemon:
             if opts.gates.enabled(COMPUTE_DOMAIN_CLIQUES)
             else StatusStore(client, self.me)
         )
+        self.ports = ports or PortReservation(opts.pod_ip, (opts.server_port, opts.cmd_port))
+        self._port_problem = ""  # why a port could not be reserved (another socket holds it)
         self.supervisor = Supervisor(
             [*opts.imex_argv, "-c", opts.config_path],
-            runner=runner,
+            runner=PortsReleasingRunner(runner, self.ports),
             clock=clock,
             env=imex_child_env(opts, child_env),
             observer=metrics,
@@ -336,6 +372,13 @@ class Daemon:
         self._first_pass = True
         self._join_since: tuple[float, float] | None = None  # first pass: monotonic, wall
         self._last_error = ""
+        self._pass_error = ""  # the error of the last failed pass ("" after a good one)
+        self._ready_detail = ""  # what the last readiness query said
+        self._awaiting = ""  # what the first pass waits for, while it waits
+        # IMEX not ready since (monotonic; None while ready), and whether that was reported.
+        self._not_ready_since: float | None = None
+        self._not_ready_warned = False
+        self._ever_ready = False
         self._next_peer_check = 0.0
         self._peer_active = False  # peer polls run (Ready, clique mode, peers or a stale list)
         self._peer_members: tuple[DaemonEntry, ...] = ()  # the peers' entries at the last pass
@@ -399,6 +442,7 @@ class Daemon:
             return self._ready
         result = self.readiness.query()
         self._ready_queried_at = now
+        self._ready_detail = result.detail
         if result.ready:
             interval = self._ready_recheck
         else:
@@ -414,6 +458,8 @@ class Daemon:
         """One pass of the control loop (public for tests): keep our entry in the membership
         object, feed the members to IMEX, then publish our readiness (and peer connectivity)."""
         self.supervisor.tick()
+        if not self.supervisor.running():
+            self._reserve_ports()  # no connection of ours may take IMEX's ports meanwhile
         joined = self._ensure_joined()
         if joined is None:
             return
@@ -433,7 +479,9 @@ class Daemon:
             if self._join_since is None:
                 self._join_since = (self._clock.monotonic(), self._clock.now())
             if self._awaiting_controller(own):
+                self._awaiting = f"its entry in {self._where()} from the controller"
                 return None
+            self._awaiting = ""
             # Joins, or takes back a Ready left by this pod's previous container.
             started = self._join_since[1]
             entries = self.membership.set_status(c.STATUS_NOT_READY)
@@ -452,10 +500,14 @@ class Daemon:
         ``self._ready`` from its readiness."""
         num_nodes = int(((obj or {}).get("spec") or {}).get("numNodes") or 0)
         was_running, started = self.supervisor.running(), self._clock.now()
+        pid = self.supervisor.pid
         self.sync.apply(entries, num_nodes=num_nodes)
-        if not was_running and self.supervisor.running():
-            self.formation.imex_started(started, self._clock.now())
-            self._ready_polls, self._next_ready_check = 0, 0.0  # poll the new IMEX at once
+        # A new child (started, or restarted because our index moved) is polled at once: the
+        # readiness the old one earned says nothing about it.
+        if self.supervisor.running() and (not was_running or self.supervisor.pid != pid):
+            if not was_running:
+                self.formation.imex_started(started, self._clock.now())
+            self._ready_polls, self._next_ready_check = 0, 0.0
         self._ready = self._check_ready()
         self._metrics.ready.set(1 if self._ready else 0)
 
@@ -718,20 +770,85 @@ class Daemon:
             "there, then restart the kubelet plugin on this node"
         )
         log.error("%s: %s", c.REASON_DRIVER_ROOT_INCOMPLETE, detail)
-        if self._events is not None and self.opts.pod_name:
-            pod = {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": self.opts.pod_name,
-                    "namespace": self.opts.pod_namespace,
-                    "uid": self.opts.pod_uid,
-                },
-            }
-            self._events.event(pod, WARNING, c.REASON_DRIVER_ROOT_INCOMPLETE, detail)
+        self._pod_event(c.REASON_DRIVER_ROOT_INCOMPLETE, detail)
         write_termination_message(
             self.opts.termination_log, f"{c.REASON_DRIVER_ROOT_INCOMPLETE}: {detail}"
         )
+
+    def _pod_event(self, reason: str, message: str) -> None:
+        """A Warning Event on our pod (none without a recorder or a pod name)."""
+        if self._events is None or not self.opts.pod_name:
+            return
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": self.opts.pod_name,
+                "namespace": self.opts.pod_namespace,
+                "uid": self.opts.pod_uid,
+            },
+        }
+        self._events.event(pod, WARNING, reason, message)
+
+    def _reserve_ports(self) -> None:
+        """Hold IMEX's ports while it does not run (:mod:`pkg.imex.ports`); a port another
+        socket holds is logged once and kept for the not-ready report."""
+        problem = "; ".join(self.ports.reserve())
+        if problem and problem != self._port_problem:
+            log.warning("%s", problem)
+        self._port_problem = problem
+
+    def _imex_problem(self) -> str:
+        """Why IMEX is not ready, as far as this daemon knows: what keeps it from starting or
+        listening, then what its readiness query said."""
+        parts = [self._port_problem] if self._port_problem else []
+        if self._awaiting:
+            parts.append(f"not started: waiting for {self._awaiting}")
+        elif self._pass_error:
+            parts.append(f"last pass failed: {self._pass_error}")
+        if self.supervisor.last_problem:
+            parts.append(self.supervisor.last_problem)
+        if not self.supervisor.running():
+            if self.supervisor.pid is None and not self.supervisor.last_problem:
+                parts.append("nvidia-imex has not been started")
+        elif self._ready_detail:
+            parts.append(f"nvidia-imex-ctl -q: {self._ready_detail}")
+        return "; ".join(parts) or "no error seen"
+
+    def _watch_imex_ready(self) -> None:
+        """Tell the user, once per stretch, that IMEX has not been ready for
+        ``imex_start_timeout`` seconds since the loop began or since it was last ready: a
+        WARNING and one Warning Event `REASON_IMEX_NOT_READY` on our pod, with the last
+        error (`_imex_problem`). The loop wakes for that deadline (`_idle_wait`), so a loop
+        with nothing else to do still reports it. A bound of 0 reports nothing; IP mode's
+        ``numNodes`` barrier is a wait by design, and the bound counts from its end."""
+        now = self._clock.monotonic()
+        if self.sync.barrier_wait:  # IP mode's numNodes barrier: held back by design
+            self._not_ready_since, self._not_ready_warned = None, False
+            return
+        if self._ready:
+            if self._not_ready_warned and self._not_ready_since is not None:
+                log.info(
+                    "nvidia-imex on node %s is ready after %.0fs",
+                    self.opts.node_name,
+                    now - self._not_ready_since,
+                )
+            self._not_ready_since, self._not_ready_warned, self._ever_ready = None, False, True
+            return
+        if self._not_ready_since is None:
+            self._not_ready_since = now
+        bound = self.opts.imex_start_timeout
+        if self._not_ready_warned or bound <= 0 or now - self._not_ready_since < bound:
+            return
+        self._not_ready_warned = True
+        since = "it was last ready" if self._ever_ready else "the daemon started"
+        message = (
+            f"nvidia-imex on node {self.opts.node_name} (pod IP {self.opts.pod_ip}) has not "
+            f"been ready for {now - self._not_ready_since:.0f}s since {since} "
+            f"(IMEX_START_TIMEOUT={bound:g}s); last error: {self._imex_problem()}"
+        )
+        log.warning("%s: %s", REASON_IMEX_NOT_READY, message)
+        self._pod_event(REASON_IMEX_NOT_READY, message)
 
     def run(self, stop: threading.Event) -> int:
         """Run until ``stop``; the exit code (0, or `EXIT_DRIVER_ROOT_INCOMPLETE`)."""
@@ -759,6 +876,9 @@ class Daemon:
             return EXIT_DRIVER_ROOT_INCOMPLETE
         self._take_local_lock()
         self._write_imex_config()
+        # Before the informers and the membership writes open connections: a connection that
+        # got an IMEX port as its ephemeral local port would keep IMEX from listening.
+        self._reserve_ports()
         if self.opts.metrics_address:
             host, port = self._metrics.serve(self.opts.metrics_address)
             log.info("serving /metrics on %s:%d", host, port)
@@ -771,6 +891,7 @@ class Daemon:
         )
         if self.notices.start():  # the readiness probe tells us when IMEX is not ready
             self._ready_recheck = self._timing.ready_recheck_interval
+        self._not_ready_since = self._clock.monotonic()
         try:
             while True:
                 if stop.is_set():
@@ -778,13 +899,16 @@ class Daemon:
                 full = failed = False
                 try:
                     self.step()
-                    self._last_error = ""
+                    self._last_error = self._pass_error = ""
                 except CliqueFullError as err:
                     full = True
+                    self._pass_error = str(err)
                     self._report_once(f"cannot join {self._where()}: {err}; waiting for a slot")
                 except (MembershipError, ApiError, ConnectionFailedError, ValueError) as err:
                     failed = True
+                    self._pass_error = str(err)
                     log.error("update failed, will retry: %s", err)
+                self._watch_imex_ready()
                 self._clock.wait(self._kick, self._idle_wait(full=full, failed=failed))
                 self._kick.clear()
         finally:
@@ -796,6 +920,7 @@ class Daemon:
             self.informers.shutdown()
             self.cache.close()
             self.supervisor.stop()
+            self.ports.release()
             self._metrics.close()
         return 0
 
@@ -804,14 +929,18 @@ class Daemon:
         (a membership event, the child's exit, a probe's notice, shutdown). The deadlines: a
         readiness query due, our entry's held-back Ready, a peer poll due, the supervisor's
         restart or deferred reload, the end of the wait for the controller's entry, the retry
-        of a failed pass. A deadline a failed pass left behind (it did not get to it) waits for
-        that retry, so an outage cannot make the loop spin; a successful pass leaves none
-        behind, and the wait is never shorter than 10 ms."""
+        of a failed pass, the not-ready report (`_watch_imex_ready`). A deadline a failed pass
+        left behind (it did not get to it) waits for that retry, so an outage cannot make the
+        loop spin; a successful pass leaves none behind, and the wait is never shorter than
+        10 ms."""
         t = self._timing
-        if full:  # only a change of the clique (a kick) can free a slot; retried slowly too
-            return t.slow_interval
         now = self._clock.monotonic()
         due: list[float] = []
+        bound = self.opts.imex_start_timeout
+        if not self._not_ready_warned and self._not_ready_since is not None and bound > 0:
+            due.append(self._not_ready_since + bound)  # the not-ready report (_watch_imex_ready)
+        if full:  # only a change of the clique (a kick) can free a slot; retried slowly too
+            return max(min([now + t.slow_interval, *due]) - now, 0.01)
         if self.supervisor.running():
             due.append(self._next_ready_check)
         if self._ready_write_at is not None and self._ready_write_at > now:

@@ -73,6 +73,9 @@ class ImexSync:
         self._imex_index: int | None = None  # our index when IMEX last (re)started
         self._skipped: set[tuple[str, int, str]] = set()  # (node, index, IP) warned about
         self._waiting_logged = -1
+        self.barrier_wait = False
+        """IP mode: the last :meth:`apply` held IMEX back for the ``numNodes`` barrier (a wait
+        by design, not a failure to start)."""
 
     def prepare(self) -> None:
         """Write the static DNS nodes config (IP mode writes it once the barrier is met)."""
@@ -107,6 +110,9 @@ class ImexSync:
         return sorted(usable, key=lambda e: (e.index, e.node_name != self._me.node_name))
 
     def apply(self, entries: list[DaemonEntry], *, num_nodes: int = 0) -> None:
+        """Feed ``entries`` to IMEX by the mode's policy (module docstring); nothing happens
+        until our own entry is among them."""
+        self.barrier_wait = False
         members = self.clique_members(entries)
         own = next((e for e in members if e.node_name == self._me.node_name), None)
         if self._peers is not None:
@@ -147,6 +153,7 @@ class ImexSync:
         self, entries: list[DaemonEntry], members: list[DaemonEntry], *, num_nodes: int
     ) -> None:
         if len(entries) < num_nodes:
+            self.barrier_wait = True
             if self._waiting_logged != len(entries):
                 log.info(
                     "numNodes barrier: %d of %d daemons registered; IMEX not started yet",

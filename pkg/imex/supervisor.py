@@ -152,6 +152,7 @@ class Supervisor:
         self._reloads = 0
         self._reload_pending = False
         self._stopped = False
+        self._last_problem = ""
 
     @property
     def restarts(self) -> int:
@@ -160,6 +161,13 @@ class Supervisor:
     @property
     def reloads(self) -> int:
         return self._reloads
+
+    @property
+    def last_problem(self) -> str:
+        """The last unexpected exit or failed start, in words (``""``: none yet); kept after a
+        successful restart, so a child that keeps failing can be explained."""
+        with self._lock:
+            return self._last_problem
 
     @property
     def pid(self) -> int | None:
@@ -235,6 +243,10 @@ class Supervisor:
                 self._crashes += 1
                 delay = self._backoff.delay(self._crashes)
                 self._next_start = now + delay
+                self._last_problem = (
+                    f"{self._name} exited unexpectedly with {describe_exit(code)} after {ran:.1f}s "
+                    f"({self._crashes} in a row)"
+                )
                 log.warning(
                     "%s exited unexpectedly with %s after %.1fs; restarting in %.1fs "
                     "(consecutive crashes: %d)",
@@ -267,6 +279,7 @@ class Supervisor:
             self._crashes += 1
             delay = self._backoff.delay(self._crashes)
             self._next_start = self._clock.monotonic() + delay
+            self._last_problem = f"cannot start {self._name}: {err}"
             log.error(
                 "cannot start %s (%s): %s; retrying in %.1fs",
                 self._name,

@@ -40,6 +40,7 @@ from pkg.api.channelshare import channel_toleration
 from pkg.api.computedomain import ComputeDomain
 from pkg.api.placement import PINNED_CLIQUE_ANNOTATION, clique_selector
 from pkg.base.types import JSON
+from pkg.imex.config import DEFAULT_CMD_PORT, DEFAULT_SERVER_PORT
 from pkg.reconcilers.config import ControllerConfig
 
 __all__ = [
@@ -203,6 +204,24 @@ DAEMON_SECURITY_CONTEXT: JSON = {
 DAEMON_SCRATCH_DIRS: tuple[tuple[str, str], ...] = (("tmp", "/tmp"), ("var-log", "/var/log"))
 
 
+# The kernel hands out outbound local ports from 32768-60999, which holds IMEX's 50000 and 50005:
+# a connection of the daemon pod (its API requests, a watch) that got one of them kept IMEX from
+# listening for as long as it lived, and the daemon's domain never became Ready on that node.
+# Reserved ports are never picked for outbound connections but can still be bound. A namespaced
+# sysctl the kubelet allows by default (Kubernetes 1.27+), set in the daemon pod's own netns.
+RESERVED_PORTS_SYSCTL = "net.ipv4.ip_local_reserved_ports"
+
+
+def imex_ports(config: ControllerConfig) -> tuple[int, int]:
+    """IMEX's server and command ports in the daemons (``IMEX_SERVER_PORT`` / ``IMEX_CMD_PORT``
+    of `ControllerConfig.daemon_extra_env` where set and valid, else IMEX's defaults)."""
+    ports = {dc.IMEX_SERVER_PORT: DEFAULT_SERVER_PORT, dc.IMEX_CMD_PORT: DEFAULT_CMD_PORT}
+    for name, value in config.daemon_extra_env:
+        if name in ports and value.isdigit() and 0 < int(value) < 65536:
+            ports[name] = int(value)
+    return ports[dc.IMEX_SERVER_PORT], ports[dc.IMEX_CMD_PORT]
+
+
 def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
     name = c.daemon_object_name(cd.uid)
     env: list[JSON] = [
@@ -236,6 +255,14 @@ def _pod_spec(cd: ComputeDomain, config: ControllerConfig) -> JSON:
         ],
         "resourceClaims": [{"name": c.DAEMON_CLAIM_NAME, "resourceClaimTemplateName": name}],
         "volumes": [{"name": vol, "emptyDir": {}} for vol, _ in DAEMON_SCRATCH_DIRS],
+        "securityContext": {
+            "sysctls": [
+                {
+                    "name": RESERVED_PORTS_SYSCTL,
+                    "value": ",".join(str(port) for port in sorted(set(imex_ports(config)))),
+                }
+            ]
+        },
     }
     if config.image_pull_secret_names:
         spec["imagePullSecrets"] = [{"name": s} for s in config.image_pull_secret_names]

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_optional, ext_strings
-from test_deploy_manifests import NS, find, render  # type: ignore[import-not-found, unused-ignore]
+from testsupport.manifests import NS, find, render
 
 from pkg.api import constants as c
 from pkg.api.computedomain import parse_compute_domain
@@ -86,12 +86,17 @@ def _rule_matches(rule: Obj, version: str, resource: str, operation: str) -> boo
     def has(key: str, value: str) -> bool:
         return "*" in rule[key] or value in rule[key]
 
-    return (has("apiGroups", "resource.k8s.io") and has("apiVersions", version)
-            and has("resources", resource) and has("operations", operation))  # fmt: skip
+    return (
+        has("apiGroups", "resource.k8s.io")
+        and has("apiVersions", version)
+        and has("resources", resource)
+        and has("operations", operation)
+    )
 
 
-def _matched_version(policy: Obj, served: tuple[str, ...], sent: str, resource: str,
-                     operation: str) -> str | None:  # fmt: skip
+def _matched_version(
+    policy: Obj, served: tuple[str, ...], sent: str, resource: str, operation: str
+) -> str | None:
     """The version the API server hands the policy the object in, or None (no match):
     the request's own if a rule lists it, else (Equivalent) a served version a rule lists."""
     constraints = policy["matchConstraints"]
@@ -120,8 +125,9 @@ def _selected(binding: Obj, namespace: str) -> bool:
     return True
 
 
-def admit(name: str, release: str, obj_v1: Obj, *, user: str = TENANT,
-          operation: str = "CREATE") -> list[str] | None:  # fmt: skip
+def admit(
+    name: str, release: str, obj_v1: Obj, *, user: str = TENANT, operation: str = "CREATE"
+) -> list[str] | None:
     """None if the policy does not apply to the request, else the messages of the validations
     that refuse it ([] = admitted). ``obj_v1`` is v1-shaped; it is sent as ``release``'s
     clients send it."""
@@ -162,14 +168,21 @@ def admit(name: str, release: str, obj_v1: Obj, *, user: str = TENANT,
 
 
 def _claim(devices: Obj, ns: str = "team") -> Obj:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": ns}, "spec": {"devices": devices}}  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": ns},
+        "spec": {"devices": devices},
+    }
 
 
 def _template(devices: Obj, ns: str = "team") -> Obj:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "t", "namespace": ns},
-            "spec": {"spec": {"devices": devices}}}  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": ns},
+        "spec": {"spec": {"devices": devices}},
+    }
 
 
 def _exactly(cls: str, **fields: Any) -> Obj:
@@ -187,8 +200,10 @@ def _config(kind: str, domain_id: str, driver: str = c.DRIVER_NAME) -> Obj:
 
 
 def _channel(domain_id: str = UID, **fields: Any) -> Obj:
-    return {**_exactly(c.CHANNEL_DEVICE_CLASS, **fields),
-            "config": [_config(c.CHANNEL_CONFIG_KIND, domain_id)]}  # fmt: skip
+    return {
+        **_exactly(c.CHANNEL_DEVICE_CLASS, **fields),
+        "config": [_config(c.CHANNEL_CONFIG_KIND, domain_id)],
+    }
 
 
 RELEASES = list(SERVED)
@@ -201,15 +216,22 @@ DAEMON_CONFIG_RULE = "a ComputeDomainDaemonConfig is reserved for the driver's I
 def test_a_v1_only_rule_never_matched_where_v1_is_not_served() -> None:
     """Why the rules list three versions: Equivalent converts only to a served version."""
     policy, _ = _policy(DAEMON_POLICY)
-    v1_only = {**policy, "matchConstraints": {**policy["matchConstraints"], "resourceRules": [
-        {**policy["matchConstraints"]["resourceRules"][0], "apiVersions": ["v1"]}]}}  # fmt: skip
+    v1_only = {
+        **policy,
+        "matchConstraints": {
+            **policy["matchConstraints"],
+            "resourceRules": [
+                {**policy["matchConstraints"]["resourceRules"][0], "apiVersions": ["v1"]}
+            ],
+        },
+    }
     for release in RELEASES:
-        version = _matched_version(v1_only, SERVED[release], SENT[release], "resourceclaims",
-                                   "CREATE")  # fmt: skip
+        version = _matched_version(
+            v1_only, SERVED[release], SENT[release], "resourceclaims", "CREATE"
+        )
         assert version == ("v1" if release == "1.34+" else None), release
     # On 1.34+ an older client's request is converted to v1; the policies now see it as sent.
-    assert _matched_version(v1_only, SERVED["1.34+"], "v1beta1", "resourceclaims",
-                            "CREATE") == "v1"  # fmt: skip
+    assert _matched_version(v1_only, SERVED["1.34+"], "v1beta1", "resourceclaims", "CREATE") == "v1"
 
 
 @pytest.mark.parametrize("name", [DAEMON_POLICY, OPAQUE_POLICY, TEMPLATE_POLICY])
@@ -291,11 +313,14 @@ def test_opaque_config_domain_id_must_be_a_uid(release: str, make: Any) -> None:
 def _controller_templates() -> list[Obj]:
     env = {"NAMESPACE": NS, "IMAGE_NAME": "example.com/compute-domain-daemon:1"}
     config = parse_options([], env).controller
-    cd = parse_compute_domain({
-        "apiVersion": c.API_VERSION, "kind": c.COMPUTE_DOMAIN_KIND,
-        "metadata": {"name": "x", "namespace": "team", "uid": UID},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "x-channel"}}},
-    })  # fmt: skip
+    cd = parse_compute_domain(
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.COMPUTE_DOMAIN_KIND,
+            "metadata": {"name": "x", "namespace": "team", "uid": UID},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "x-channel"}}},
+        }
+    )
     return [render_workload_rct(cd), render_daemon_rct(cd, config)]
 
 
@@ -304,12 +329,15 @@ def test_what_the_controller_writes_passes_in_every_version(release: str) -> Non
     for template in _controller_templates():
         assert admit(TEMPLATE_POLICY, release, template, user=CONTROLLER) == [], template
         for operation in ("CREATE", "UPDATE"):
-            assert admit(TEMPLATE_POLICY, release, template, user=CONTROLLER,
-                         operation=operation) == []  # fmt: skip
+            assert (
+                admit(TEMPLATE_POLICY, release, template, user=CONTROLLER, operation=operation)
+                == []
+            )
         assert admit(OPAQUE_POLICY, release, template, user=CONTROLLER) == []
         ns = template["metadata"]["namespace"]
         assert admit(DAEMON_POLICY, release, template, user=CONTROLLER) == (
-            None if ns == NS else [])  # fmt: skip
+            None if ns == NS else []
+        )
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -334,3 +362,31 @@ def test_controller_templates_are_pinned_in_every_version(release: str) -> None:
         assert all(m.startswith(w) for m, w in zip(refused, want, strict=True)), (case, refused)
         # Only the controller is pinned by this policy.
         assert admit(TEMPLATE_POLICY, release, _template(devices)) is None, case
+
+
+@pytest.mark.parametrize(
+    ("sysctls", "admitted"),
+    [
+        (None, True),
+        ([{"name": "net.ipv4.ip_local_reserved_ports", "value": "50000,50005"}], True),
+        ([{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}], False),
+        (
+            [
+                {"name": "net.ipv4.ip_local_reserved_ports", "value": "50000,50005"},
+                {"name": "kernel.shm_rmid_forced", "value": "1"},
+            ],
+            False,
+        ),
+    ],
+    ids=["none", "reserved-ports", "another-safe-sysctl", "one-more"],
+)
+def test_the_controllers_daemonsets_may_set_only_the_reserved_ports_sysctl(
+    sysctls: list[Obj] | None, admitted: bool
+) -> None:
+    policy, _binding = _policy("compute-domain-controller-daemonsets")
+    [rule] = [v for v in policy["validations"] if "sysctls" in v["expression"]]
+    pod: Obj = {"containers": []}
+    if sysctls is not None:
+        pod["securityContext"] = {"sysctls": sysctls}
+    data = {"variables": {"podsUnchanged": False, "pod": pod}}
+    assert _eval(rule["expression"], data) is admitted

@@ -49,9 +49,16 @@ class Gauge:
 
 
 ME = Identity(
-    domain_uid=UID, domain_name="cd", domain_namespace="ns", clique_id=CLIQUE, node_name="n0",
-    pod_ip="10.0.0.1", pod_name="p", pod_uid="u", pod_namespace="drv",
-)  # fmt: skip
+    domain_uid=UID,
+    domain_name="cd",
+    domain_namespace="ns",
+    clique_id=CLIQUE,
+    node_name="n0",
+    pod_ip="10.0.0.1",
+    pod_name="p",
+    pod_uid="u",
+    pod_namespace="drv",
+)
 
 
 def e(node: str, ip: str, index: int, clique: str = CLIQUE) -> DaemonEntry:
@@ -63,10 +70,14 @@ def make(tmp_path: Path, *, dns: bool) -> tuple[ImexSync, FakeProcess, Gauge, Pa
     hosts_path = tmp_path / "hosts"
     hosts_path.write_text("127.0.0.1\tlocalhost\n")
     sync = ImexSync(
-        ME, dns_names=dns, max_nodes=4,
+        ME,
+        dns_names=dns,
+        max_nodes=4,
         hosts=HostsFile(hosts_path, name_prefix=nodesconfig.NAME_PREFIX),
-        nodes_config_path=str(tmp_path / "nodes.cfg"), process=proc, peers=gauge,
-    )  # fmt: skip
+        nodes_config_path=str(tmp_path / "nodes.cfg"),
+        process=proc,
+        peers=gauge,
+    )
     sync.prepare()
     return sync, proc, gauge, hosts_path
 
@@ -167,3 +178,13 @@ def test_ip_mode_skips_a_bad_entry_and_writes_the_good_ones(tmp_path: Path, bad:
     sync.apply(members, num_nodes=3)
     assert proc.calls == ["start"]
     assert (tmp_path / "nodes.cfg").read_text() == "10.0.0.1\n10.0.0.3\n"
+
+
+def test_an_index_held_twice_still_starts_our_imex_with_our_address(tmp_path: Path) -> None:
+    """A stale or racing entry with our index (listed first) neither hides our own entry nor
+    keeps IMEX from starting: our entry wins the tie in our hosts mapping. Ruled out as the
+    cause of an IMEX that never starts."""
+    sync, proc, gauge, hosts_path = make(tmp_path, dns=True)
+    sync.apply([e("n1", "10.0.0.2", 0), e("n0", "10.0.0.1", 0)])
+    assert proc.calls == ["start"] and gauge.value == 1
+    assert resolve(hosts_path, 0) == "10.0.0.1"

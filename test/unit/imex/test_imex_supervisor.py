@@ -278,3 +278,25 @@ def test_an_exit_is_reported_at_once_and_the_restart_is_a_deadline() -> None:
     assert sup.next_due() is None
     threading.Event().wait(0.1)  # the watchers of the children it ended must not report
     assert exits == [1]
+
+
+def test_last_problem_names_the_last_crash_and_failed_start(parts: Parts) -> None:
+    """What the daemon's not-ready report quotes: kept across a successful restart."""
+    sup, runner, clock, _ = parts
+    assert sup.last_problem == ""
+    sup.ensure_started()
+    clock.step(0.5)
+    runner.procs[-1].code = 1
+    sup.tick()
+    assert (
+        sup.last_problem
+        == "nvidia-imex exited unexpectedly with exit code 1 after 0.5s (1 in a row)"
+    )
+    runner.fail_next = 1
+    clock.step(1.0)
+    sup.tick()
+    assert sup.last_problem.startswith("cannot start nvidia-imex: ")
+    assert "No such file" in sup.last_problem
+    clock.step(2.0)
+    sup.tick()
+    assert sup.running() and sup.last_problem.startswith("cannot start nvidia-imex: ")
