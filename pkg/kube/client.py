@@ -21,7 +21,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Literal, Protocol
 from urllib.parse import urlencode
 
@@ -193,22 +193,32 @@ def _decode(data: bytes) -> Any:
 class _Throttle:
     """Client-side token bucket (client-go's QPS/Burst) so a busy controller cannot flood."""
 
-    def __init__(self, qps: float, burst: int) -> None:
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        *,
+        monotonic: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
         self._qps = qps
         self._burst = float(max(burst, 1))
         self._tokens = self._burst
-        self._last = time.monotonic()
+        self._monotonic = monotonic or time.monotonic
+        self._sleep = sleep or time.sleep
+        self._last = self._monotonic()
         self._lock = threading.Lock()
 
     def wait(self) -> None:
+        """Take one token, sleeping until it is due (tokens are reserved in call order)."""
         with self._lock:
-            now = time.monotonic()
+            now = self._monotonic()
             self._tokens = min(self._burst, self._tokens + (now - self._last) * self._qps)
             self._last = now
             self._tokens -= 1.0
             delay = -self._tokens / self._qps if self._tokens < 0 else 0.0
         if delay > 0:
-            time.sleep(delay)
+            self._sleep(delay)
 
 
 class ApiConnection(Protocol):
@@ -252,21 +262,30 @@ class RestClient:
         user_agent: str = "compute-domain-driver",
         qps: float | None = None,
         burst: int = 10,
-        per_group_limit: bool = False,
+        separate_groups: Collection[str] = (),
         watch_idle_timeout: float = WATCH_IDLE_TIMEOUT,
+        monotonic: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
-        """``qps``/``burst``: client-side token bucket (None: unlimited); with
-        ``per_group_limit`` every API group (``/api`` core, ``/apis/<group>``) gets its own
-        bucket of that size, as a client-go clientset has one limiter per group client.
-        ``watch_idle_timeout``: see `WATCH_IDLE_TIMEOUT`."""
+        """``qps``/``burst``: the client-side token bucket (None: unlimited), one for every
+        request of this client, as a client-go clientset shares one limiter among all its
+        group clients; each API group in ``separate_groups`` gets a bucket of the same size of
+        its own, as a second clientset would (the Go driver's generated clientset for
+        ``resource.nvidia.com`` beside its Kubernetes one). ``watch_idle_timeout``: see
+        `WATCH_IDLE_TIMEOUT`. ``monotonic``/``sleep``: the limiter's clock (default: real time)."""
         self._api = api_client
         self._host = str(api_client.configuration.host).rstrip("/")
         self._pool: urllib3.PoolManager = api_client.rest_client.pool_manager
         self._timeout = request_timeout
         self._user_agent = user_agent
-        self._throttle = _Throttle(qps, burst) if qps else None
-        self._group_limits: dict[str, _Throttle] | None = {} if qps and per_group_limit else None
-        self._qps, self._burst = qps or 0.0, burst
+        self._throttle: _Throttle | None = None
+        self._group_limits: dict[str, _Throttle] = {}
+        if qps:
+            self._throttle = _Throttle(qps, burst, monotonic=monotonic, sleep=sleep)
+            self._group_limits = {
+                group: _Throttle(qps, burst, monotonic=monotonic, sleep=sleep)
+                for group in separate_groups
+            }
         self._watch_idle = watch_idle_timeout
         self._resource_api = ResourceApi()
 
@@ -290,16 +309,11 @@ class RestClient:
         self._pool.clear()
 
     def _throttle_for(self, path: str) -> _Throttle:
+        """The bucket a request to ``path`` spends: its group's own, or the client's."""
         assert self._throttle is not None
-        if self._group_limits is None:
-            return self._throttle
         parts = path.split("/", 4)  # "", "apis", group, version, ...
         group = parts[2] if len(parts) > 2 and parts[1] == "apis" else ""
-        with self._throttle._lock:
-            limit = self._group_limits.get(group)
-            if limit is None:
-                limit = self._group_limits[group] = _Throttle(self._qps, self._burst)
-        return limit
+        return self._group_limits.get(group, self._throttle)
 
     # -- transport ---------------------------------------------------------------------------
 

@@ -47,15 +47,23 @@ def test_upstream_defaults() -> None:
 
 
 def test_env_fallbacks_and_flags_win() -> None:
-    env = {"NODE_NAME": "env-node", "HOST_DRIVER_ROOT": "/old", "LOG_VERBOSITY": "6",
-           "GPU_CLIQUE_LABEL_ENABLED": "True", "HEALTHCHECK_PORT": "51515",
-           "ALT_PROC_DEVICES_PATH": "/alt", "KUBECONFIG": "/kc"}  # fmt: skip
+    env = {
+        "NODE_NAME": "env-node",
+        "HOST_DRIVER_ROOT": "/old",
+        "LOG_VERBOSITY": "6",
+        "GPU_CLIQUE_LABEL_ENABLED": "True",
+        "HEALTHCHECK_PORT": "51515",
+        "ALT_PROC_DEVICES_PATH": "/alt",
+        "KUBECONFIG": "/kc",
+    }
     opts = parse_args([], env)
     assert (opts.node_name, opts.nvidia_driver_root, opts.v) == ("env-node", "/old", 6)
     assert opts.gpu_clique_label_enabled and opts.healthcheck_port == 51515
     assert (opts.alt_proc_devices_path, opts.kubeconfig) == ("/alt", "/kc")
-    assert parse_args([], {**env, "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}).nvidia_driver_root \
-        == "/run/nvidia/driver"  # fmt: skip
+    assert (
+        parse_args([], {**env, "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"}).nvidia_driver_root
+        == "/run/nvidia/driver"
+    )
     opts = parse_args(["--node-name=flag", "-v=2", "--gpu-clique-label-enabled=false"], env)
     assert (opts.node_name, opts.v, opts.gpu_clique_label_enabled) == ("flag", 2, False)
 
@@ -72,14 +80,20 @@ def test_empty_env_is_unset_except_for_the_imex_settings() -> None:
     ("argv", "env", "message"),
     [
         ([], {}, "--node-name (or NODE_NAME): required"),
-        (NODE, {"GPU_CLIQUE_LABEL_ENABLED": "yes"},
-         '--gpu-clique-label-enabled (or GPU_CLIQUE_LABEL_ENABLED): invalid boolean "yes"'),
-        ([*NODE, "--device-discovery=gpu"], {}, '--device-discovery (or DEVICE_DISCOVERY): '
-         'invalid choice "gpu"'),
+        (
+            NODE,
+            {"GPU_CLIQUE_LABEL_ENABLED": "yes"},
+            '--gpu-clique-label-enabled (or GPU_CLIQUE_LABEL_ENABLED): invalid boolean "yes"',
+        ),
+        (
+            [*NODE, "--device-discovery=gpu"],
+            {},
+            '--device-discovery (or DEVICE_DISCOVERY): invalid choice "gpu"',
+        ),
         (NODE, {"LOG_VERBOSITY": "high"}, '--v (or V, LOG_VERBOSITY): "high" is not an integer'),
     ],
     ids=["no-node", "bool-yes", "bad-discovery", "bad-verbosity"],
-)  # fmt: skip
+)
 def test_bad_values_exit_2_naming_flag_and_env(
     argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -90,14 +104,21 @@ def test_bad_values_exit_2_naming_flag_and_env(
 
 
 def test_plugin_config_from_options() -> None:
-    opts = parse_args([*NODE, "--namespace=drv", "--http-endpoint=:8081"],
-                      {"ADDITIONAL_NAMESPACES": "old, drv", "GPU_CLIQUE_LABEL_ENABLED": "1",
-                       "KUBELET_PLUGINS_DIRECTORY_PATH": "/plugins"})  # fmt: skip
+    opts = parse_args(
+        [*NODE, "--namespace=drv", "--http-endpoint=:8081"],
+        {
+            "ADDITIONAL_NAMESPACES": "old, drv",
+            "GPU_CLIQUE_LABEL_ENABLED": "1",
+            "KUBELET_PLUGINS_DIRECTORY_PATH": "/plugins",
+        },
+    )
     imex = ImexModeConfig()
     config = plugin_config(opts, imex=imex)
     assert (config.node_name, config.namespace, config.additional_namespaces) == (
-        "n1", "drv", ("old",),
-    )  # fmt: skip
+        "n1",
+        "drv",
+        ("old",),
+    )
     assert (config.metrics_host, config.metrics_port, config.healthcheck_port) == ("", 8081, -1)
     assert config.plugins_dir == Path("/plugins") and config.proc_devices == Path("/proc/devices")
     assert config.gpu_clique_label and config.imex is imex
@@ -121,15 +142,25 @@ def test_v_is_read_first_as_upstreams_then_log_verbosity() -> None:
 
 
 def test_repeated_namespaces_and_gates_accumulate_as_upstreams() -> None:
-    opts = parse_args([*NODE, "--additional-namespaces=a", "--additional-namespaces", "b,c"],
-                      {"ADDITIONAL_NAMESPACES": "from-env"})  # fmt: skip
+    opts = parse_args(
+        [*NODE, "--additional-namespaces=a", "--additional-namespaces", "b,c"],
+        {"ADDITIONAL_NAMESPACES": "from-env"},
+    )
     assert plugin_config(opts, imex=ImexModeConfig()).additional_namespaces == ("a", "b", "c")
-    opts = parse_args([*NODE, "--feature-gates=MPSSupport=false", "--feature-gates",
-                       "CrashOnNVLinkFabricErrors=false"], {"FEATURE_GATES": "MPSSupport=true,"
-                       "FabricManagerPartitioning=true"})  # fmt: skip
+    opts = parse_args(
+        [
+            *NODE,
+            "--feature-gates=MPSSupport=false",
+            "--feature-gates",
+            "CrashOnNVLinkFabricErrors=false",
+        ],
+        {"FEATURE_GATES": "MPSSupport=true,FabricManagerPartitioning=true"},
+    )
     assert FeatureGates.parse(opts.feature_gates).overrides == {
-        "MPSSupport": False, "FabricManagerPartitioning": True, "CrashOnNVLinkFabricErrors": False,
-    }  # fmt: skip
+        "MPSSupport": False,
+        "FabricManagerPartitioning": True,
+        "CrashOnNVLinkFabricErrors": False,
+    }
 
 
 def test_host_driver_root_is_upstreams_other_name_of_nvidia_driver_root() -> None:
@@ -147,23 +178,29 @@ def test_metrics_path_reaches_the_plugin_config() -> None:
 
 
 def test_api_client_has_upstreams_client_side_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    """5 QPS and a burst of 10 per API group by default, as upstream's plugin client."""
+    """5 QPS and a burst of 10 per clientset by default, as upstream's plugin client: the
+    Kubernetes groups share one bucket, resource.nvidia.com has its own."""
     slept: list[float] = []
     monkeypatch.setattr("pkg.kube.client.time.sleep", slept.append)
+    monkeypatch.setattr("pkg.kube.client.time.monotonic", lambda: 0.0)
     connection = Connection(k8s_client.Configuration())
     opts = parse_args(NODE, {})
     assert (opts.kube_api_qps, opts.kube_api_burst) == (5.0, 10)
     client = api_client_of(opts, connection)
-    core, resource = (
+    core, resource, nvidia = (
         client._throttle_for("/api/v1/nodes/n"),
         client._throttle_for("/apis/resource.k8s.io/v1/resourceslices"),
+        client._throttle_for("/apis/resource.nvidia.com/v1beta1/computedomains"),
     )
-    for _ in range(10):
+    assert resource is core and nvidia is not core
+    for _ in range(5):
         core.wait()
-        resource.wait()  # another group: its own bucket
+        resource.wait()  # the same clientset: the same budget
+    for _ in range(10):
+        nvidia.wait()  # the other clientset: its own budget
     assert slept == []
-    core.wait()
-    assert len(slept) == 1 and slept[0] == pytest.approx(1 / 5.0, abs=0.05)
+    resource.wait()
+    assert slept == [pytest.approx(1 / 5.0)]
     opts = parse_args([*NODE, "--kube-api-qps=50"], {"KUBE_API_BURST": "2", "KUBE_API_QPS": "1"})
     assert (opts.kube_api_qps, opts.kube_api_burst) == (50.0, 2)
     assert api_client_of(parse_args([*NODE, "--kube-api-qps=0"], {}), connection)._throttle is None

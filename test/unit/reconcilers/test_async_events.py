@@ -40,22 +40,33 @@ class HangingEvents:
 
 
 def test_reconcile_completes_while_event_writes_hang(
-    server: FakeApiServer, client: RestClient, caches: Caches, config: ControllerConfig,
+    server: FakeApiServer,
+    client: RestClient,
+    caches: Caches,
+    config: ControllerConfig,
     clock: FakeClock,
-) -> None:  # fmt: skip
+) -> None:
     sink = HangingEvents()
     recorder = AsyncEventRecorder(sink, "compute-domain-controller", clock)  # type: ignore[arg-type]
     recorder.start()
     reconciler = ComputeDomainReconciler(
-        client=client, caches=caches, config=config, events=recorder,
-        metrics=DomainMetrics(CollectorRegistry()), clock=clock,
-    )  # fmt: skip
+        client=client,
+        caches=caches,
+        config=config,
+        events=recorder,
+        metrics=DomainMetrics(CollectorRegistry()),
+        clock=clock,
+    )
     try:
         server.seed(res.COMPUTE_DOMAINS, compute_domain(numNodes=1))
         # a template of someone else under the domain's name: a Warning Event on every pass
-        server.seed(res.RESOURCE_CLAIM_TEMPLATES, {
-            "metadata": {"name": "cd1-channel", "namespace": "team"}, "spec": {"spec": {}},
-        })  # fmt: skip
+        server.seed(
+            res.RESOURCE_CLAIM_TEMPLATES,
+            {
+                "metadata": {"name": "cd1-channel", "namespace": "team"},
+                "spec": {"spec": {}},
+            },
+        )
         done = threading.Event()
 
         def run() -> None:
@@ -73,12 +84,12 @@ def test_reconcile_completes_while_event_writes_hang(
         recorder.stop()
 
 
-def test_reconcile_client_limits_each_api_group_separately(server: FakeApiServer) -> None:
-    client = server.client(qps=5.0, burst=10, per_group_limit=True)
+def test_reconcile_client_limits_each_clientset_not_each_group(server: FakeApiServer) -> None:
+    client = server.client(qps=5.0, burst=10, separate_groups=("resource.nvidia.com",))
     core = client._throttle_for("/api/v1/nodes")
     assert core is client._throttle_for("/api/v1/namespaces/x/pods")
-    apps = client._throttle_for("/apis/apps/v1/namespaces/x/daemonsets")
+    assert core is client._throttle_for("/apis/apps/v1/namespaces/x/daemonsets")
     nvidia = client._throttle_for("/apis/resource.nvidia.com/v1beta1/computedomains")
-    assert len({id(core), id(apps), id(nvidia)}) == 3
+    assert nvidia is not core
     shared = server.client(qps=5.0, burst=10)
     assert shared._throttle_for("/api/v1/nodes") is shared._throttle_for("/apis/apps/v1/x")

@@ -19,6 +19,7 @@ from cdctl_fakes import DRIVER_NS, channel_claim, compute_domain  # type: ignore
 from kubernetes import client as k8s_client
 
 from pkg.api import constants as c
+from pkg.api.constants import GROUP
 from pkg.kube import resources as res
 from pkg.kube.client import RestClient
 from pkg.kube.config import Connection
@@ -41,10 +42,14 @@ def test_go_durations(text: str, seconds: float) -> None:
 
 def test_env_fills_missing_flags_and_flags_win() -> None:
     env = {
-        "IMAGE_NAME": "img:env", "NAMESPACE": "drv", "LEADER_ELECTION_ENABLED": "true",
-        "LEADER_ELECTION_LEASE_DURATION": "20s", "CD_DAEMON_IMAGE_PULL_SECRET_NAMES": "a, b c",
-        "POD_NAME": "ctl-0", "MAX_NODES_PER_IMEX_DOMAIN": "36",
-    }  # fmt: skip
+        "IMAGE_NAME": "img:env",
+        "NAMESPACE": "drv",
+        "LEADER_ELECTION_ENABLED": "true",
+        "LEADER_ELECTION_LEASE_DURATION": "20s",
+        "CD_DAEMON_IMAGE_PULL_SECRET_NAMES": "a, b c",
+        "POD_NAME": "ctl-0",
+        "MAX_NODES_PER_IMEX_DOMAIN": "36",
+    }
     opts = parse_options(["-image-name", "img:flag", "--v=4", "--kube-api-qps=20"], env)
     assert opts.controller.image_name == "img:flag"
     assert opts.controller.namespace == "drv" and opts.lease_namespace == "drv"
@@ -56,27 +61,29 @@ def test_env_fills_missing_flags_and_flags_win() -> None:
     assert parse_options(["--image-name=x", "--leader-election-enabled"], {}).leader_election
 
 
-def test_default_client_limits_let_a_full_cliques_labels_out_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """QPS 5 per API group as upstream, burst 30: the 18 node-label writes of a full clique's
-    allocations (core group) wait for no token; the sustained rate is still 5 per second."""
+def test_default_client_limits_are_upstreams_one_budget_per_clientset() -> None:
+    """QPS 5 and burst 10, as upstream's controller: the Kubernetes API groups share one bucket
+    (one clientset), resource.nvidia.com has its own (the generated clientset beside it)."""
     opts = parse_options(["--image-name=x"], {})
-    assert (opts.kube_api_qps, opts.kube_api_burst) == (5.0, 30)
+    assert (opts.kube_api_qps, opts.kube_api_burst) == (5.0, 10)
     slept: list[float] = []
-    monkeypatch.setattr("pkg.kube.client.time.sleep", slept.append)
     client = RestClient(
         Connection(k8s_client.Configuration()),
-        qps=opts.kube_api_qps, burst=opts.kube_api_burst, per_group_limit=True,
-    )  # fmt: skip
+        qps=opts.kube_api_qps,
+        burst=opts.kube_api_burst,
+        separate_groups=(GROUP,),
+        monotonic=lambda: 0.0,
+        sleep=slept.append,
+    )
     core = client._throttle_for("/api/v1/nodes/n")
-    for _ in range(18):
+    assert client._throttle_for("/apis/apps/v1/namespaces/d/daemonsets") is core
+    assert client._throttle_for("/apis/coordination.k8s.io/v1/namespaces/d/leases/l") is core
+    assert client._throttle_for(f"/apis/{GROUP}/v1beta1/computedomains") is not core
+    for _ in range(10):
         core.wait()
     assert slept == []
-    for _ in range(12):
-        core.wait()
     core.wait()  # the bucket is empty: one token every 1/qps seconds
-    assert len(slept) == 1 and slept[0] == pytest.approx(1 / opts.kube_api_qps, abs=0.05)
+    assert slept == [pytest.approx(1 / opts.kube_api_qps)]
 
 
 def test_daemon_defaults_and_extra_env() -> None:
@@ -86,10 +93,17 @@ def test_daemon_defaults_and_extra_env() -> None:
     assert opts.controller.clique_entry_grace_period == 30.0
     assert opts.controller.node_loss_grace_period == 60.0
     assert opts.controller.domain_batch_period == 0.2
-    assert parse_options(["--image-name=x"], {"DOMAIN_BATCH_PERIOD": "0"}).controller \
-        .domain_batch_period == 0.0  # fmt: skip
-    env = {"CD_DAEMON_EXTRA_ENV": "IMEX_BIN_DIR=/opt/sim/bin", "CLIQUE_ENTRY_GRACE_PERIOD": "1m",
-           "NODE_LOSS_GRACE_PERIOD": "2m30s"}  # fmt: skip
+    assert (
+        parse_options(
+            ["--image-name=x"], {"DOMAIN_BATCH_PERIOD": "0"}
+        ).controller.domain_batch_period
+        == 0.0
+    )
+    env = {
+        "CD_DAEMON_EXTRA_ENV": "IMEX_BIN_DIR=/opt/sim/bin",
+        "CLIQUE_ENTRY_GRACE_PERIOD": "1m",
+        "NODE_LOSS_GRACE_PERIOD": "2m30s",
+    }
     opts = parse_options(["--image-name=x"], env)
     assert opts.controller.daemon_extra_env == (("IMEX_BIN_DIR", "/opt/sim/bin"),)
     assert opts.controller.clique_entry_grace_period == 60.0
@@ -118,12 +132,14 @@ def test_every_upstream_gate_mode_is_accepted(gates: str, cliques: bool, dns: bo
 
 
 def test_additional_namespaces_from_flag_or_env() -> None:
-    opts = parse_options(["--image-name=x", "--namespace=drv"],
-                         {"ADDITIONAL_NAMESPACES": "old, older,,old drv"})  # fmt: skip
+    opts = parse_options(
+        ["--image-name=x", "--namespace=drv"], {"ADDITIONAL_NAMESPACES": "old, older,,old drv"}
+    )
     assert opts.controller.additional_namespaces == ("old", "older")
     assert opts.controller.managed_namespaces == ("drv", "old", "older")
-    opts = parse_options(["--image-name=x", "--additional-namespaces=x1"],
-                         {"ADDITIONAL_NAMESPACES": "ignored"})  # fmt: skip
+    opts = parse_options(
+        ["--image-name=x", "--additional-namespaces=x1"], {"ADDITIONAL_NAMESPACES": "ignored"}
+    )
     assert opts.controller.managed_namespaces == ("default", "x1")
     assert parse_options(["--image-name=x"], {}).controller.additional_namespaces == ()
 
@@ -137,10 +153,14 @@ def test_repeated_namespace_and_gate_flags_accumulate_as_upstreams() -> None:
     )
     assert opts.controller.additional_namespaces == ("a", "b", "c")
     opts = parse_options(
-        ["--image-name=x", "--feature-gates=ComputeDomainCliques=false",
-         "--feature-gates", "IMEXDaemonsWithDNSNames=false"],
+        [
+            "--image-name=x",
+            "--feature-gates=ComputeDomainCliques=false",
+            "--feature-gates",
+            "IMEXDaemonsWithDNSNames=false",
+        ],
         {"FEATURE_GATES": "HostManagedIMEXDaemon=true,ComputeDomainCliques=true"},
-    )  # fmt: skip
+    )
     assert not opts.gates.enabled("ComputeDomainCliques")
     assert not opts.gates.enabled("IMEXDaemonsWithDNSNames")
     assert opts.gates.enabled("HostManagedIMEXDaemon")
@@ -149,8 +169,9 @@ def test_repeated_namespace_and_gate_flags_accumulate_as_upstreams() -> None:
 @pytest.mark.parametrize(("given", "served"), [("/m", "/m"), ("m", "/m"), ("/m/", "/m"), ("", "")])
 def test_metrics_path_is_rooted_and_cleaned_as_upstreams(given: str, served: str) -> None:
     assert parse_options(["--image-name=x", f"--metrics-path={given}"], {}).metrics_path == served
-    assert parse_options(["--image-name=x"], {"METRICS_PATH": given or "/metrics"}) \
-        .metrics_path == (served or "/metrics")  # fmt: skip
+    assert parse_options(
+        ["--image-name=x"], {"METRICS_PATH": given or "/metrics"}
+    ).metrics_path == (served or "/metrics")
 
 
 @pytest.mark.parametrize(
@@ -199,15 +220,24 @@ def test_bad_flags_fail_fast_naming_the_flag(
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
-        (["--image-name=x"], {"LEADER_ELECTION_ENABLED": "yes"},
-         '--leader-election-enabled (or LEADER_ELECTION_ENABLED): invalid boolean "yes"'),
-        (["--image-name=x", "--leader-election-enabled", "false"], {},
-         "unrecognized arguments: false"),
-        (["--image-name=x"], {"KUBE_API_BURST": "many"},
-         '--kube-api-burst (or KUBE_API_BURST): "many" is not an integer'),
+        (
+            ["--image-name=x"],
+            {"LEADER_ELECTION_ENABLED": "yes"},
+            '--leader-election-enabled (or LEADER_ELECTION_ENABLED): invalid boolean "yes"',
+        ),
+        (
+            ["--image-name=x", "--leader-election-enabled", "false"],
+            {},
+            "unrecognized arguments: false",
+        ),
+        (
+            ["--image-name=x"],
+            {"KUBE_API_BURST": "many"},
+            '--kube-api-burst (or KUBE_API_BURST): "many" is not an integer',
+        ),
     ],
     ids=["env-bool-yes", "bool-takes-no-separate-value", "env-int"],
-)  # fmt: skip
+)
 def test_shared_flag_rules_exit_2(
     argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -229,11 +259,18 @@ def test_go_booleans_and_the_start_up_dump() -> None:
 
 def options(*extra: str) -> Options:
     return parse_options(
-        ["--image-name=img", f"--namespace={DRIVER_NS}", "--leader-election-enabled",
-         "--leader-election-lease-duration=1.5s", "--leader-election-renew-deadline=1s",
-         "--leader-election-retry-period=0.2s", "--http-endpoint=127.0.0.1:0", *extra],
+        [
+            "--image-name=img",
+            f"--namespace={DRIVER_NS}",
+            "--leader-election-enabled",
+            "--leader-election-lease-duration=1.5s",
+            "--leader-election-renew-deadline=1s",
+            "--leader-election-retry-period=0.2s",
+            "--http-endpoint=127.0.0.1:0",
+            *extra,
+        ],
         {},
-    )  # fmt: skip
+    )
 
 
 def get(url: str) -> int:
@@ -258,8 +295,13 @@ class Instance:
             started.set()
 
         def target() -> None:
-            self.rc = run(options(f"--pod-name={name}"), stop=self.stop, env={},
-                          client_factory=lambda _o: server.client(), ready=ready)  # fmt: skip
+            self.rc = run(
+                options(f"--pod-name={name}"),
+                stop=self.stop,
+                env={},
+                client_factory=lambda _o: server.client(),
+                ready=ready,
+            )
 
         self.thread = threading.Thread(target=target, daemon=True)
         self.thread.start()
@@ -368,11 +410,21 @@ def test_binary_runs_from_any_cwd_and_exits_zero_on_sigterm(
         port = s.getsockname()[1]
     server.seed(res.COMPUTE_DOMAINS, compute_domain())
     proc = subprocess.Popen(
-        [sys.executable, str(BINARY), f"--kubeconfig={kubeconfig}", f"--namespace={DRIVER_NS}",
-         "--image-name=img", "--leader-election-enabled", f"--http-endpoint=127.0.0.1:{port}",
-         "--pod-name=bin"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(BINARY),
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={DRIVER_NS}",
+            "--image-name=img",
+            "--leader-election-enabled",
+            f"--http-endpoint=127.0.0.1:{port}",
+            "--pod-name=bin",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": ""},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         eventually(lambda: len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 1, timeout=30)
         eventually(lambda: get(f"http://127.0.0.1:{port}/readyz") == 200)
@@ -391,15 +443,23 @@ def test_binary_runs_from_any_cwd_and_exits_zero_on_sigterm(
 
 def test_without_leader_election_runs_directly_and_stops_cleanly(server: FakeApiServer) -> None:
     server.seed(res.COMPUTE_DOMAINS, compute_domain())
-    opts = parse_options(["--image-name=img", f"--namespace={DRIVER_NS}",
-                          "--http-endpoint=127.0.0.1:0"], {})  # fmt: skip
+    opts = parse_options(
+        ["--image-name=img", f"--namespace={DRIVER_NS}", "--http-endpoint=127.0.0.1:0"], {}
+    )
     stop = threading.Event()
     ports: list[int] = []
     rc: list[int] = []
     thread = threading.Thread(
-        target=lambda: rc.append(run(opts, stop=stop, env={}, ready=ports.append,
-                                     client_factory=lambda _o: server.client())),
-    )  # fmt: skip
+        target=lambda: rc.append(
+            run(
+                opts,
+                stop=stop,
+                env={},
+                ready=ports.append,
+                client_factory=lambda _o: server.client(),
+            )
+        ),
+    )
     thread.start()
     eventually(lambda: ports and get(f"http://127.0.0.1:{ports[0]}/readyz") == 200)
     eventually(lambda: len(server.objects(res.RESOURCE_CLAIM_TEMPLATES)) == 1)
@@ -416,15 +476,18 @@ def test_debug_endpoint_serves_every_cache_as_keys_and_resource_versions(
     uid = server.seed(res.COMPUTE_DOMAINS, compute_domain())["metadata"]["uid"]
     # In use (a channel claim allocated), so the domain has its DaemonSet too.
     server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=uid, node_name="a"))
-    opts = parse_options(["--image-name=img", f"--namespace={DRIVER_NS}",
-                          "--http-endpoint=127.0.0.1:0"], {"DEBUG_ENDPOINTS": "true"})  # fmt: skip
+    opts = parse_options(
+        ["--image-name=img", f"--namespace={DRIVER_NS}", "--http-endpoint=127.0.0.1:0"],
+        {"DEBUG_ENDPOINTS": "true"},
+    )
     assert opts.debug_endpoints and not parse_options(["--image-name=img"], {}).debug_endpoints
     stop = threading.Event()
     ports: list[int] = []
     thread = threading.Thread(
-        target=lambda: run(opts, stop=stop, env={}, ready=ports.append,
-                           client_factory=lambda _o: server.client()),
-    )  # fmt: skip
+        target=lambda: run(
+            opts, stop=stop, env={}, ready=ports.append, client_factory=lambda _o: server.client()
+        ),
+    )
     thread.start()
 
     def document() -> dict[str, Any]:
@@ -437,8 +500,12 @@ def test_debug_endpoint_serves_every_cache_as_keys_and_resource_versions(
         return {(i["resource"], i["labelSelector"]): i for i in document()["informers"]}
 
     def rvs(resource: res.Resource) -> dict[str, str]:
-        return {f"{o['metadata']['namespace']}/{o['metadata']['name']}":
-                o["metadata"]["resourceVersion"] for o in server.objects(resource)}  # fmt: skip
+        return {
+            f"{o['metadata']['namespace']}/{o['metadata']['name']}": o["metadata"][
+                "resourceVersion"
+            ]
+            for o in server.objects(resource)
+        }
 
     try:
         eventually(lambda: ports and get(f"http://127.0.0.1:{ports[0]}/readyz") == 200)
@@ -448,16 +515,24 @@ def test_debug_endpoint_serves_every_cache_as_keys_and_resource_versions(
         assert len(doc["informers"]) == 9 and all(i["synced"] for i in doc["informers"])
         label = c.COMPUTE_DOMAIN_LABEL
         assert set(by_resource()) == {
-            ("computedomains", None), ("daemonsets", label), ("pods", label),
-            ("computedomaincliques", label), ("resourceclaimtemplates", label), ("nodes", None),
-            ("resourceclaims", None), ("resourceslices", None), ("nodes", label),
-        }  # fmt: skip
+            ("computedomains", None),
+            ("daemonsets", label),
+            ("pods", label),
+            ("computedomaincliques", label),
+            ("resourceclaimtemplates", label),
+            ("nodes", None),
+            ("resourceclaims", None),
+            ("resourceslices", None),
+            ("nodes", label),
+        }
         assert by_resource()[("nodes", None)]["metadataOnly"] is True
         assert by_resource()[("daemonsets", label)]["namespace"] == DRIVER_NS
-        eventually(lambda: by_resource()[("computedomains", None)]["objects"]
-                   == rvs(res.COMPUTE_DOMAINS))  # fmt: skip
-        eventually(lambda: by_resource()[("daemonsets", label)]["objects"]
-                   == rvs(res.DAEMONSETS) != {})  # fmt: skip
+        eventually(
+            lambda: by_resource()[("computedomains", None)]["objects"] == rvs(res.COMPUTE_DOMAINS)
+        )
+        eventually(
+            lambda: by_resource()[("daemonsets", label)]["objects"] == rvs(res.DAEMONSETS) != {}
+        )
     finally:
         stop.set()
         thread.join(10)
