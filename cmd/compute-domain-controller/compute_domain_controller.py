@@ -27,8 +27,7 @@ from pkg.runtime.logsetup import setup_logging  # noqa: E402
 
 def main(argv: list[str]) -> int:
     options = parse_options(argv, os.environ)
-    setup_logging(options.verbosity, logging_format=options.logging_format,
-                  vmodule=options.vmodule)  # fmt: skip
+    setup_logging(options.verbosity, logging_format=options.logging_format, vmodule=options.vmodule)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

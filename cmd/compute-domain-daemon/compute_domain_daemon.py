@@ -39,10 +39,18 @@ def main(argv: list[str]) -> int:
     except OptionsError as err:
         sys.stderr.write(f"{PROG}: error: {err}\n")
         return 1
-    context = logs.context_fields(cd_namespace=opts.domain_namespace, cd_name=opts.domain_name,
-                                  cd_uid=opts.domain_uid, node=opts.node_name)  # fmt: skip
-    logs.configure(verbosity=opts.verbosity, context=context,
-                   logging_format=opts.logging_format, vmodule=opts.vmodule)  # fmt: skip
+    context = logs.context_fields(
+        cd_namespace=opts.domain_namespace,
+        cd_name=opts.domain_name,
+        cd_uid=opts.domain_uid,
+        node=opts.node_name,
+    )
+    logs.configure(
+        verbosity=opts.verbosity,
+        context=context,
+        logging_format=opts.logging_format,
+        vmodule=opts.vmodule,
+    )
 
     if opts.command == "check":
         from pkg.daemon.check import run_check  # noqa: PLC0415
@@ -63,21 +71,37 @@ def _run(opts: Options) -> int:
     from pkg.base.clock import RealClock  # noqa: PLC0415
     from pkg.daemon.podlabel import PodLabeller  # noqa: PLC0415
     from pkg.kube.client import RestClient  # noqa: PLC0415
-    from pkg.kube.config import load_api_client  # noqa: PLC0415
+    from pkg.kube.config import KubeConfigError, load_api_client  # noqa: PLC0415
     from pkg.runtime.buildinfo import load_build_info  # noqa: PLC0415
     from pkg.runtime.startupconfig import startup_config  # noqa: PLC0415
 
     build_info = load_build_info()
     logging.getLogger(PROG).info("%s", build_info.startup_message(PROG))
     flags = {"command": opts.command, **dict(opts.flag_values)}
-    logging.getLogger(PROG).info("%s", startup_config(
-        revision=build_info.revision, gates=opts.gates.all_values(), flags=flags,
-        type_name="*main.Flags"))  # fmt: skip
-    client = RestClient(load_api_client(opts.kubeconfig), qps=5, burst=10)
+    logging.getLogger(PROG).info(
+        "%s",
+        startup_config(
+            revision=build_info.revision,
+            gates=opts.gates.all_values(),
+            flags=flags,
+            type_name="*main.Flags",
+        ),
+    )
+    try:
+        connection = load_api_client(opts.kubeconfig)
+    except KubeConfigError as err:
+        logging.getLogger(PROG).error("cannot start: %s", err)
+        return 1
+    client = RestClient(connection, qps=5, burst=10)
     clock = RealClock()
     stop = threading.Event()
-    labeller = PodLabeller(client, clock, pod_name=opts.pod_name,
-                           pod_namespace=opts.pod_namespace, clique_id=opts.clique_id)  # fmt: skip
+    labeller = PodLabeller(
+        client,
+        clock,
+        pod_name=opts.pod_name,
+        pod_namespace=opts.pod_namespace,
+        clique_id=opts.clique_id,
+    )
     labeller.start(stop)
 
     from pkg.daemon.daemon import Daemon  # noqa: PLC0415
@@ -89,12 +113,19 @@ def _run(opts: Options) -> int:
 
     child_env = dict(os.environ)
     tracing = setup_tracing(PROG, env=os.environ)
-    daemon = Daemon(opts, client=client, clock=clock, runner=SubprocessRunner(),
-                    commands=SubprocessCommandRunner(),
-                    metrics=DaemonMetrics(build_info=build_info),
-                    child_env=child_env, informer_clock=RealClock(),
-                    events=EventRecorder(client, PROG, clock),
-                    tracer=tracing.tracer, labeller=labeller)  # fmt: skip
+    daemon = Daemon(
+        opts,
+        client=client,
+        clock=clock,
+        runner=SubprocessRunner(),
+        commands=SubprocessCommandRunner(),
+        metrics=DaemonMetrics(build_info=build_info),
+        child_env=child_env,
+        informer_clock=RealClock(),
+        events=EventRecorder(client, PROG, clock),
+        tracer=tracing.tracer,
+        labeller=labeller,
+    )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         del signum

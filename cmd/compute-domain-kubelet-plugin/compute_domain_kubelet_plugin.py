@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from pkg.base.clock import RealClock
 from pkg.featuregates import IMEX_DAEMONS_WITH_DNS_NAMES, FeatureGateError, FeatureGates
 from pkg.imex.mode import ImexModeConfig, validate_or_exit
-from pkg.kube.config import load_api_client
+from pkg.kube.config import KubeConfigError, load_api_client
 from pkg.kube.errors import ApiError
 from pkg.kube.resourceapi import UnsupportedResourceApiError, use_served_resource_api
 from pkg.kubeletplugin.clique import CliqueLabelError
@@ -75,13 +75,18 @@ def main(argv: list[str]) -> int:
     except FeatureGateError as err:
         log.error("cannot start: %s", err)
         return 1
-    dump = startup_config(revision=build_info.revision, gates=gates.all_values(),
-                          flags=args.dump(), type_name="*main.Flags")  # fmt: skip
+    dump = startup_config(
+        revision=build_info.revision,
+        gates=gates.all_values(),
+        flags=args.dump(),
+        type_name="*main.Flags",
+    )
     log.info("%s", dump)
     imex = validate_or_exit(
         ImexModeConfig(mode=args.imex_mode, isolation=args.imex_isolation),
-        gates=gates, stderr=sys.stderr,
-    )  # fmt: skip
+        gates=gates,
+        stderr=sys.stderr,
+    )
     try:
         config = plugin_config(args, imex=imex)
     except ValueError as err:
@@ -97,8 +102,8 @@ def main(argv: list[str]) -> int:
         return 1
     try:
         api_client = load_api_client(args.kubeconfig)
-    except Exception as err:  # the kubernetes loader raises several unrelated types
-        log.error("cannot load kubeconfig %s: %s", args.kubeconfig or "(in-cluster)", err)
+    except KubeConfigError as err:
+        log.error("cannot start: %s", err)
         return 1
     client = api_client_of(args, api_client)
     stop = threading.Event()
@@ -111,16 +116,26 @@ def main(argv: list[str]) -> int:
         log.error("cannot start: %s", err)
         return 1
     tracing = setup_tracing(PROG, env=os.environ)
-    plugin = KubeletPlugin(config=config, client=client, devices=devices, registry=registry,
-                           tracer=tracing.tracer, discovery=discovery)  # fmt: skip
+    plugin = KubeletPlugin(
+        config=config,
+        client=client,
+        devices=devices,
+        registry=registry,
+        tracer=tracing.tracer,
+        discovery=discovery,
+    )
     try:
         plugin.start()
     except (ProcDevicesError, OSError, CliqueLabelError) as err:
         log.error("cannot start: %s", err)
         tracing.shutdown()
         return 1
-    log.info("started on node %s (clique %r, %d GPUs)", config.node_name, devices.clique_id,
-             len(devices.gpus))  # fmt: skip
+    log.info(
+        "started on node %s (clique %r, %d GPUs)",
+        config.node_name,
+        devices.clique_id,
+        len(devices.gpus),
+    )
     stop.wait()
     log.info("shutting down")
     plugin.stop()

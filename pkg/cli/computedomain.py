@@ -43,7 +43,7 @@ from pkg.api.daemonentry import DaemonEntry, clique_daemons, status_nodes
 from pkg.base.types import JSON
 from pkg.kube import resources as res
 from pkg.kube.client import KubeClient, RestClient
-from pkg.kube.config import load_api_client
+from pkg.kube.config import KubeConfigError, load_api_client
 from pkg.kube.errors import ApiError, ForbiddenError, NotFoundError
 
 __all__ = [
@@ -407,9 +407,11 @@ def run(
     args = _parser().parse_args(list(argv))
     kubeconfig = _kubeconfig(args.kubeconfig)
     if client is None:
-        client = RestClient(
-            load_api_client(kubeconfig, context=args.context), user_agent="kubectl-computedomain"
-        )
+        try:
+            connection = load_api_client(kubeconfig, context=args.context)
+        except KubeConfigError as err:
+            return 1, f"Error: {err}\n"
+        client = RestClient(connection, user_agent="kubectl-computedomain")
     namespace = args.sub_namespace or args.namespace
     if (
         namespace is None

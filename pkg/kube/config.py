@@ -24,7 +24,12 @@ from kubernetes.client import rest as k8s_rest
 from kubernetes.client.configuration import Configuration
 from kubernetes.config.config_exception import ConfigException
 
-__all__ = ["Connection", "load_api_client"]
+__all__ = ["Connection", "KubeConfigError", "load_api_client"]
+
+
+class KubeConfigError(Exception):
+    """No usable cluster configuration: the message says which source was tried and why it
+    failed (each binary prints it as its ``cannot start:`` line, never a traceback)."""
 
 
 class Connection:
@@ -78,17 +83,32 @@ def load_api_client(
 
     `pool_maxsize` bounds kept-alive connections per host; every informer holds one open watch,
     so the default leaves room for a dozen informers plus ordinary requests.
+    Raises `KubeConfigError` when none of them gives a configuration.
     """
     cfg = Configuration()
-    if kubeconfig:
-        _loader("kube_config", "load_kube_config")(
-            config_file=kubeconfig, context=context, client_configuration=cfg
-        )
-    else:
-        try:
-            _loader("incluster_config", "load_incluster_config")(client_configuration=cfg)
-        except ConfigException:
-            _loader("kube_config", "load_kube_config")(context=context, client_configuration=cfg)
+
+    def load_kube_config(**kwargs: Any) -> None:
+        # Imported only here: the kubeconfig parser is the heavy part of the client.
+        _loader("kube_config", "load_kube_config")(**kwargs)
+
+    try:
+        if kubeconfig:
+            load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        else:
+            try:
+                _loader("incluster_config", "load_incluster_config")(client_configuration=cfg)
+            except ConfigException as in_cluster:
+                try:
+                    load_kube_config(context=context, client_configuration=cfg)
+                except Exception as err:
+                    raise KubeConfigError(
+                        f"no cluster configuration: not in a pod ({in_cluster}), and no "
+                        f"kubeconfig ({err}); set --kubeconfig or KUBECONFIG"
+                    ) from err
+    except KubeConfigError:
+        raise
+    except Exception as err:  # the official loaders raise several unrelated types
+        raise KubeConfigError(f"cannot load kubeconfig {kubeconfig}: {err}") from err
     cfg.connection_pool_maxsize = pool_maxsize
     # TCP keepalive with client-go's timings (the official client's own switch): a connection
     # whose peer is gone (API server host down, a NAT or load balancer that dropped the flow)

@@ -106,3 +106,55 @@ the same at start: IMEX_MODE / IMEX_ISOLATION).
   {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Feature-gate dependencies, checked at render time as the binaries check them at start
+(pkg/featuregates.py FeatureGates.validate: a gate's value is its explicit one, else AllAlpha or
+AllBeta for its stage, else its default), so a refused combination fails `helm template` instead
+of crash-looping after install. Unknown names are values.schema.json's. The table holds every
+gate's default and stage; test/unit/helm checks it against pkg/featuregates.py.
+*/}}
+{{- define "cdd.validateFeatureGates" -}}
+{{- $set := .Values.featureGates | default dict -}}
+{{- $known := dict
+  "IMEXDaemonsWithDNSNames" (list true "Beta")
+  "ComputeDomainCliques" (list true "Beta")
+  "CrashOnNVLinkFabricErrors" (list true "Beta")
+  "HostManagedIMEXDaemon" (list false "Alpha")
+  "FabricManagerPartitioning" (list false "Alpha")
+  "TimeSlicingSettings" (list false "Alpha")
+  "MPSSupport" (list false "Alpha")
+  "PassthroughSupport" (list false "Alpha")
+  "NVMLDeviceHealthCheck" (list false "Alpha")
+  "DynamicMIG" (list false "Alpha")
+  "DeviceMetadata" (list false "Alpha")
+  "DRAListTypeAttributes" (list false "Alpha")
+  "ConsumableShares" (list false "Alpha")
+  "ContextualLogging" (list true "Beta")
+  "LoggingAlphaOptions" (list false "Alpha")
+  "LoggingBetaOptions" (list true "Beta")
+-}}
+{{- $on := dict -}}
+{{- range $name, $spec := $known -}}
+  {{- $value := index $spec 0 -}}
+  {{- $switch := printf "All%s" (index $spec 1) -}}
+  {{- if hasKey $set $name -}}
+    {{- $value = get $set $name -}}
+  {{- else if hasKey $set $switch -}}
+    {{- $value = get $set $switch -}}
+  {{- end -}}
+  {{- $_ := set $on $name (eq (toString $value) "true") -}}
+{{- end -}}
+{{- range $pair := list (list "ComputeDomainCliques" "IMEXDaemonsWithDNSNames") (list "DeviceMetadata" "PassthroughSupport") -}}
+  {{- $gate := index $pair 0 -}}
+  {{- $need := index $pair 1 -}}
+  {{- if and (get $on $gate) (not (get $on $need)) -}}
+    {{- fail (printf "featureGates: %s requires %s to also be enabled (set featureGates.%s=true or featureGates.%s=false)" $gate $need $need $gate) -}}
+  {{- end -}}
+{{- end -}}
+{{- range $pair := list (list "DynamicMIG" "PassthroughSupport") (list "DynamicMIG" "NVMLDeviceHealthCheck") (list "DynamicMIG" "MPSSupport") (list "PassthroughSupport" "NVMLDeviceHealthCheck") -}}
+  {{- if and (get $on (index $pair 0)) (get $on (index $pair 1)) -}}
+    {{- fail (printf "featureGates: %s is currently mutually exclusive with %s" (index $pair 0) (index $pair 1)) -}}
+  {{- end -}}
+{{- end -}}
+{{- end -}}
