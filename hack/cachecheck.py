@@ -1,4 +1,4 @@
-"""Are a driver process's informer caches equal to a fresh LIST? (issue 13, chaos suite).
+"""Are a driver process's informer caches equal to a fresh LIST?
 
 Owns the comparison of what a process's caches hold, read from its ``/debug/informers``
 document (``pkg.informers.snapshot``; the controller and the kubelet plugin serve it with

@@ -1,4 +1,4 @@
-"""Fail if any function or method is more complex than the project allows (issue 30).
+"""Fail if any function or method is more complex than the project allows.
 
 Walks the given paths (default ``pkg`` and ``cmd`` under the repository root, or under
 ``--root``) for ``*.py`` files, scores every function, method and nested function with radon's

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Switch a running ComputeDomain workload from upstream's Go driver to ours and back, on real
-nodes, and time formation side by side (issue 27 item 2).
+nodes, and time formation side by side.
 
     .venv/bin/python hack/switch-drivers.py <upstream checkout> --k8s-test-infra <checkout> \\
         [--ref main --ref v0.4.1 --ref v25.12.0] [--repeat 2] [--out /tmp/switch-results.json]

@@ -24,7 +24,7 @@ if _REPO not in sys.path:
 
 # Only what both commands need at module level. ``check`` (the pod's exec probe, started every
 # second until the daemon is up) imports its own part; ``run`` sends its first API request (the
-# pod label) before it imports the informers, IMEX supervision, metrics and tracing (issue 32).
+# pod label) before it imports the informers, IMEX supervision, metrics and tracing.
 from pkg.daemon import logs  # noqa: E402
 from pkg.daemon.options import Options, OptionsError, parse  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Benchmark: start-up of each binary in its image on a real node (issue 32 item 1).
+"""Benchmark: start-up of each binary in its image on a real node.
 
 Brings up the real-node lane (control plane with an audit log of the driver's three
 ServiceAccounts, two nodes running containerd and the kubelet, the driver from

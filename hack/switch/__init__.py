@@ -1,6 +1,6 @@
 """Switching a running ComputeDomain workload between upstream's Go driver and ours.
 
-Used by ``hack/switch-drivers.py`` (issue 27 item 2). Nothing of upstream is committed: every
+Used by ``hack/switch-drivers.py``. Nothing of upstream is committed: every
 module takes the path of an upstream checkout (``kubernetes-sigs/dra-driver-nvidia-gpu``) and of
 an ``NVIDIA/k8s-test-infra`` checkout and builds from them into the e2e cache.
 

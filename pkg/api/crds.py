@@ -5,7 +5,7 @@
 the upstream CRDs accept (same fields, enums, defaults and minimums, spec immutability by CEL),
 except a ``numNodes`` above :data:`pkg.api.computedomain.MAX_NUM_NODES` (upstream has no maximum
 and such a domain waits forever) and a membership entry (clique ``daemons[]``, ``status.nodes[]``)
-that no daemon writes (issue 33): an ``ipAddress`` that is not a canonical IP literal without a
+that no daemon writes: an ``ipAddress`` that is not a canonical IP literal without a
 zone, a node name that is no DNS subdomain, a cliqueID that is no label value, and strings and
 lists longer than the bounds in :mod:`pkg.api.daemonentry`. Every entry upstream's daemons and
 controller write passes. They add what upstream lacks: the short name ``cd``, printer columns

@@ -27,7 +27,7 @@ Invariants:
 - absent, unreadable or unlocked means "not known Ready": a reader falls back to the membership
   entry and never fails because of the record;
 - the directory is the daemon's (bind-mounted read-write into its pod), so the reader trusts
-  nothing in it (issue 33): the directory itself and both files are opened without following a
+  nothing in it: the directory itself and both files are opened without following a
   symlink, without blocking (a FIFO) and without opening a device node; the record must be a
   regular file of at most :data:`MAX_RECORD_BYTES` (`pkg.base.files.read_untrusted_file`). A
   file it refuses is reported to the caller's ``on_unsafe`` and counts as absent;

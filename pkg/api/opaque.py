@@ -8,8 +8,8 @@ the offending field, so the kubelet shows the user exactly what to fix. Decoding
 
 In both modes a non-empty ``domainID`` must be a canonical Kubernetes UID (lowercase
 8-4-4-4-12 hex, what the API server writes into ``metadata.uid``): the plugin joins it into host
-paths (``domains/<uid>``), so a value like ``/var/run/cdi`` or ``..`` must never get that far
-(issue 33). Lenient decoding still accepts an empty or missing one.
+paths (``domains/<uid>``), so a value like ``/var/run/cdi`` or ``..`` must never get that far.
+Lenient decoding still accepts an empty or missing one.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ and the loop itself, which does everything else in order so no two actions race:
 supervise IMEX (reap an exit, restart after the backoff), make sure our entry exists with our
 IP, apply the membership to IMEX (:mod:`pkg.daemon.imexsync`), and publish our readiness.
 
-The loop has no tick (issue 32 item 3): after a pass it sleeps until its next deadline (a
+The loop has no tick: after a pass it sleeps until its next deadline (a
 readiness query or peer poll due, our entry's held-back Ready, the supervisor's restart or
 deferred reload, the end of ``controller_join_grace``, the retry of a failed pass:
 ``error_retry``, ``fast_interval`` while not Ready) or until it is kicked: a membership event,

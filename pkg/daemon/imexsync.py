@@ -18,7 +18,7 @@ starts before our own entry (and thus our name -> IP mapping) exists. An entry w
 ``ipAddress`` is not a canonical IP literal (:func:`pkg.imex.nodesconfig.is_canonical_ip`) or
 is the empty-slot sentinel is left out with one warning per entry: every daemon of the clique
 can write entries, so one bad entry must neither reach IMEX's files nor stop the others from
-being written (issue 33).
+being written.
 """
 
 from __future__ import annotations

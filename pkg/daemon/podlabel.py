@@ -4,7 +4,7 @@ it (``resource.nvidia.com/computeDomain.cliqueID``; ``""`` on a node without NVL
 The label is what makes the pod a member for the controller (its daemon-pod index), and nothing
 in the daemon waits for it, so it is the daemon's first API request: the entry point starts a
 `PodLabeller` right after the API client exists, before it imports the informers, IMEX
-supervision, metrics and tracing, and the PATCH is on the wire while those load (issue 32: exec
+supervision, metrics and tracing, and the PATCH is on the wire while those load (exec
 to first API request). This module therefore imports only the API client's types and constants.
 
 Invariant: one labeller PATCHes at most until the first success (or a 404: the pod is gone, so

@@ -13,7 +13,7 @@ driver's (it implements `DeviceHealthFeed.snapshot`):
   it heard nothing about it for ``health_check_timeout_seconds``, the unchanged state every
   ``resend_interval`` (on the injected clock) well inside `HEALTH_TIMEOUT` -- but only while
   the state lists a device: an empty list times nothing out, so a stream with nothing to report
-  (no device prepared) waits for the next change with no timer (issue 32: no idle wakeups);
+  (no device prepared) waits for the next change with no timer (no idle wakeups);
 * a stream ends when the kubelet goes away (gRPC callback) or `DeviceHealthFeed.close`;
   the kubelet then drops this driver's health and shows ``Unknown`` until it reconnects.
 """

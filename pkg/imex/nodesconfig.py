@@ -17,7 +17,7 @@ Invariants (upstream #1447):
 - only canonical IP literals are written (:func:`is_canonical_ip`): the addresses come from
   ComputeDomainClique entries other daemons write, and ``ipaddress`` alone accepts IPv6 scope
   IDs with arbitrary text (``fe80::1%a\n10.0.0.9\t<name>`` would add a line to the hosts
-  file; issue 33).
+  file).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ The result is a `Connection`: the official client's ``Configuration`` and its
 settings), without the official ``ApiClient`` around them. `RestClient` sends raw JSON and
 never uses the ``ApiClient``'s model (de)serialisation, and importing ``kubernetes.client.
 api_client`` loads every generated model and pydantic: about 65 ms on every start of every
-binary, on the daemon's path to its first request (issue 32).
+binary, on the daemon's path to its first request.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 the library: ``config`` (kubeconfig parsing with PyYAML, ``requests_oauthlib``, ``pydantic``,
 google-auth), ``dynamic``, ``stream``, ``leaderelection``, ``informer``. In a daemon that only
 needs the REST client, the watch framing and the in-cluster service account, that is about
-0.15 s of a 0.3 s start on every node of every domain formation (issue 32).
+0.15 s of a 0.3 s start on every node of every domain formation.
 
 `defer_package_init` registers a package's module object in ``sys.modules`` without running
 its ``__init__``, so ``import kubernetes.client`` (or ``from kubernetes import client``) loads

@@ -50,7 +50,7 @@ class WatchStream(Protocol):
 
 # The official watch module is untyped; its two entry points get types once, here. It is
 # imported on the first watch, not with this module: it loads ``pydoc`` (~5 ms), and a daemon's
-# first request (a PATCH) should not wait for that (issue 32).
+# first request (a PATCH) should not wait for that.
 def _new_watch() -> Any:
     from kubernetes import watch as k8s_watch  # noqa: PLC0415
 

@@ -7,7 +7,7 @@ finds those entries and undoes them, as upstream's ``CheckpointCleanupManager`` 
 * one pass at `CheckpointCleanup.start`, then one every `CLEANUP_INTERVAL` of the injected clock
   while the checkpoint holds an entry a pass can act on (``PrepareStarted`` or
   ``PrepareAborted``); each pass runs to its end and never overlaps another;
-* with no such entry the thread sleeps with no timer (issue 32: no idle wakeups) until the
+* with no such entry the thread sleeps with no timer (no idle wakeups) until the
   plugin writes one: `CheckpointCleanup.checkpoint_changed` (wired to every checkpoint write)
   arms it, and the next pass runs one interval later. The checkpoint is re-read (under the node
   lock) at the end of each pass and on every write, so entries another plugin instance wrote

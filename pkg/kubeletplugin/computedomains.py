@@ -20,8 +20,8 @@ Owns three things:
   queues the notification, and the handler must take the condition the waiter holds while
   checking. The record is the daemon's file: it is read before the condition is taken, never
   under it (a hostile daemon must not stall the event handlers), by `LocalRecordReader`, which
-  refuses symlinks, FIFOs, devices and oversized files and warns once per file and problem
-  (issue 33). `daemon_readiness` answers the same question with a reason and a third answer
+  refuses symlinks, FIFOs, devices and oversized files and warns once per file and problem.
+  `daemon_readiness` answers the same question with a reason and a third answer
   ("cannot tell") for device health; listeners added with `add_listener` are called after
   every event (device health re-evaluates then);
 * the node label ``resource.nvidia.com/computeDomain=<cdUID>``: added with a JSON patch whose

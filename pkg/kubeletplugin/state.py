@@ -319,7 +319,7 @@ class DeviceState:
             raise PermanentError(DAEMON_CLAIMS_REFUSED)
         if not self._daemon_namespace(ref.namespace) and any(g.kind == "daemon" for g in groups):
             # Before any side effect: the daemon device carries the node's IMEX management
-            # device and a read-write host directory (issue 33).
+            # device and a read-write host directory.
             raise PermanentError(
                 "ComputeDomain daemon claims are only prepared in the driver namespace "
                 f"{self._setup.driver_namespace}"

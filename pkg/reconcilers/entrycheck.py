@@ -1,4 +1,4 @@
-"""Which entries of a ComputeDomainClique are malformed, and why (issue 33).
+"""Which entries of a ComputeDomainClique are malformed, and why.
 
 Every daemon of a clique may write its ``daemons[]``, and the CRD schema (:mod:`pkg.api.crds`)
 is not the only thing between them: an older CRD, an API server without the CEL rule, or an

@@ -170,7 +170,7 @@ DAEMON_TOLERATIONS: tuple[JSON, ...] = (
 )
 
 
-# Least privilege for the daemon container (issue 33). Why each setting holds:
+# Least privilege for the daemon container. Why each setting holds:
 # * root (uid/gid 0, as the image's USER): the files the daemon writes are root-owned -- the
 #   kubelet's /etc/hosts (0644), the plugin's domain directory mounted at /imexd (0755) -- and
 #   nvidia-imex opens /dev/nvidia-caps/nvidia-cap<N> (fabric-imex-mgmt), which the CDI spec

@@ -13,7 +13,7 @@ still labels at NodePrepareResources as a fallback. Invariants:
   it anyway). Neither names anything of the other namespace: the claim's Event does not name the
   domain, and the domain's Event -- whose cause another tenant controls -- names no claim and
   comes at most once per domain per :data:`VICTIM_WARNING_INTERVAL`, however many claims point
-  at it (issue 33: no leak, no spam);
+  at it (no leak, no spam);
 * the label is removed only when this process saw claims of that domain on that node and the
   last of them was deallocated, and only while the label still names that domain; a label
   this process never saw a claim for (e.g. set before a restart) is left to the plugin's

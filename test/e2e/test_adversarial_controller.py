@@ -1,4 +1,4 @@
-"""A compromised controller against the real API server (issue 33, Deliver item 4).
+"""A compromised controller against the real API server.
 
 The controller's RBAC lets it create DaemonSets in the driver namespace, patch every node and
 create ResourceClaimTemplates everywhere. The policies of config/admission/controller-*.yaml

@@ -1,4 +1,4 @@
-"""A compromised IMEX daemon against the real API server (issue 33, item 2).
+"""A compromised IMEX daemon against the real API server.
 
 All daemons share the ServiceAccount ``compute-domain-daemon``, whose Role may create, update and
 patch every ComputeDomainClique of the driver namespace. The ValidatingAdmissionPolicy

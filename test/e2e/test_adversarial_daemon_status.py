@@ -1,4 +1,4 @@
-"""A compromised IMEX daemon in ``ComputeDomainCliques=false`` mode (issue 33, item 2).
+"""A compromised IMEX daemon in ``ComputeDomainCliques=false`` mode.
 
 In that mode every daemon updates ``computedomains/status`` cluster-wide
 (``config/components/cliques-off/daemon-status-rbac.yaml``); the component's

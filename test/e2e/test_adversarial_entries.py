@@ -1,4 +1,4 @@
-"""Crafted membership entries against the real apiserver: the CRD schema refuses them (issue 33).
+"""Crafted membership entries against the real apiserver: the CRD schema refuses them.
 
 A compromised daemon (or anyone who may write ComputeDomainCliques) writes clique entries that
 every daemon of the clique reads. The CRDs of ``pkg/api/crds.py``, as ``config/`` installs

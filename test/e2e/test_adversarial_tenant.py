@@ -1,4 +1,4 @@
-"""A tenant with ``edit`` in its own namespace attacks the driver (issue 33, Deliver item 5).
+"""A tenant with ``edit`` in its own namespace attacks the driver.
 
 On the session's real control plane (kube-apiserver with RBAC and the driver's admission
 policies, scheduler, controller-manager), the deployed driver (local controller) and the

@@ -464,7 +464,7 @@ def _dry_run_create(cluster: Cluster, doc: dict[str, Any]) -> subprocess.Complet
 def test_daemon_device_claims_only_in_the_driver_namespace(
     cluster: Cluster, admin: KubeClient, driver: Driver
 ) -> None:
-    """Issue 33: even a cluster admin cannot ask for the IMEX daemon device, or carry a
+    """Even a cluster admin cannot ask for the IMEX daemon device, or carry a
     ComputeDomainDaemonConfig, outside the driver namespace; the controller's templates there
     (and channel claims everywhere) still pass."""
     ns = f"tenant-{secrets.token_hex(3)}"

@@ -1,4 +1,4 @@
-"""The Helm chart against the real API server (issue 27).
+"""The Helm chart against the real API server.
 
 ``helm template`` of deployments/helm/compute-domain-driver, with the server's version and the
 resource API it serves, must pass a server-side dry-run apply into the deployed driver's

@@ -1,4 +1,4 @@
-"""``helm install`` and ``helm uninstall`` of the chart on a real API server of its own (issue 27).
+"""``helm install`` and ``helm uninstall`` of the chart on a real API server of its own.
 
 A fresh control plane (not the session's, whose driver came from config/default and owns the
 same cluster-scoped names) whose driver namespace is not config/default's: ``helm install``

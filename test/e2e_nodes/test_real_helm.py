@@ -1,4 +1,4 @@
-"""``helm install`` of our chart with an upstream operator's values file, on real nodes (issue 27).
+"""``helm install`` of our chart with an upstream operator's values file, on real nodes.
 
 The lane's driver comes from ``kubectl apply -k config/overlays/e2e-real-nodes``. With a workload
 running, ``hack/helm-handover.py adopt`` replaces those objects by the chart's rendering (the

@@ -68,7 +68,7 @@ print(json.dumps({
 
 
 def _check_daemons_hardened(kubectl: Kubectl, driver: str, uid: str) -> None:
-    """Issue 33: the formed domain's daemons run with no capability, no_new_privs, seccomp
+    """The formed domain's daemons run with no capability, no_new_privs, seccomp
     filtering and a read-only root filesystem, enforced by containerd/runc (not only rendered),
     and still wrote everything IMEX needs (/imexd/imexd.cfg, the /etc/hosts block)."""
     pods = kubectl.items("pods", "-n", driver, "-l", f"resource.nvidia.com/computeDomain={uid}")

@@ -1,4 +1,4 @@
-"""Several pods of one ComputeDomain on one node, on real kubelets and containerd (issue 31).
+"""Several pods of one ComputeDomain on one node, on real kubelets and containerd.
 
 A domain on both nodes with two pods per node, each pod with its own claim from the domain's
 template: the real scheduler gives every claim its node's ``channel-0`` (published with

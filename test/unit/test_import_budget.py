@@ -1,4 +1,4 @@
-"""Each binary's start path stays within a recorded import budget (issue 32 item 4).
+"""Each binary's start path stays within a recorded import budget.
 
 The budget is what the start path loads beyond a bare interpreter (``python -c pass``, whose
 own start-up modules are subtracted): the number of modules and the size of their files. Both

@@ -1,4 +1,4 @@
-"""The membership entries' schema (issue 33): every string and list bounded, the IP by CEL.
+"""The membership entries' schema: every string and list bounded, the IP by CEL.
 
 The real API server evaluates it in ``test/e2e/test_adversarial_entries.py``; here: nothing in
 an entry is left unbounded, and the bounds agree with what the controller accepts.

@@ -97,7 +97,7 @@ def test_a_record_speaks_only_for_its_own_domain_node_and_ip() -> None:
     assert not LocalReady("uid-1", "node-a", "").speaks_for("uid-1", "node-a", "")
 
 
-# -- a hostile daemon's files (issue 33) ---------------------------------------------------------
+# -- a hostile daemon's files ---------------------------------------------------------
 
 
 def _reader(directory: Path) -> tuple[list[tuple[Path, OSError]], Callable[[], object]]:

@@ -91,7 +91,7 @@ NOT_UIDS = [
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "lenient"])
 @pytest.mark.parametrize("domain_id", NOT_UIDS)
 def test_domain_id_must_be_a_uid(kind: str, strict: bool, domain_id: str) -> None:
-    """Issue 33: the plugin joins domainID into host paths, so only a UID may pass."""
+    """The plugin joins domainID into host paths, so only a UID may pass."""
     params = {"apiVersion": c.API_VERSION, "kind": kind, "domainID": domain_id}
     with pytest.raises(OpaqueConfigError, match=r'field "domainID": .* is not a ComputeDomain UID'):
         decode_opaque_config(params, strict=strict)

@@ -1,6 +1,6 @@
 """Reading a file a less trusted process controls (`pkg.base.files.read_untrusted_file`).
 
-Issue 33: the kubelet plugin (root, privileged) reads what an IMEX daemon leaves in its
+The kubelet plugin (root, privileged) reads what an IMEX daemon leaves in its
 ``domains/<uid>`` directory. Whatever the daemon puts there - a symlink to a host file, a FIFO,
 a directory, a device node, a huge file - is refused promptly with `UnsafeFileError`, never
 followed, blocked on or read past the cap. Each case runs on both ways of opening: ``O_PATH``

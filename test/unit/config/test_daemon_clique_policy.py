@@ -1,4 +1,4 @@
-"""The admission policy ``compute-domain-daemon-cliques`` as rendered (issue 33, item 2).
+"""The admission policy ``compute-domain-daemon-cliques`` as rendered.
 
 A daemon may write only its own domain's ComputeDomainClique and its own node's entry in it.
 These tests pin what the rendered policy matches and which names and claims its CEL derives the

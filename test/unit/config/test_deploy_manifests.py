@@ -281,7 +281,7 @@ CONTROLLER_POLICIES = (
 
 @pytest.mark.parametrize("rel", [*DEPLOYABLE, "components/host-managed-imex"])
 def test_controller_policies_match_the_controller(rel: str) -> None:
-    """Issue 33: what the controller writes is pinned by policies keyed on its real
+    """What the controller writes is pinned by policies keyed on its real
     ServiceAccount; the DaemonSet policy's parameter is its own Deployment (same name and
     namespace), whose IMAGE_NAME and CD_DAEMON_SERVICE_ACCOUNT env are the values the controller
     renders its daemon DaemonSets with -- one source of truth, in every rendering (host-managed
@@ -467,7 +467,7 @@ def test_controller_template_policy_names_the_driver_classes() -> None:
 
 @pytest.mark.parametrize("rel", DEPLOYABLE)
 def test_daemon_device_policy_binds_outside_the_driver_namespace_only(rel: str) -> None:
-    """Issue 33: every namespace but the driver's, for every user (no matchConditions)."""
+    """Every namespace but the driver's, for every user (no matchConditions)."""
     objs = render(rel)
     policy = find(objs, "ValidatingAdmissionPolicy", DAEMON_DEVICE_POLICY)["spec"]
     binding = find(objs, "ValidatingAdmissionPolicyBinding", DAEMON_DEVICE_POLICY)["spec"]
@@ -688,7 +688,7 @@ PLUGIN_HOST_PATHS: dict[str, tuple[bool, bool, str]] = {
 
 @pytest.mark.parametrize("rel", KUSTOMIZATIONS)
 def test_kubelet_plugin_host_paths_are_only_what_it_needs(rel: str) -> None:
-    """Issue 33: the plugin pod mounts no hostPath broader than it needs (PLUGIN_HOST_PATHS
+    """The plugin pod mounts no hostPath broader than it needs (PLUGIN_HOST_PATHS
     says why each one), at the identical path where the kubelet or runtime follows a path the
     plugin reports, and read-write only where it writes."""
     objs = render(rel)
@@ -902,7 +902,7 @@ def test_debug_endpoints_are_off_in_shipped_manifests(rel: str) -> None:
 
 
 def test_quota_sample_names_real_resources() -> None:
-    """Issue 33: the per-namespace quota example (config/samples/quota, docs/operators.md)
+    """The per-namespace quota example (config/samples/quota, docs/operators.md)
     renders into the sample namespace and names only resources and DeviceClasses the driver
     really serves (a misspelt quota key is accepted by the API server and limits nothing).
     Its enforcement on the real API server: ``test/e2e/test_adversarial_controller.py``."""

@@ -1,4 +1,4 @@
-"""IMEX's own authentication/encryption reaches imexd.cfg (issue 33, item 2).
+"""IMEX's own authentication/encryption reaches imexd.cfg.
 
 The daemon reads the settings from its environment (or flags) under imexd.cfg's own key names,
 ``IMEX_ENABLE_AUTH_ENCRYPTION`` and friends, into :class:`pkg.imex.config.AuthConfig` and writes

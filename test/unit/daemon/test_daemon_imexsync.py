@@ -138,7 +138,7 @@ def test_ip_mode_barrier_then_restart_on_change(tmp_path: Path) -> None:
     assert proc.calls == ["start", "restart"] and nodes.read_text() == "10.0.0.1\n10.0.0.3\n"
 
 
-# Issue 33: ``ipaddress`` alone accepts a scope ID with any text, which would add a hosts line.
+# ``ipaddress`` alone accepts a scope ID with any text, which would add a hosts line.
 INJECTED = "fe80::1%a\n10.0.0.9\tcompute-domain-daemon-x-0000"
 BAD_IPS = [
     INJECTED,

@@ -1,4 +1,4 @@
-"""The daemon's idle wakeups (issue 32 item 3): an idle loop sleeps until a real deadline or a kick.
+"""The daemon's idle wakeups: an idle loop sleeps until a real deadline or a kick.
 
 Each test fails if one of the removed timers comes back: the loop's 1 s tick (the child's exit
 kicks it instead), ``nvidia-imex-ctl -q`` every 10 s while Ready (the readiness probe tells the

@@ -86,7 +86,7 @@ def test_start_is_idempotent_and_join_waits(server: FakeApiServer) -> None:
 
 def test_run_sends_the_label_before_importing_the_rest_of_the_daemon(tmp_path: Path) -> None:
     """``compute-domain-daemon run`` starts the labeller (its first API request) before the
-    informers, IMEX supervision, metrics and tracing are imported (issue 32)."""
+    informers, IMEX supervision, metrics and tracing are imported."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         json.dumps(

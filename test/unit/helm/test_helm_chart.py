@@ -518,7 +518,7 @@ def test_upstream_value_names_reach_the_objects(tmp_path: Path) -> None:
     registry = volumes["plugins-registry"]["hostPath"]["path"]
     assert registry == mounts["plugins-registry"] == "/k/registry"
     # The env keeps upstream's meaning (the kubelet's plugins directory); only the driver's own
-    # directory in it is mounted (issue 33).
+    # directory in it is mounted.
     assert e["KUBELET_PLUGINS_DIRECTORY_PATH"]["value"] == "/k/plugins"
     plugin_dir = volumes["plugins"]["hostPath"]["path"]
     assert plugin_dir == mounts["plugins"] == "/k/plugins/compute-domain.nvidia.com"

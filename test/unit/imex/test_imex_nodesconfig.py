@@ -57,7 +57,7 @@ def test_ip_nodes_config() -> None:
         ("10.0.0.1", True),
         ("fd00::1", True),
         ("::ffff:a00:1", True),
-        ("fe80::1%a\n10.0.0.9\tcompute-domain-daemon-x-0000", False),  # issue 33
+        ("fe80::1%a\n10.0.0.9\tcompute-domain-daemon-x-0000", False),
         ("fe80::1%eth0", False),
         ("010.0.0.1", False),
         ("FD00::1", False),

@@ -122,7 +122,7 @@ def _cache_bytes(codec: SerializedCodec | None, objs: list[JSON]) -> int:
 
 
 def test_a_serialized_cache_costs_at_most_twice_the_json() -> None:
-    """Issue 32: <= 2x the JSON size per object for a cache holding many objects (the LRU of
+    """<= 2x the JSON size per object for a cache holding many objects (the LRU of
     decoded objects included); the dict cache holds ~6x. Allocation counts, not time."""
     objs = [claim(i) for i in range(2000)]
     json_size = sum(len(json.dumps(o, separators=(",", ":"))) for o in objs)

@@ -1,7 +1,7 @@
 """``ADDITIONAL_NAMESPACES`` in the kubelet plugin: where daemon claims may be prepared.
 
 The daemon device (the node's IMEX management device and a read-write host directory) stays
-reserved to the driver's daemons (issue 33): the driver namespace, plus the namespaces an
+reserved to the driver's daemons: the driver namespace, plus the namespaces an
 operator named for the controller, whose DaemonSets it adopts there. Anywhere else a daemon
 claim is refused, permanently and before any side effect.
 """

@@ -175,7 +175,7 @@ def test_lookup_failure_skips_the_claim_until_the_next_pass(
 def test_started_claim_does_not_block_channel_zero(
     api: FakeApiServer, root: Path, clock: FakeClock
 ) -> None:
-    """Issue 26 item 4b: only PrepareCompleted claims hold channel 0 (upstream's
+    """Only PrepareCompleted claims hold channel 0 (upstream's
     ``assertImexChannelNotAllocated``); a completed one refuses a claim of another domain with
     upstream's text (one of its own domain would share the channel)."""
     cd = seed_domain(api)
@@ -194,7 +194,7 @@ def test_started_claim_does_not_block_channel_zero(
         assert third["metadata"]["uid"] not in plugin.store.entries()
 
 
-# -- idle: no timer while nothing can expire (issue 32 item 3) --------------------------------
+# -- idle: no timer while nothing can expire --------------------------------
 
 
 class ScriptedClaims:

@@ -224,7 +224,7 @@ def test_claim_config_type_mismatch_and_missing() -> None:
     ["/var/run/cdi", "/", "..", "../..", "../../etc", "a/../../b", ".", "", "a/b", "x\0y"],
 )
 def test_domain_dir_never_leaves_the_domains_root(tmp_path: Path, domain_id: str) -> None:
-    """Issue 33, defence in depth: ``plugin_dir / "domains" / "/var/run/cdi"`` would be
+    """Defence in depth: ``plugin_dir / "domains" / "/var/run/cdi"`` would be
     ``/var/run/cdi``; the result is mounted read-write and removed with rmtree."""
     with pytest.raises(ValueError, match="would leave"):
         domain_dir(tmp_path, domain_id)

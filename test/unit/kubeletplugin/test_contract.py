@@ -266,7 +266,7 @@ def test_daemon_claim_gets_domain_env_and_mount(api: FakeApiServer, root: Path) 
 def test_daemon_claim_outside_the_driver_namespace_is_refused_without_side_effects(
     api: FakeApiServer, root: Path, namespace: str
 ) -> None:
-    """Issue 33: the daemon device (IMEX management device, read-write host directory) is for the
+    """The daemon device (IMEX management device, read-write host directory) is for the
     controller's daemon claims in the driver namespace only, even for the tenant's own domain."""
     cd = seed_domain(api, namespace="team")
     params = {"apiVersion": c.API_VERSION, "kind": c.DAEMON_CONFIG_KIND, "domainID": cd}

@@ -165,7 +165,7 @@ def test_unchanged_state_is_resent_before_the_kubelet_times_it_out(
 def test_nothing_to_report_waits_for_a_change_with_no_timer(
     monitor: tuple[dh.DeviceHealthMonitor, Readiness, FakeClock],
 ) -> None:
-    """Issue 32 item 3: an empty list times nothing out on the kubelet, so while no device is
+    """An empty list times nothing out on the kubelet, so while no device is
     prepared a stream sleeps until a change instead of resending ``[]`` every 30 s."""
     mon, readiness, clock = monitor
     readiness.ready = {"cd-1": True}

@@ -221,7 +221,7 @@ def test_the_record_is_polled_only_while_an_entry_it_could_speak_for_exists(
         t.stop()
 
 
-# -- the record is the daemon's file: read outside the lock, refused safely (issue 33) -----------
+# -- the record is the daemon's file: read outside the lock, refused safely -----------
 
 
 def test_the_record_is_read_outside_the_trackers_lock(api: FakeApiServer, tmp_path: Path) -> None:

@@ -363,7 +363,7 @@ def test_aborted_entries_block_nothing_and_are_not_counted(
 def test_driver_namespace_claim_with_channel_and_daemon_prepares_both(
     api: FakeApiServer, root: Path, clock: FakeClock
 ) -> None:
-    """Issue 26 item 4a: each config group is prepared (was: "expected exactly one device")."""
+    """Each config group is prepared (was: "expected exactly one device")."""
     cd = seed_domain(api, namespace=DRIVER_NS)
     claim = seed_claim(api, namespace=DRIVER_NS, params=channel_params(cd))
     devices = claim["status"]["allocation"]["devices"]

@@ -1,4 +1,4 @@
-"""Several pods of one ComputeDomain on one node (issue 31 item 1): the node's channel shared.
+"""Several pods of one ComputeDomain on one node: the node's channel shared.
 
 Claims of the same domain share ``channel-0`` (one node label, one daemon, the channel device
 in each claim's CDI spec, one checkpoint entry per claim with the scheduler's ``shareID``);

@@ -1,4 +1,4 @@
-"""Malformed clique entries (issue 33): skipped, reported on the domain, never a stall.
+"""Malformed clique entries: skipped, reported on the domain, never a stall.
 
 The fake API server evaluates no CRD schema, so the entries the real one refuses
 (``test/e2e/test_adversarial_entries.py``) can be planted here, as an older CRD or an API server

@@ -120,7 +120,7 @@ def test_daemonset_contract_with_the_daemon() -> None:
 
 
 def test_daemon_container_runs_with_least_privilege() -> None:
-    """Issue 33: root (the owner of every file it writes and of the fabric-imex-mgmt device)
+    """Root (the owner of every file it writes and of the fabric-imex-mgmt device)
     without any capability, no escalation, RuntimeDefault seccomp and a read-only root
     filesystem whose only writable places are emptyDirs (/imexd comes from CDI, /etc/hosts and
     /dev/termination-log from the kubelet)."""

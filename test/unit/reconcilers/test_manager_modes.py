@@ -185,7 +185,7 @@ def test_kinds_cached_in_full_are_held_serialized(
     registry: CollectorRegistry,
     events: RecordedEvents,
 ) -> None:
-    """Issue 32: every kind the controller caches in full keeps JSON bytes (about 1x their
+    """Every kind the controller caches in full keeps JSON bytes (about 1x their
     JSON size, `pkg.informers.serialized`); the metadata-only and slimmed Node caches keep
     dicts. Reads still give the objects."""
     server.seed(res.COMPUTE_DOMAINS, compute_domain())

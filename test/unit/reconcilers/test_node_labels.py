@@ -81,7 +81,7 @@ def test_cross_namespace_claim_warns_once_and_labels_nothing(
     assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
     assert events.reasons() == ["ComputeDomainNamespaceMismatch"] * 2  # claim and domain
     assert {e[0] for e in events.items} == {"w0", "cd1"}
-    # Issue 33: neither side learns anything of the other namespace.
+    # Neither side learns anything of the other namespace.
     [(_, _, _, on_claim)] = [e for e in events.items if e[0] == "w0"]
     [(_, _, _, on_domain)] = [e for e in events.items if e[0] == "cd1"]
     assert "intruder/w0" in on_claim and "team" not in on_claim and "cd1" not in on_claim
@@ -95,7 +95,7 @@ def test_cross_namespace_claim_warns_once_and_labels_nothing(
 def test_victim_warning_is_rate_limited_per_domain(
     server: FakeApiServer, client: RestClient, caches: Caches, events: RecordedEvents
 ) -> None:
-    """Issue 33: another tenant's claims pointing at a domain cannot flood it with Warnings --
+    """Another tenant's claims pointing at a domain cannot flood it with Warnings --
     at most one per domain per interval, however many claims, nodes and namespaces; each
     claim still gets its own."""
     clock = FakeClock()

@@ -140,7 +140,7 @@ def settled(thread: threading.Thread) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_idle_server_thread_blocks_without_a_timer_and_stops_on_stop() -> None:
-    """Issue 32 item 3: ``serve_forever`` woke every 0.5 s to look at its shutdown flag; the
+    """``serve_forever`` woke every 0.5 s to look at its shutdown flag; the
     serving thread now sleeps until a connection or `stop` (which still ends it)."""
     live, ready = HealthChecks(), HealthChecks()
     server = ObservabilityServer(
