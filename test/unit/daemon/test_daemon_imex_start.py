@@ -100,8 +100,8 @@ def daemon_on(
         informer_clock=FakeClock(advance_on_wait=True),
         events=EventRecorder(client, "compute-domain-daemon", FakeClock()),
         locate=lambda program: f"/usr/bin/{program}",
-        ports=ports,
-    )  # type: ignore[arg-type]
+        ports=ports,  # type: ignore[arg-type]
+    )
 
 
 def run_until(daemon: Daemon, done: Any) -> None:
