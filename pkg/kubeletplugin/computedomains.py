@@ -423,8 +423,10 @@ class DomainTracker:
             if current and cached:
                 return False  # another domain's, in the cache: decide on a GET
             if current:
+                # The other domain is not named: it may be another tenant's (its UID is a
+                # handle to it), and this message reaches the claim's pod Events.
                 raise RetryableError(
-                    f"node {self._node} is labeled for another ComputeDomain ({current}); "
+                    f"node {self._node} is labeled for another ComputeDomain; "
                     "waiting until that domain's workload leaves the node"
                 )
             ops: list[JSON] = [

@@ -308,7 +308,7 @@ class ComputeDomainReconciler:
         if c.FINALIZER not in finalizers:
             return Result()
         uid = str(meta.get("uid"))
-        pending = self._dependents.teardown(uid)
+        pending = self._dependents.teardown(uid, str(meta.get("namespace")))
         if pending:
             self._events.event(
                 obj, NORMAL, "WaitingForDependents", "deleting; waiting for " + ", ".join(pending)

@@ -175,6 +175,7 @@ class Dependents:
             or caches.cliques.by_index(BY_DOMAIN, uid)
             or any(
                 _labels(r).get(c.TARGET_LABEL) == c.TARGET_DAEMON
+                and r["metadata"].get("namespace") in self._config.managed_namespaces
                 for r in caches.rcts.by_index(BY_DOMAIN, uid)
             )
         )
@@ -328,8 +329,26 @@ class Dependents:
         # The API answers the deleted object, or (finalizers left) the terminating one.
         return not (left or {}).get("metadata", {}).get("finalizers")
 
-    def teardown(self, uid: str) -> list[str]:
-        """One pass of ordered deletion; returns what is still pending (empty when done)."""
+    def domain_rcts(self, uid: str, namespace: str) -> list[JSON]:
+        """The ResourceClaimTemplates of domain ``uid`` (in ``namespace``): its workload
+        template in its own namespace and its daemon template in a namespace of the driver.
+        A template elsewhere that carries the domain's label is another tenant's object (the
+        label proves nothing), so it never holds up, or is touched by, this domain's
+        teardown."""
+        return [
+            r
+            for r in self._caches.rcts.by_index(BY_DOMAIN, uid)
+            if str(r["metadata"].get("namespace"))
+            in (
+                self._config.managed_namespaces
+                if _labels(r).get(c.TARGET_LABEL) == c.TARGET_DAEMON
+                else (namespace,)
+            )
+        ]
+
+    def teardown(self, uid: str, namespace: str) -> list[str]:
+        """One pass of ordered deletion of domain ``uid`` in ``namespace``; returns what is
+        still pending (empty when done)."""
         caches = self._caches
         self.forget(uid)
         gone: set[str] = set()  # UIDs whose DELETE this pass left nothing behind
@@ -338,7 +357,7 @@ class Dependents:
             if self.delete(resource, obj):
                 gone.add(str(obj["metadata"].get("uid")))
 
-        rcts = caches.rcts.by_index(BY_DOMAIN, uid)
+        rcts = self.domain_rcts(uid, namespace)
         for rct in rcts:
             if _labels(rct).get(c.TARGET_LABEL) != c.TARGET_DAEMON:
                 delete(RESOURCE_CLAIM_TEMPLATES, rct)
@@ -359,7 +378,7 @@ class Dependents:
         pending = [
             f"{kind} {meta_namespace_key(o)}"
             for kind, objs in (
-                ("ResourceClaimTemplate", caches.rcts.by_index(BY_DOMAIN, uid)),
+                ("ResourceClaimTemplate", self.domain_rcts(uid, namespace)),
                 ("DaemonSet", caches.daemonsets.by_index(BY_DOMAIN, uid)),
             )
             for o in objs

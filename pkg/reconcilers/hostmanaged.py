@@ -218,7 +218,7 @@ class HostManagedDomainReconciler:
         if c.FINALIZER not in finalizers:
             return Result()
         uid = str(meta.get("uid"))
-        pending = self._dependents.teardown(uid)
+        pending = self._dependents.teardown(uid, str(meta.get("namespace")))
         if pending:
             log.info(
                 "deleting; waiting for %s",

@@ -101,7 +101,10 @@ def _pinned_domains(
             continue
         clique = recent.get(other.uid, "")
         for rct in caches.rcts.by_index(BY_DOMAIN, other.uid):
-            clique = pinned_clique(rct) or clique
+            # Only the domain's own workload template pins it: another namespace's template
+            # carrying its label is a stranger's object.
+            if rct["metadata"].get("namespace") == other.namespace:
+                clique = pinned_clique(rct) or clique
         if clique:
             yield other, clique
 

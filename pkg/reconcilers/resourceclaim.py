@@ -61,6 +61,17 @@ VICTIM_WARNING_INTERVAL = 600.0
 """Least seconds between two ``ComputeDomainNamespaceMismatch`` Warnings on one domain."""
 
 
+def _conflict_names(recipient: JSON, domains: list[JSON]) -> str:
+    """The conflicting domains as ``recipient``'s namespace may see them: those of its own
+    namespace by name, the others only counted (their names belong to other tenants)."""
+    ns = recipient["metadata"].get("namespace")
+    own = sorted(meta_namespace_key(d) for d in domains if d["metadata"].get("namespace") == ns)
+    others = sum(1 for d in domains if d["metadata"].get("namespace") != ns)
+    if others:
+        own.append(f"{others} in other namespaces" if others > 1 else "1 in another namespace")
+    return ", ".join(own)
+
+
 class ResourceClaimReconciler:
     """Reconciles the domain label of one node from the claims allocated on it."""
 
@@ -183,13 +194,14 @@ class ResourceClaimReconciler:
                 )
             return Result()
         if len(wanted) > 1:
-            names = ", ".join(sorted(meta_namespace_key(cd) for cd, _ in wanted.values()))
-            for cd, _claims in wanted.values():
+            domains = [cd for cd, _ in wanted.values()]
+            for cd in domains:
                 self._events.event(
                     cd,
                     WARNING,
                     "NodeConflict",
-                    f"node {node_name} has channel claims of several ComputeDomains: {names}",
+                    f"node {node_name} has channel claims of several ComputeDomains: "
+                    + _conflict_names(cd, domains),
                 )
             return Result()
         uid, (cd, claims) = next(iter(wanted.items()))
@@ -212,8 +224,9 @@ class ResourceClaimReconciler:
             )
             return Result()
         if current and current != seen and self._caches.compute_domains.by_index(BY_UID, current):
+            # The holder is not named: it may be another tenant's (its UID is a handle to it).
             msg = (
-                f"node {node_name} already belongs to ComputeDomain UID {current}; "
+                f"node {node_name} already belongs to another ComputeDomain; "
                 f"one ComputeDomain per node, so {meta_namespace_key(cd)} cannot use it yet"
             )
             self._events.event(cd, WARNING, "NodeInUse", msg)

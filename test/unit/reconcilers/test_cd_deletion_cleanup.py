@@ -307,3 +307,32 @@ def test_maybe_orphan_pokes_only_for_unknown_domains(
     assert cleaner.maybe_orphan(
         {"metadata": {"name": "x", "labels": {c.COMPUTE_DOMAIN_LABEL: "nope"}}}
     )
+
+
+def test_a_labelled_template_in_another_namespace_neither_blocks_nor_is_touched(
+    server: FakeApiServer, client: RestClient, reconciler: ComputeDomainReconciler
+) -> None:
+    """A tenant labels a template of her own namespace with another tenant's domain UID and
+    gives it a finalizer nobody removes: the victim's domain still finishes deleting, and the
+    controller leaves her object alone (the label proves nothing)."""
+    uid = setup_domain(server, reconciler)
+    forged = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": "forged",
+            "namespace": "rival",
+            "labels": {c.COMPUTE_DOMAIN_LABEL: uid},
+            "finalizers": ["example.com/hold"],
+        },
+        "spec": {"spec": {"devices": {"requests": []}}},
+    }
+    server.seed(res.RESOURCE_CLAIM_TEMPLATES, forged)
+    client.delete(res.COMPUTE_DOMAINS, "cd1", namespace="team")
+    client.delete(res.PODS, "daemon-a", namespace=DRIVER_NS)
+    for _ in range(3):
+        reconciler.reconcile("team/cd1")
+    assert server.objects(res.COMPUTE_DOMAINS) == []
+    [left] = server.objects(res.RESOURCE_CLAIM_TEMPLATES)
+    assert left["metadata"]["name"] == "forged"
+    assert "deletionTimestamp" not in left["metadata"]

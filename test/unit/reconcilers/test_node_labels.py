@@ -336,3 +336,44 @@ def test_a_node_whose_plugin_keeps_the_clique_label_is_left_alone(
     cliques.reconcile("a")
     assert labels(server, "a")[c.GPU_CLIQUE_NODE_LABEL] == "uuid.7"
     assert node_annotations(server, "a")[MANAGED_ANNOTATION] == "true"
+
+
+def test_node_in_use_names_no_other_domain(
+    server: FakeApiServer, claims: ResourceClaimReconciler, events: RecordedEvents
+) -> None:
+    """The holder may be another tenant's domain: its UID is a handle to it, so the Event on
+    the waiting domain and its claims names only the waiting domain."""
+    first, second = domain(server, "theirs", "other"), domain(server, "cd2", "team")
+    server.seed(res.NODES, node("a", labels={c.COMPUTE_DOMAIN_LABEL: first}))
+    server.seed(res.RESOURCE_CLAIMS, channel_claim("w0", ns="team", uid=second, node_name="a"))
+    claims.reconcile("a")
+    messages = [m for _, _, reason, m in events.items if reason == "NodeInUse"]
+    assert messages and all(first not in m and "other/" not in m for m in messages)
+    assert messages[0] == (
+        "node a already belongs to another ComputeDomain; one ComputeDomain per node, "
+        "so team/cd2 cannot use it yet"
+    )
+
+
+def test_node_conflict_names_only_the_recipients_namespace(
+    server: FakeApiServer, claims: ResourceClaimReconciler, events: RecordedEvents
+) -> None:
+    """Claims of three domains on one node, two of them in one namespace: each domain's Event
+    names the domains of its own namespace and only counts the others."""
+    mine, also_mine, theirs = (
+        domain(server, "cd1", "team"),
+        domain(server, "cd2", "team"),
+        domain(server, "x", "rival"),
+    )
+    server.seed(res.NODES, node("a"))
+    for name, ns, uid in (("w0", "team", mine), ("w1", "team", also_mine), ("w2", "rival", theirs)):
+        server.seed(res.RESOURCE_CLAIMS, channel_claim(name, ns=ns, uid=uid, node_name="a"))
+    claims.reconcile("a")
+    got = {obj: m for obj, _, reason, m in events.items if reason == "NodeConflict"}
+    prefix = "node a has channel claims of several ComputeDomains: "
+    assert got == {
+        "cd1": prefix + "team/cd1, team/cd2, 1 in another namespace",
+        "cd2": prefix + "team/cd1, team/cd2, 1 in another namespace",
+        "x": prefix + "rival/x, 2 in other namespaces",
+    }
+    assert c.COMPUTE_DOMAIN_LABEL not in labels(server, "a")
