@@ -204,7 +204,17 @@ def test_controller_may_create_only_its_daemon_daemonsets(cluster: Cluster, driv
             lambda d: security(d, seccompProfile={"type": "Unconfined"}),
             privilege,
         ),
-        "hostNetwork": (lambda d: _pod(d).update(hostNetwork=True), host),
+        # The API server refuses the pod's reserved-ports sysctl with hostNetwork: drop it.
+        "hostNetwork": (
+            lambda d: (_pod(d).update(hostNetwork=True), _pod(d).pop("securityContext")),
+            host,
+        ),
+        "another sysctl": (
+            lambda d: _pod(d)["securityContext"]["sysctls"].append(
+                {"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}
+            ),
+            "may set only the sysctl net.ipv4.ip_local_reserved_ports",
+        ),
         "hostPID": (lambda d: _pod(d).update(hostPID=True), host),
         "hostPort": (
             lambda d: ctr(d).update(ports=[{"containerPort": 50000, "hostPort": 50000}]),
