@@ -53,7 +53,12 @@ from pathlib import Path
 from typing import Any
 
 from pkg.api import localready
-from pkg.api.constants import COMPUTE_DOMAIN_LABEL, STATUS_READY, clique_object_name
+from pkg.api.constants import (
+    COMPUTE_DOMAIN_LABEL,
+    STATUS_READY,
+    TRACEPARENT_ANNOTATION,
+    clique_object_name,
+)
 from pkg.api.daemonentry import DaemonEntry, clique_daemons, status_nodes
 from pkg.api.localready import LocalReady
 from pkg.base.clock import Clock
@@ -140,6 +145,39 @@ class DaemonReadiness:
     reason: str
 
 
+# What Prepare reads of a ComputeDomain (`parse_compute_domain`, the namespace check, the
+# formation trace, status.nodes); everything else a tenant can put on the object -- labels,
+# annotations (up to ~256 KiB each object), managedFields -- is not kept: every node's plugin
+# caches every domain of the cluster, so one tenant's bulky objects would otherwise exhaust
+# the memory of every plugin at once.
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "finalizers",
+)
+_KEPT_ANNOTATIONS = (TRACEPARENT_ANNOTATION,)
+
+
+def slim_domain(obj: JSON) -> JSON:
+    """The cache's copy of a ComputeDomain: kind, spec, status and the metadata Prepare reads
+    (`_KEPT_METADATA`, and of its annotations only `_KEPT_ANNOTATIONS`). Pure."""
+    meta = obj.get("metadata") or {}
+    slim_meta: JSON = {k: meta[k] for k in _KEPT_METADATA if k in meta}
+    annotations = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k in _KEPT_ANNOTATIONS
+    }
+    if annotations:
+        slim_meta["annotations"] = annotations
+    out: JSON = {k: obj[k] for k in ("apiVersion", "kind", "spec", "status") if k in obj}
+    out["metadata"] = slim_meta
+    return out
+
+
 class DomainTracker:
     """Informer-backed ComputeDomain/Clique view plus node-label management for one node."""
 
@@ -173,7 +211,9 @@ class DomainTracker:
         self._local_ready = local_ready
         self._local_poll = local_poll
         self._cond = threading.Condition()
-        self._domains: SharedInformer = informers.informer_for(COMPUTE_DOMAINS)
+        self._domains: SharedInformer = informers.informer_for(
+            COMPUTE_DOMAINS, transform=slim_domain
+        )
         with contextlib.suppress(ValueError):  # another user of this informer added it already
             self._domains.add_indexers({BY_UID: index_by_uid})
         self._cliques: SharedInformer = informers.informer_for(
