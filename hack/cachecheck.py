@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -154,19 +154,30 @@ def check_process(
     timeout: float = TIMEOUT,
     ready_timeout: float = READY_TIMEOUT,
     every: float = 0.25,
+    resolve: Callable[[], str | None] | None = None,
 ) -> list[str]:
     """[] once the process's caches equal a fresh LIST; else the differences of the last
     attempt. First waits up to ``ready_timeout`` for the process to serve synced caches (a
     restarted controller waits for its predecessor's lease to expire), then tries for up to
-    ``timeout`` seconds."""
+    ``timeout`` seconds. ``resolve`` (optional) names the process's endpoint again whenever it
+    is unreachable: a pod that came back on a new IP (its node rebooted) is followed, not the
+    address its status showed before the kubelet reported the new one."""
+
+    def attempt(check: Callable[[str], list[str]]) -> list[str]:
+        nonlocal endpoint
+        problems = check(endpoint)
+        if resolve is not None and any(" unreachable: " in p for p in problems):
+            endpoint = resolve() or endpoint
+        return problems
+
     deadline = time.monotonic() + ready_timeout
-    while problems := not_ready(endpoint):
+    while problems := attempt(not_ready):
         if time.monotonic() >= deadline:
             return problems
         time.sleep(every)
     deadline = time.monotonic() + timeout
     while True:
-        problems = compare_once(client, endpoint)
+        problems = attempt(lambda ep: compare_once(client, ep))
         if not problems or time.monotonic() >= deadline:
             return problems
         time.sleep(every)
@@ -178,15 +189,29 @@ def check_processes(
     *,
     timeout: float = TIMEOUT,
     ready_timeout: float = READY_TIMEOUT,
+    resolve: Callable[[], Mapping[str, str]] | None = None,
 ) -> dict[str, list[str]]:
     """:func:`check_process` for every ``name -> endpoint``, in parallel; only the processes
-    whose caches differ are in the result (empty = every cache equals a fresh LIST)."""
+    whose caches differ are in the result (empty = every cache equals a fresh LIST).
+    ``resolve`` (optional) gives every process's current endpoint again, for a process that
+    became unreachable (see :func:`check_process`)."""
     if not endpoints:
         return {}
+
+    def again(name: str) -> Callable[[], str | None] | None:
+        if resolve is None:
+            return None
+        return lambda: resolve().get(name)
+
     with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
         futures = {
             name: pool.submit(
-                check_process, client, ep, timeout=timeout, ready_timeout=ready_timeout
+                check_process,
+                client,
+                ep,
+                timeout=timeout,
+                ready_timeout=ready_timeout,
+                resolve=again(name),
             )
             for name, ep in endpoints.items()
         }

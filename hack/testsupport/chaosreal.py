@@ -441,7 +441,9 @@ def run_lifecycle(env: Env, index: int, rng: random.Random) -> Lifecycle:
         if not _poll(leader_known, timeout=LEADER_TIMEOUT):
             lc.problems.append(f"no controller replica leads {LEADER_TIMEOUT:.0f} s after the goal")
         timeout = PARTITION_CACHE_TIMEOUT if lc.target == "partition" else CACHE_TIMEOUT
-        lc.cache_diffs = check_processes(env.admin, endpoints, timeout=timeout)
+        lc.cache_diffs = check_processes(
+            env.admin, endpoints, timeout=timeout, resolve=lambda: cache_endpoints(env)
+        )
         lc.cache_seconds = time.monotonic() - began
         if lc.cache_diffs:
             lc.problems.append(f"caches differ from a fresh LIST: {lc.cache_diffs}")

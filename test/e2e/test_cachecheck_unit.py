@@ -154,3 +154,23 @@ def test_diff_and_names() -> None:
     }
     assert slice_name(inf) == "resourceslices.resource.k8s.io[fields=spec.nodeName=n1]"
     assert slice_name({**inf, "fieldSelector": None}) == "resourceslices.resource.k8s.io"
+
+
+def test_a_process_that_moved_is_followed(world: tuple[FakeApiServer, Process]) -> None:
+    """A pod whose node rebooted comes back on a new IP; the endpoint taken from its status
+    before the kubelet reported the new one is unreachable. With ``resolve`` the check asks
+    again and compares the process where it now serves; without it the old address stays."""
+    api, proc = world
+    gone = "127.0.0.1:1"  # nothing listens there
+    asked: list[str] = []
+
+    def resolve() -> dict[str, str]:
+        asked.append("again")
+        return {"plugin/n1": proc.endpoint}
+
+    found = check_processes(
+        api.client(), {"plugin/n1": gone}, timeout=5, ready_timeout=5, resolve=resolve
+    )
+    assert found == {} and asked
+    (stuck,) = check_process(api.client(), gone, ready_timeout=0.1)
+    assert stuck.startswith(f"/debug/informers at {gone} unreachable")
