@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import importlib.metadata
 import json
 import os
 import sys
@@ -371,22 +372,53 @@ def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
     return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
 
 
+# The distribution the command came from: the CLI's own wheel, else the driver's (a checkout).
+_DISTRIBUTIONS = ("kubectl-computedomain", "compute-domain-driver")
+
+
+def cli_version() -> str:
+    """The installed version of this command (``unknown`` outside any installed
+    distribution)."""
+    for name in _DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubectl computedomain", description="Show ComputeDomains and why they are not Ready."
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"kubectl-computedomain version {cli_version()}",
+        help="print the version, then exit",
     )
     parser.add_argument("--kubeconfig", help="path of the kubeconfig file (default: $KUBECONFIG)")
     parser.add_argument("--context", help="kubeconfig context to use")
     parser.add_argument("-n", "--namespace", help="namespace (default: the context's)")
     sub = parser.add_subparsers(dest="command", required=True)
     get = sub.add_parser("get", help="list ComputeDomains")
-    get.add_argument("-A", "--all-namespaces", action="store_true")
-    get.add_argument("-n", "--namespace", dest="sub_namespace", default=None)
-    get.add_argument("-o", "--output", choices=["json", "yaml"], default=None)
+    get.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="list them in every namespace"
+    )
     describe = sub.add_parser("describe", help="show one ComputeDomain in detail")
-    describe.add_argument("name")
-    describe.add_argument("-n", "--namespace", dest="sub_namespace", default=None)
-    describe.add_argument("-o", "--output", choices=["json", "yaml"], default=None)
+    describe.add_argument("name", help="the ComputeDomain's name")
+    for command in (get, describe):
+        command.add_argument(
+            "-n",
+            "--namespace",
+            dest="sub_namespace",
+            metavar="NAMESPACE",
+            default=None,
+            help="namespace (default: the context's)",
+        )
+        command.add_argument(
+            "-o", "--output", choices=["json", "yaml"], default=None, help="print the objects"
+        )
     return parser
 
 

@@ -393,6 +393,10 @@ DAEMON_FLAGS: Final = FlagTable(
     verbosity_default=2,
     verbosity_aliases=("--verbosity",),
     commands=("run", "check"),
+    command_help=(
+        ("run", "keep this node's IMEX in its domain: membership, config files, nvidia-imex"),
+        ("check", "exit 0 if this node's IMEX is ready (the pod's probes run it)"),
+    ),
     flags=tuple(option.flag for option in _OPTIONS),
 )
 """The daemon's flags and env contract, one row each (derived from the option table)."""

@@ -274,6 +274,8 @@ class FlagTable:
     verbosity_aliases: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()
     description: str = ""
+    command_help: tuple[tuple[str, str], ...] = ()
+    """(command, what it does) for ``--help``; every command should have one."""
 
     def __post_init__(self) -> None:
         dests = [f.dest for f in self.all_flags]
@@ -339,16 +341,24 @@ class FlagTable:
                 continue
             names = ("-v", "--v", *f.option_strings[2:]) if f.name == "v" else f.option_strings
             env = f" (env {', '.join(f.env_names)})" if f.env_names else ""
+            default = doc_default(f).strip("`")
+            shown = f"; default {default}" if default and default != '""' else ""
             p.add_argument(
                 *names,
                 dest=f.dest,
                 default=None,
                 action="store" if f.repeat is Repeat.LAST else "append",
                 metavar="BOOL" if f.is_bool else None,
-                help=f"{f.help}{env}{_REPEAT_HELP.get(f.repeat, '')}",
+                help=f"{f.help}{env}{shown}{_REPEAT_HELP.get(f.repeat, '')}",
             )
         if self.commands:
-            p.add_argument("command", choices=self.commands)
+            described = dict(self.command_help)
+            p.add_argument(
+                "command",
+                choices=self.commands,
+                help="; ".join(f"{c}: {described[c]}" for c in self.commands if c in described)
+                or None,
+            )
         return p
 
     def parse(

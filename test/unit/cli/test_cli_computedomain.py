@@ -185,3 +185,16 @@ def test_a_user_of_one_namespace_sees_what_its_rights_allow() -> None:
         )
         code, text = run(["get", "-n", NS], client, now=NOW)  # type: ignore[arg-type]
         assert code == 0 and "train" in text
+
+
+def test_version_prints_the_installed_version_and_exits_0() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pkg.cli.computedomain", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("kubectl-computedomain version ")
+    assert done.stdout.split()[-1] not in ("", "unknown")

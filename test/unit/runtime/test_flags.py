@@ -305,3 +305,24 @@ def test_markdown_names_aliases_and_repeat_rules() -> None:
     assert "each flag's keys are laid over the env variable's" in rows["| `--gates`"]
     assert "repeatable" not in rows["| `--one`"]
     assert rows["| `-v`, `--v`"].split(" | ")[1] == "`V`, `LOG_VERBOSITY`"
+
+
+def test_help_shows_each_default_and_what_each_command_does() -> None:
+    table = FlagTable(
+        prog="cmdbin",
+        verbosity_env="V",
+        commands=("run", "check"),
+        command_help=(("run", "run the thing"), ("check", "ask the thing")),
+        flags=(
+            Flag("port", "PORT", parse_int, 50000, "a port"),
+            Flag("period", "PERIOD", parse_duration, 0.5, "a duration"),
+            Flag("on", "ON", parse_bool, False, "a switch"),
+            Flag("name", "NAME", str, "", "a text without default"),
+        ),
+    )
+    text = " ".join(table.parser().format_help().split())
+    assert "a port (env PORT); default 50000" in text
+    assert "a duration (env PERIOD); default 0.5s" in text
+    assert "a switch (env ON); default false" in text
+    assert "a text without default (env NAME) " in text
+    assert "run: run the thing; check: ask the thing" in text
